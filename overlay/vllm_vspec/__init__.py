@@ -1,0 +1,22 @@
+"""vllm_vspec: speculative decoding with dynamic gamma (vSpec Adaptive) for vLLM.
+
+Public surface: `VSpecConfig` (every knob, one source of truth) and
+`register` (the `vllm.general_plugins` entry point). Everything else is found
+by file name: `controller.py`, `policies/`, `acceptance.py`, `adapters/`.
+"""
+
+from vllm_vspec.config import VSpecConfig
+
+__version__ = "0.1.0"
+
+
+def register() -> None:
+    """vLLM general-plugin hook: runs in every vLLM process before the engine
+    is built. It only registers names with vLLM's public registries (models,
+    and so on); it never patches vLLM objects."""
+    from vllm_vspec.adapters import vllm_plugin
+
+    vllm_plugin.register()
+
+
+__all__ = ["VSpecConfig", "register", "__version__"]

@@ -1,0 +1,22 @@
+"""What `vllm_vspec.register()` does inside a vLLM process.
+
+Each entry of REGISTRATIONS is a callable run once per process; later
+features (the EAGLE model class, ...) append theirs here instead of growing an
+if/elif chain.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+REGISTRATIONS: list[Callable[[], None]] = []
+_done = False
+
+
+def register() -> None:
+    global _done
+    if _done:
+        return
+    _done = True
+    for fn in REGISTRATIONS:
+        fn()

@@ -1,0 +1,346 @@
+"""VSpecConfig: the one source of truth for every vspec knob and its default.
+
+The docstring under each field is its documentation: `vllm-vspec serve --help`,
+the TOML preset schema and docs/configuration.md are generated from it (and a
+test checks they agree). Users set these keys in vLLM's
+`--additional-config '{"vspec": {...}}'` or in a preset's `[vspec]` table.
+
+This module imports nothing from vLLM: it is the host-agnostic core.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+import inspect
+import textwrap
+import typing
+from dataclasses import dataclass
+from typing import Any, Literal, Mapping
+
+POLICIES = ("online", "profile", "fixed")
+ACCEPTANCE_RULES = ("strict", "relaxed_topk", "margin")
+GAMMA0_MODES = ("sticky", "sync")
+WARMUP_RETURNS = ("best", "incumbent")
+
+# FIA attention on Ascend verifies at most 16 query tokens per request per step.
+MAX_VERIFY_WIDTH = 16
+
+
+class VSpecConfigError(ValueError):
+    """A vspec setting is unknown or out of range. The message names the key,
+    the value given and what is allowed."""
+
+    def __init__(self, key: str, value: Any, allowed: str):
+        self.key, self.value, self.allowed = key, value, allowed
+        super().__init__(f"vspec.{key}={value!r} is not allowed: {allowed}")
+
+
+@dataclass(frozen=True)
+class VSpecConfig:
+    """Settings of vSpec Adaptive (dynamic gamma) and of the acceptance rules."""
+
+    enabled: bool = True
+    """Turn dynamic gamma on. When false the engine drafts
+    `num_speculative_tokens` every step, exactly as stock vLLM does."""
+
+    policy: Literal["online", "profile", "fixed"] = "online"
+    """How gamma is chosen each step. `online`: a UCB bandit over gamma arms per
+    batch-size bucket, rewarded by measured committed tokens per second; needs
+    no calibration. `profile`: goodput argmax from an offline latency profile
+    (`profile_path`) and online per-position acceptance. `fixed`: always
+    `fixed_gamma`."""
+
+    min_gamma: int = 1
+    """Smallest gamma the controller may choose. 0 lets it turn speculation off
+    for a step (outputs stay exact); see `gamma0_mode`."""
+
+    max_gamma: int | None = None
+    """Largest gamma the controller may choose. Defaults to the speculative
+    config's `num_speculative_tokens`, which also sizes buffers and graphs, so
+    it may not exceed that."""
+
+    fixed_gamma: int | None = None
+    """Gamma used by the `fixed` policy. Defaults to `max_gamma`."""
+
+    control_interval: int = 4
+    """Dwell: the controller reconsiders gamma once every this many decode
+    steps of a batch-size bucket."""
+
+    max_gamma_step: int = 4
+    """Largest change of gamma in one decision (after warm-up)."""
+
+    hysteresis: float = 0.05
+    """Switch only when the best arm beats the current one by this fraction."""
+
+    ewma_weight: float = 0.1
+    """Weight of the newest observation in the per-position acceptance EWMA."""
+
+    min_observations: int = 4
+    """`profile` policy: drafted tokens at a position before its acceptance
+    estimate replaces the prior."""
+
+    online_window: int = 64
+    """`online` policy: steps of history per (bucket, gamma) arm; older
+    rewards slide out so the policy follows phase changes."""
+
+    online_exploration: float = 0.01
+    """`online` policy: UCB exploration constant c in
+    `R(g) + c * R_max * sqrt(2 ln(N+1) / n(g))`."""
+
+    online_warmup_samples: int = 1
+    """`online` policy: decisions spent on each arm during the warm-up sweep
+    (from max_gamma downwards) before UCB takes over."""
+
+    online_warmup_return: Literal["best", "incumbent"] = "best"
+    """`online` policy: after warm-up, start from the best measured arm
+    (`best`) or return to the arm used before warm-up (`incumbent`)."""
+
+    latency_calibration: bool = True
+    """`profile` policy: scale predicted step latency by an online EWMA of
+    measured/predicted latency per gamma."""
+
+    latency_ewma_weight: float = 0.2
+    """Weight of the newest sample in the latency calibration EWMA."""
+
+    profile_path: str | None = None
+    """`profile` policy: path of a latency profile JSON (see profiles/)."""
+
+    gamma0_mode: Literal["sticky", "sync"] = "sticky"
+    """What gamma 0 means when `min_gamma` is 0. `sticky`: true target-only
+    steps; speculation resumes when the controller picks gamma >= 1 again.
+    `sync`: also keep the draft's KV cache aligned during target-only steps
+    so a request can resume speculation at once."""
+
+    entropy_stop: bool = False
+    """Per request, cut the current draft at the first position whose top-k
+    draft entropy H satisfies `entropy_scale * H > entropy_threshold ** 2`.
+    Only with the `online` policy."""
+
+    entropy_topk: int = 8
+    """Entropy stop: number of top draft probabilities the entropy is taken over."""
+
+    entropy_threshold: float = 1.0
+    """Entropy stop: threshold tau (compared as tau squared)."""
+
+    entropy_scale: float = 1.0
+    """Entropy stop: scale s applied to the entropy."""
+
+    acceptance: Literal["strict", "relaxed_topk", "margin"] = "strict"
+    """Greedy acceptance rule. `strict`: accept a draft token iff it is the
+    target's argmax (lossless). `relaxed_topk` and `margin` are LOSSY: outputs
+    may differ from target-only decoding. Sampled requests (temperature > 0)
+    always use vLLM's standard rejection sampling."""
+
+    relaxed_topk: int = 2
+    """`relaxed_topk` rule: accept a draft token within the target's top-K."""
+
+    relaxed_after_tokens: int = 16
+    """`relaxed_topk` rule: strict acceptance until a request has generated
+    this many tokens (a strict prefix)."""
+
+    margin: float = 0.0
+    """`margin` rule: accept when `max_logit - logit[draft] <= margin`."""
+
+    margin_from_position: int = 0
+    """`margin` rule: relax only at draft positions >= this (0-based)."""
+
+    margin_after_tokens: int = 16
+    """`margin` rule: strict acceptance until a request has generated this
+    many tokens."""
+
+    protected_token_ids: tuple[int, ...] = ()
+    """Token ids never accepted by relaxation (e.g. EOS, digits); they need an
+    exact match."""
+
+    trace_path: str | None = None
+    """Write one JSON line per controller decision (step, batch size, gamma,
+    tokens, interval, reason) to this file."""
+
+    # ------------------------------------------------------------------ build
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any] | None,
+                  num_speculative_tokens: int | None = None) -> "VSpecConfig":
+        """Build and validate from a user mapping (additional_config["vspec"],
+        a TOML table, CLI overrides). Unknown keys and bad values raise
+        VSpecConfigError naming the key, the value and what is allowed."""
+        raw = dict(raw or {})
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        kwargs: dict[str, Any] = {}
+        for key, value in raw.items():
+            if key not in known:
+                close = ", ".join(sorted(known))
+                raise VSpecConfigError(key, value, f"unknown key; known keys: {close}")
+            kwargs[key] = _coerce(key, value, _field_types()[key])
+        cfg = cls(**kwargs)
+        cfg.validate(num_speculative_tokens)
+        return cfg
+
+    def with_max_gamma(self, num_speculative_tokens: int) -> "VSpecConfig":
+        """Resolve `max_gamma` / `fixed_gamma` defaults against the host's K."""
+        max_g = self.max_gamma if self.max_gamma is not None else num_speculative_tokens
+        fixed = self.fixed_gamma if self.fixed_gamma is not None else max_g
+        cfg = dataclasses.replace(self, max_gamma=max_g, fixed_gamma=fixed)
+        cfg.validate(num_speculative_tokens)
+        return cfg
+
+    def validate(self, num_speculative_tokens: int | None = None) -> None:
+        k = num_speculative_tokens
+        if k is not None and (k < 1 or 1 + k > MAX_VERIFY_WIDTH):
+            raise VSpecConfigError(
+                "num_speculative_tokens", k,
+                f"an integer in [1, {MAX_VERIFY_WIDTH - 1}] (1 + gamma <= {MAX_VERIFY_WIDTH})")
+        hi = self.max_gamma if self.max_gamma is not None else k
+        _check_int("min_gamma", self.min_gamma, 0, hi if hi is not None else MAX_VERIFY_WIDTH - 1)
+        if self.max_gamma is not None:
+            top = k if k is not None else MAX_VERIFY_WIDTH - 1
+            _check_int("max_gamma", self.max_gamma, max(self.min_gamma, 1), top,
+                       why="at least min_gamma and 1, at most num_speculative_tokens")
+        if self.fixed_gamma is not None:
+            _check_int("fixed_gamma", self.fixed_gamma, 0,
+                       hi if hi is not None else MAX_VERIFY_WIDTH - 1)
+        _check_choice("policy", self.policy, POLICIES)
+        _check_choice("acceptance", self.acceptance, ACCEPTANCE_RULES)
+        _check_choice("gamma0_mode", self.gamma0_mode, GAMMA0_MODES)
+        _check_choice("online_warmup_return", self.online_warmup_return, WARMUP_RETURNS)
+        _check_int("control_interval", self.control_interval, 1)
+        _check_int("max_gamma_step", self.max_gamma_step, 1)
+        _check_int("min_observations", self.min_observations, 0)
+        _check_int("online_window", self.online_window, 1)
+        _check_int("online_warmup_samples", self.online_warmup_samples, 0)
+        _check_int("entropy_topk", self.entropy_topk, 2)
+        _check_int("relaxed_topk", self.relaxed_topk, 1)
+        _check_int("relaxed_after_tokens", self.relaxed_after_tokens, 0)
+        _check_int("margin_from_position", self.margin_from_position, 0)
+        _check_int("margin_after_tokens", self.margin_after_tokens, 0)
+        _check_float("hysteresis", self.hysteresis, 0.0, None)
+        _check_float("ewma_weight", self.ewma_weight, 0.0, 1.0, lo_open=True)
+        _check_float("latency_ewma_weight", self.latency_ewma_weight, 0.0, 1.0, lo_open=True)
+        _check_float("online_exploration", self.online_exploration, 0.0, None)
+        _check_float("entropy_threshold", self.entropy_threshold, 0.0, None)
+        _check_float("entropy_scale", self.entropy_scale, 0.0, None, lo_open=True)
+        _check_float("margin", self.margin, 0.0, None)
+        for tid in self.protected_token_ids:
+            if isinstance(tid, bool) or not isinstance(tid, int) or tid < 0:
+                raise VSpecConfigError("protected_token_ids", self.protected_token_ids,
+                                       "a list of non-negative token ids")
+        if self.policy == "profile" and not self.profile_path:
+            raise VSpecConfigError("profile_path", self.profile_path,
+                                   "a profile JSON path when policy='profile' "
+                                   "(or use policy='online', which needs none)")
+        if self.entropy_stop and self.policy != "online":
+            raise VSpecConfigError("entropy_stop", self.entropy_stop,
+                                   "true only with policy='online'")
+
+    @property
+    def lossless(self) -> bool:
+        """True when greedy outputs are token-identical to target-only."""
+        return self.acceptance == "strict"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["protected_token_ids"] = list(self.protected_token_ids)
+        return d
+
+
+# --------------------------------------------------------------- field docs
+@functools.lru_cache(maxsize=None)
+def field_docs(cls: type = VSpecConfig) -> dict[str, str]:
+    """The docstring under each dataclass field, whitespace-normalised."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs: dict[str, str] = {}
+    for node, nxt in zip(body, body[1:]):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
+                and isinstance(nxt.value.value, str)):
+            docs[node.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+@functools.lru_cache(maxsize=None)
+def _field_types() -> dict[str, Any]:
+    return typing.get_type_hints(VSpecConfig)
+
+
+def field_defaults() -> dict[str, Any]:
+    return {f.name: f.default for f in dataclasses.fields(VSpecConfig)}
+
+
+# --------------------------------------------------------------- validation
+def _coerce(key: str, value: Any, tp: Any) -> Any:
+    """Accept what JSON/TOML/CLI can express; reject everything else by name."""
+    args = typing.get_args(tp)
+    origin = typing.get_origin(tp)
+    if value is None:
+        if type(None) in args:
+            return None
+        raise VSpecConfigError(key, value, f"a value of type {_type_name(tp)}")
+    if origin is Literal:
+        if value not in args:
+            raise VSpecConfigError(key, value, "one of " + ", ".join(map(repr, args)))
+        return value
+    if type(None) in args:  # Optional[X]
+        inner = [a for a in args if a is not type(None)][0]
+        return _coerce(key, value, inner)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0"):
+            return value.lower() in ("true", "1")
+        raise VSpecConfigError(key, value, "true or false")
+    if tp is int:
+        if isinstance(value, bool):
+            raise VSpecConfigError(key, value, "an integer")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+            return int(value)
+        raise VSpecConfigError(key, value, "an integer")
+    if tp is float:
+        if isinstance(value, bool):
+            raise VSpecConfigError(key, value, "a number")
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise VSpecConfigError(key, value, "a number") from None
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise VSpecConfigError(key, value, "a string")
+    if origin is tuple:
+        if isinstance(value, str):
+            value = [v for v in value.replace(",", " ").split() if v]
+        if not isinstance(value, (list, tuple)):
+            raise VSpecConfigError(key, value, "a list of integers")
+        return tuple(_coerce(key, v, int) for v in value)
+    return value
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp))
+
+
+def _check_int(key: str, v: Any, lo: int, hi: int | None = None, why: str = "") -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo or (hi is not None and v > hi):
+        rng = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
+        raise VSpecConfigError(key, v, f"an integer {rng}" + (f" ({why})" if why else ""))
+
+
+def _check_float(key: str, v: Any, lo: float, hi: float | None, lo_open: bool = False) -> None:
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool)
+    ok = ok and (v > lo if lo_open else v >= lo) and (hi is None or v <= hi)
+    if not ok:
+        left = "(" if lo_open else "["
+        rng = f"{left}{lo}, {hi}]" if hi is not None else (f"> {lo}" if lo_open else f">= {lo}")
+        raise VSpecConfigError(key, v, f"a number in {rng}")
+
+
+def _check_choice(key: str, v: Any, choices: tuple[str, ...]) -> None:
+    if v not in choices:
+        raise VSpecConfigError(key, v, "one of " + ", ".join(map(repr, choices)))
+
+
+__all__ = ["VSpecConfig", "VSpecConfigError", "field_docs", "field_defaults",
+           "POLICIES", "ACCEPTANCE_RULES", "MAX_VERIFY_WIDTH"]
