@@ -1,0 +1,150 @@
+"""VSpecScheduler: vLLM's scheduler with a per-step gamma from GammaController.
+
+Select it with `scheduler_cls="vllm_vspec.adapters.vllm.scheduler.VSpecScheduler"`
+(`--scheduler-cls` on `vllm serve`); vspec settings come from
+`additional_config={"vspec": {...}}`. One name serves both scheduling modes:
+when the engine runs with async scheduling, `VSpecScheduler(...)` builds a
+`VSpecAsyncScheduler`, which adds vLLM's AsyncScheduler to the same overrides.
+
+How gamma reaches the model runner: vLLM (0.32) drafts
+`SchedulerOutput.num_spec_tokens_to_schedule` tokens after each step, and the
+scheduler verifies exactly the drafts it gets back the next step. So setting
+that field once per step is the whole mechanism; gamma 0 means "draft
+nothing", and the next step is a plain target-only step.
+
+Glossary (as in vLLM's rejection sampler): for one request in one step,
+*drafted* = draft tokens verified, *accepted* = the prefix of them the target
+agreed with, and the target adds one *recovered* (at the first rejection) or
+*bonus* (all accepted) token, so committed = accepted + 1.
+"""
+
+from __future__ import annotations
+
+import time
+
+from vllm.logger import init_logger
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.outputs import ModelRunnerOutput
+
+from vllm_vspec.config import VSpecConfig, VSpecConfigError
+from vllm_vspec.controller import BatchState, GammaController, StepFeedback
+
+logger = init_logger(__name__)
+
+SCHEDULER_CLS = f"{__name__}.VSpecScheduler"
+
+
+def vspec_config_from(vllm_config) -> VSpecConfig | None:
+    """The validated vspec settings of an engine, or None when speculation is
+    off. Raises VSpecConfigError (naming the key) on bad settings."""
+    spec = vllm_config.speculative_config
+    raw = (vllm_config.additional_config or {}).get("vspec")
+    if spec is None:
+        if raw:
+            raise VSpecConfigError(
+                "vspec", raw, "vspec settings need speculative decoding: pass "
+                "--speculative-config (e.g. method draft_model or eagle)")
+        return None
+    if raw is not None and not isinstance(raw, dict):
+        raise VSpecConfigError("vspec", raw, "a JSON object of vspec settings")
+    cfg = VSpecConfig.from_dict(raw, spec.num_speculative_tokens)
+    if cfg.enabled and getattr(spec, "num_speculative_tokens_per_batch_size", None):
+        raise VSpecConfigError(
+            "enabled", True, "false while speculative_config sets "
+            "num_speculative_tokens_per_batch_size (a static gamma table); "
+            "vspec chooses gamma per step itself, so remove one of the two")
+    return cfg.with_max_gamma(spec.num_speculative_tokens)
+
+
+class VSpecScheduler(Scheduler):
+    """vLLM Scheduler whose draft length is decided every step."""
+
+    def __new__(cls, vllm_config, *args, **kwargs):
+        # One user-facing name for both modes: under async scheduling the
+        # engine must get an AsyncScheduler subclass (it fills placeholders).
+        if cls is VSpecScheduler and vllm_config.scheduler_config.async_scheduling:
+            cls = VSpecAsyncScheduler
+        return super().__new__(cls)
+
+    # extends Scheduler.__init__: build the controller from additional_config["vspec"].
+    def __init__(self, vllm_config, *args, **kwargs) -> None:
+        super().__init__(vllm_config, *args, **kwargs)
+        self.vspec_config = vspec_config_from(vllm_config)
+        self.vspec: GammaController | None = None
+        if self.vspec_config is None or not self.vspec_config.enabled:
+            return
+        k = vllm_config.speculative_config.num_speculative_tokens
+        self.vspec = GammaController(self.vspec_config, k)
+        # The host pads every decode to a uniform 1+K verify width unless it
+        # has a per-batch-size K table (dynamic_sd_lookup). A per-step gamma
+        # must not be padded back to K, so give the host the trivial table;
+        # the value it yields is replaced each step in _update_after_schedule.
+        self.dynamic_sd_lookup = [k] * (self.scheduler_config.max_num_seqs + 1)
+        self._scheduled_at: dict[int, float] = {}
+        logger.info("vspec: policy=%s gamma in [%d, %d], acceptance=%s%s",
+                    self.vspec_config.policy, self.vspec_config.min_gamma,
+                    self.vspec_config.max_gamma, self.vspec_config.acceptance,
+                    "" if self.vspec_config.lossless else " (LOSSY: outputs may "
+                    "differ from target-only decoding)")
+
+    # extends Scheduler._update_after_schedule: choose this step's gamma before
+    # the host (AsyncScheduler) derives its draft placeholders from it.
+    def _update_after_schedule(self, scheduler_output: SchedulerOutput) -> None:
+        if self.vspec is not None and scheduler_output.num_scheduled_tokens:
+            batch = BatchState(
+                num_reqs=len(scheduler_output.num_scheduled_tokens),
+                max_num_batched_tokens=self.scheduler_config.max_num_batched_tokens)
+            decision = self.vspec.decide(batch)
+            scheduler_output.num_spec_tokens_to_schedule = decision.gamma
+            self._scheduled_at[id(scheduler_output)] = time.perf_counter()
+        super()._update_after_schedule(scheduler_output)
+
+    # extends Scheduler.update_from_output: report each step's verified drafts
+    # and committed tokens to the controller, after the host has consumed them.
+    def update_from_output(self, scheduler_output: SchedulerOutput,
+                           model_runner_output: ModelRunnerOutput):
+        outputs = super().update_from_output(scheduler_output, model_runner_output)
+        scheduled_at = (self._scheduled_at.pop(id(scheduler_output), None)
+                        if self.vspec is not None else None)
+        if scheduled_at is not None:
+            self.vspec.observe(_feedback(scheduler_output, model_runner_output,
+                                         scheduled_at, time.perf_counter()))
+        return outputs
+
+    # extends Scheduler.shutdown: one summary line of what the controller did.
+    def shutdown(self) -> None:
+        if self.vspec is not None:
+            logger.info("vspec summary: %s", self.vspec.summary_line())
+            self.vspec.close()
+        super().shutdown()
+
+
+class VSpecAsyncScheduler(VSpecScheduler, AsyncScheduler):
+    """The same overrides over vLLM's AsyncScheduler (MRO: VSpecScheduler's
+    methods run first and call into AsyncScheduler). Runs on GPU/NPU only:
+    the CPU platform turns async scheduling off."""
+
+
+def _feedback(so: SchedulerOutput, out: ModelRunnerOutput, scheduled_at: float,
+              completed_at: float) -> StepFeedback:
+    """Per-request drafted/accepted counts of one step, read from the host's
+    own outputs (the same numbers vLLM's spec-decode metrics count)."""
+    sampled = out.sampled_token_ids or []
+    index = out.req_id_to_index
+    drafted: list[int] = []
+    accepted: list[int] = []
+    committed = 0
+    for req_id in so.num_scheduled_tokens:
+        i = index.get(req_id)
+        n_out = len(sampled[i]) if i is not None and i < len(sampled) else 0
+        committed += n_out
+        spec = so.scheduled_spec_decode_tokens.get(req_id)
+        if spec and n_out:
+            drafted.append(len(spec))
+            accepted.append(n_out - 1)
+    return StepFeedback(
+        gamma=so.num_spec_tokens_to_schedule, num_reqs=len(so.num_scheduled_tokens),
+        drafted=tuple(drafted), accepted=tuple(accepted), committed=committed,
+        scheduled_at=scheduled_at, completed_at=completed_at)
