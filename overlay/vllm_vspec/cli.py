@@ -12,7 +12,9 @@ import sys
 
 # name -> module path; a module is imported only when its subcommand runs or
 # when `--help` lists it, so `vllm-vspec --help` stays fast.
-SUBCOMMANDS: dict[str, str] = {}
+SUBCOMMANDS: dict[str, str] = {
+    "bench": "vllm_vspec.bench.command",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,190 @@
+"""`vllm-vspec bench`: the serving benchmark (default) or a serving protocol.
+
+  vllm-vspec bench                     every default variant x every workload,
+                                       one `vllm serve` per variant
+  vllm-vspec bench --protocol arc-easy --base-url URL --dataset FILE
+                                       a seed-style protocol against a running server
+  ... --dry-run                        print what would run, start nothing
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from vllm_vspec.bench import protocols, runner, variants, workloads
+from vllm_vspec.bench.loadgen import completion_body
+from vllm_vspec.bench.server import SERVED_MODEL_NAME, ServerSpec
+
+DEFAULT_TARGET = Path("models/derived/tiny-target-deep")
+DEFAULT_DRAFT = Path("models/tiny-draft")
+DEFAULT_EAGLE = Path("models/tiny-eagle")
+DEFAULT_PROMPTS = Path("models/prompts")
+DEFAULT_OUT = Path("results/bench")
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "bench", help="serving benchmark: dynamic vs fixed gamma (or a seed protocol)",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the server commands / request plan and exit")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                   help="directory for results.json, the plot, server logs and traces "
+                        "(protocol mode: the results JSON file is --output)")
+    p.add_argument("--output-len", type=int, default=None,
+                   help="completion tokens per request (default: 64; protocol: its own)")
+    g = p.add_argument_group("serving benchmark (starts its own servers)")
+    g.add_argument("--target", type=Path, default=DEFAULT_TARGET)
+    g.add_argument("--draft", type=Path, default=DEFAULT_DRAFT,
+                   help="draft model for method draft_model")
+    g.add_argument("--eagle", type=Path, default=DEFAULT_EAGLE,
+                   help="EAGLE head; its variants (eagle-*) exist only if the path does")
+    g.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS,
+                   help="directory of <family>.jsonl prompt files")
+    g.add_argument("--variants", default=",".join(variants.DEFAULT_VARIANTS),
+                   help="comma-separated variant names or 'all' (target-only always runs)")
+    g.add_argument("--workloads", default="all", help="comma-separated workload names or 'all'")
+    g.add_argument("--low-concurrency", type=int, default=1)
+    g.add_argument("--high-concurrency", type=int, default=32)
+    g.add_argument("--requests-low", type=int, default=8,
+                   help="requests of a steady low-concurrency workload")
+    g.add_argument("--requests-high", type=int, default=64,
+                   help="requests of a steady high-concurrency workload")
+    g.add_argument("--static-table", type=json.loads, default=variants.DEFAULT_STATIC_TABLE,
+                   help="JSON [[batch_from, batch_to, K], ...] for the static-table variant")
+    g.add_argument("--kv-cache-memory-bytes", type=int, default=ServerSpec.kv_cache_memory_bytes)
+    g.add_argument("--dtype", default=ServerSpec.dtype)
+    g = p.add_argument_group("serving protocol (against a running server)")
+    g.add_argument("--protocol", choices=sorted(protocols.PROTOCOLS))
+    g.add_argument("--base-url", help="e.g. http://127.0.0.1:8000")
+    g.add_argument("--dataset", type=Path, help="local JSONL dataset")
+    g.add_argument("--num-prompts", type=int, default=None)
+    g.add_argument("--max-concurrency", type=int, default=None,
+                   help="requests in flight (default: the protocol's B)")
+    g.add_argument("--output", type=Path, default=None,
+                   help="results JSON (default: <out>/<protocol>.json)")
+    p.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.protocol:
+        return _protocol_main(args)
+    return _serving_main(args)
+
+
+# ------------------------------------------------------------ protocol mode
+def _protocol_main(args: argparse.Namespace) -> int:
+    proto = protocols.PROTOCOLS[args.protocol]
+    for flag, value in (("--base-url", args.base_url), ("--dataset", args.dataset)):
+        if not value:
+            raise SystemExit(f"bench --protocol {proto.name}: {flag} is required")
+    n = args.num_prompts or proto.num_prompts
+    out_len = args.output_len or proto.output_len
+    conc = args.max_concurrency or proto.concurrency
+    output = args.output or args.out / f"{proto.name}.json"
+    requests = protocols.fixed_count(protocols.load_dataset(args.dataset, proto), n)
+    if args.dry_run:
+        print(f"protocol {proto.name}: {n} prompts from {args.dataset}, output {out_len} "
+              f"tokens, max concurrency {conc}, request rate inf, temperature 0")
+        print(f"POST {args.base_url}/v1/completions  (model: first of {args.base_url}/v1/models)")
+        print("first request body:", json.dumps(completion_body("<model>", requests[0].prompt,
+                                                                out_len)))
+        print(f"results -> {output}")
+        return 0
+    from tqdm import tqdm
+    with tqdm(total=n, desc=proto.name, unit="req") as bar:
+        result = protocols.run_protocol_sync(proto, args.base_url.rstrip("/"), requests,
+                                             out_len, conc, lambda c: bar.update())
+    result["dataset"] = str(args.dataset)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"{proto.name}: {result['completed']}/{n} completed, "
+          f"{result['output_throughput_tok_s']:.1f} output tok/s -> {output}")
+    return 0 if result["failed"] == 0 else 1
+
+
+# ------------------------------------------------------------- serving mode
+def build_plan(args: argparse.Namespace) -> runner.Plan:
+    """Variants, workloads and requests from the arguments (no server started)."""
+    drafters = {"draft_model": args.draft if args.draft.exists() else None,
+                "eagle": args.eagle if args.eagle.exists() else None}
+    available = variants.all_variants(drafters, args.static_table)
+    names = list(available) if args.variants == "all" else _csv(args.variants)
+    chosen = variants.select(available, names)
+    all_workloads = workloads.build_workloads(args.low_concurrency, args.high_concurrency,
+                                              args.requests_low, args.requests_high)
+    wnames = list(all_workloads) if args.workloads == "all" else _csv(args.workloads)
+    unknown = [w for w in wnames if w not in all_workloads]
+    if unknown:
+        raise SystemExit(f"--workloads {','.join(unknown)} is not known: choose from "
+                         f"{', '.join(all_workloads)}")
+    chosen_w = [all_workloads[w] for w in wnames]
+    families = sorted(set().union(*(w.families for w in chosen_w)))
+    prompts = {f: workloads.load_prompts(args.prompts / f"{f}.jsonl") for f in families}
+    spec = ServerSpec(model=args.target, dtype=args.dtype,
+                      max_num_seqs=max(ServerSpec.max_num_seqs, args.high_concurrency),
+                      kv_cache_memory_bytes=args.kv_cache_memory_bytes)
+    return runner.Plan(spec, chosen, chosen_w, {w.name: w.requests(prompts) for w in chosen_w},
+                args.output_len or 64, args.out)
+
+
+def _serving_main(args: argparse.Namespace) -> int:
+    plan = build_plan(args)
+    if args.dry_run:
+        _print_plan(plan)
+        return 0
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from vllm_vspec.bench import plot, report
+
+    console = Console()
+    started = time.time()
+    with Progress(console=console) as progress:
+        task = progress.add_task("bench", total=plan.total_requests)
+        runs, timelines = runner.run_plan(
+            plan, lambda what: progress.update(task, advance=1, description=what))
+    table_rows = report.rows(runs)
+    console.print(report.render_table(table_rows))
+    meta = {"command": "vllm-vspec " + shlex.join(sys.argv[1:]) if sys.argv else "",
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+            "duration_s": time.time() - started, "host": platform.node(),
+            "server": {k: str(v) for k, v in plan.spec.__dict__.items()},
+            "output_len": plan.output_len,
+            "variants": {v.name: v.serve_args(plan.trace_path(v)) for v in plan.variants},
+            "workloads": {w.name: [p.__dict__ for p in w.phases] for w in plan.workloads}}
+    plan.out_dir.mkdir(parents=True, exist_ok=True)
+    results = plan.out_dir / "results.json"
+    results.write_text(json.dumps(report.results_json(runs, meta), indent=2) + "\n")
+    (plan.out_dir / "table.md").write_text(report.markdown_table(table_rows) + "\n")
+    with_gamma = [t for t in timelines if any(g is not None for g in t.gamma)]
+    png = plot.plot_timelines(with_gamma or timelines, plan.out_dir / "gamma_batch.png",
+                              "gamma and batch size over time")
+    console.print(f"results: {results}\ntable: {plan.out_dir / 'table.md'}\nplot: {png}")
+    return 0 if not any(r.errors for r in runs) else 1
+
+
+def _print_plan(plan: runner.Plan) -> None:
+    print(f"# {len(plan.variants)} servers, one at a time; each answers "
+          f"{plan.total_requests // len(plan.variants)} requests "
+          f"(+{runner.WARMUP_REQUESTS} warm-up), output {plan.output_len} tokens, temperature 0")
+    for v in plan.variants:
+        print(f"\n## variant {v.name}")
+        print(shlex.join(plan.argv(v, port=0)).replace("--port 0", "--port <free>"))
+    print("\n## workloads (same order on every server)")
+    for w in plan.workloads:
+        phases = ", ".join(f"{p.num_requests} x {p.family} @ concurrency {p.concurrency}"
+                           for p in w.phases)
+        print(f"{w.name}: {phases}")
+    print(f"\nresults -> {plan.out_dir / 'results.json'}, plot -> "
+          f"{plan.out_dir / 'gamma_batch.png'}; model name served: {SERVED_MODEL_NAME}")
+
+
+def _csv(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]

@@ -1,0 +1,172 @@
+"""Report maths (tokens/s, ratios, exactness, gamma counts) and its rendering.
+
+Everything here is a pure function of measured runs, so it is unit-tested
+without a server. Ratios are only ever taken between runs of the same
+benchmark invocation (the machines are noisy; numbers from different runs do
+not compare).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from vllm_vspec.bench.loadgen import Completion
+
+
+@dataclass
+class Run:
+    """One variant serving one workload."""
+    workload: str
+    variant: str
+    family: str  # Variant.family
+    completions: list[Completion]
+    gamma_counts: Counter = field(default_factory=Counter)  # (bucket, gamma) -> steps
+    gamma_source: str | None = None  # "trace", "metrics" or None
+
+    @property
+    def tokens(self) -> int:
+        return sum(c.tokens for c in self.completions)
+
+    @property
+    def wall_s(self) -> float:
+        if not self.completions:
+            return 0.0
+        return max(c.end for c in self.completions) - min(c.start for c in self.completions)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def errors(self) -> list[str]:
+        return [f"{c.key}: {c.error}" for c in self.completions if c.error]
+
+
+def exact_match(run: Run, reference: Run) -> tuple[int, int, list[str]]:
+    """(identical, compared, keys that differ) of run's outputs against the
+    reference (target-only) outputs of the same requests."""
+    ref = {c.key: c.text for c in reference.completions if not c.error}
+    same, differ = 0, []
+    for c in run.completions:
+        if c.error or c.key not in ref:
+            continue
+        if c.text == ref[c.key]:
+            same += 1
+        else:
+            differ.append(c.key)
+    return same, same + len(differ), differ
+
+
+def first_difference(a: str, b: str) -> int:
+    """Offset of the first differing character (len of the shorter if one is a prefix)."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
+
+
+def format_gamma_counts(counts: Counter) -> str:
+    """"b1: g4 x120, g3 x8 | b32: g2 x40" (buckets ascending, gammas by count)."""
+    parts = []
+    for bucket in sorted({b for b, _ in counts}):
+        per = sorted(((g, n) for (b, g), n in counts.items() if b == bucket and n),
+                     key=lambda gn: (-gn[1], gn[0]))
+        if per:
+            parts.append(f"b{bucket}: " + ", ".join(f"g{g} x{int(n)}" for g, n in per))
+    return " | ".join(parts)
+
+
+@dataclass(frozen=True)
+class Row:
+    workload: str
+    variant: str
+    tokens_per_s: float
+    vs_target: float | None
+    vs_best_fixed: float | None
+    best_fixed: str | None
+    identical: int
+    compared: int
+    errors: int
+    gamma_counts: str
+
+
+def rows(runs: list[Run]) -> list[Row]:
+    """Table rows per workload, each ratio taken within the workload."""
+    out = []
+    for workload in dict.fromkeys(r.workload for r in runs):
+        group = [r for r in runs if r.workload == workload]
+        target = next((r for r in group if r.family == "target"), None)
+        fixed = [r for r in group if r.family == "fixed"]
+        best = max(fixed, key=lambda r: r.tokens_per_s) if fixed else None
+        for r in group:
+            same, compared, _ = exact_match(r, target) if target else (0, 0, [])
+            out.append(Row(
+                workload, r.variant, r.tokens_per_s,
+                _ratio(r.tokens_per_s, target.tokens_per_s) if target else None,
+                _ratio(r.tokens_per_s, best.tokens_per_s) if best else None,
+                best.variant if best else None, same, compared, len(r.errors),
+                format_gamma_counts(r.gamma_counts)))
+    return out
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if b > 0 else None
+
+
+def results_json(runs: list[Run], meta: dict) -> dict:
+    """Everything measured, with per-request detail, for the results file."""
+    target_of = {r.workload: r for r in runs if r.family == "target"}
+    table = [row.__dict__ for row in rows(runs)]
+    detail = []
+    for r in runs:
+        ref = target_of.get(r.workload)
+        differ = exact_match(r, ref)[2] if ref else []
+        ref_text = {c.key: c.text for c in ref.completions} if ref else {}
+        detail.append({
+            "workload": r.workload, "variant": r.variant, "family": r.family,
+            "tokens": r.tokens, "wall_s": r.wall_s, "tokens_per_s": r.tokens_per_s,
+            "errors": r.errors, "gamma_source": r.gamma_source,
+            "gamma_counts": [{"bucket": b, "gamma": g, "steps": int(n)}
+                             for (b, g), n in sorted(r.gamma_counts.items())],
+            "differing_outputs": [
+                {"key": k, "first_difference_at_char": first_difference(
+                    next(c.text for c in r.completions if c.key == k), ref_text[k])}
+                for k in differ],
+        })
+    return {"meta": meta, "table": table, "runs": detail}
+
+
+def _times(ratio: float | None) -> str:
+    return f"{ratio:.2f}x" if ratio is not None else "-"
+
+
+def render_table(table_rows: list[Row]):
+    """A rich Table of the rows (printed by the CLI)."""
+    from rich.table import Table
+
+    t = Table(title="vllm-vspec bench (ratios within each workload, same run)")
+    for col in ("workload", "variant", "tok/s", "x target", "x best fixed",
+                "identical", "gamma per bucket"):
+        t.add_column(col, justify="right" if col in ("tok/s", "x target", "x best fixed",
+                                                      "identical") else "left")
+    previous = None
+    for row in table_rows:
+        if previous is not None and row.workload != previous:
+            t.add_section()
+        previous = row.workload
+        ident = f"{row.identical}/{row.compared}" + (f" ({row.errors} err)" if row.errors else "")
+        t.add_row(row.workload, row.variant, f"{row.tokens_per_s:.1f}", _times(row.vs_target),
+                  _times(row.vs_best_fixed), ident, row.gamma_counts)
+    return t
+
+
+def markdown_table(table_rows: list[Row]) -> str:
+    """The same table as GitHub markdown (for docs/benchmarks.md)."""
+    lines = ["| workload | variant | tok/s | x target | x best fixed | identical | gamma per bucket |",
+             "|---|---|---:|---:|---:|---:|---|"]
+    for row in table_rows:
+        lines.append(f"| {row.workload} | {row.variant} | {row.tokens_per_s:.1f} | "
+                     f"{_times(row.vs_target)} | {_times(row.vs_best_fixed)} | "
+                     f"{row.identical}/{row.compared} | {row.gamma_counts} |")
+    return "\n".join(lines)

@@ -1,0 +1,116 @@
+"""Run every (variant, workload) pair: one server per variant, workloads in
+the same order on each, gamma/batch observations alongside."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import httpx
+
+from vllm_vspec.bench import scrape
+from vllm_vspec.bench.loadgen import client_for, run_phase
+from vllm_vspec.bench.plot import Timeline
+from vllm_vspec.bench.report import Run
+from vllm_vspec.bench.server import SERVED_MODEL_NAME, Server, ServerSpec, free_port, serve_argv
+from vllm_vspec.bench.variants import Variant
+from vllm_vspec.bench.workloads import Request, Workload
+
+# Requests sent before measuring, so one-off start-up costs (first forward,
+# allocator growth) do not land on the first workload of a variant.
+WARMUP_REQUESTS = 2
+
+
+@dataclass
+class Plan:
+    spec: ServerSpec
+    variants: list[Variant]
+    workloads: list[Workload]
+    requests: dict[str, list[list[Request]]]  # workload -> phases -> requests
+    output_len: int
+    out_dir: Path
+
+    def trace_path(self, v: Variant) -> Path | None:
+        return (self.out_dir / "traces" / f"{v.name}.jsonl").resolve() if v.vspec else None
+
+    def argv(self, v: Variant, port: int) -> list[str]:
+        return serve_argv(self.spec, v.serve_args(self.trace_path(v)), port)
+
+    @property
+    def total_requests(self) -> int:
+        per_variant = sum(len(p) for phases in self.requests.values() for p in phases)
+        return per_variant * len(self.variants)
+
+
+def run_plan(plan: Plan, on_progress: Callable[[str], None]) -> tuple[list[Run], list[Timeline]]:
+    """Serve each variant in turn and replay every workload against it."""
+    runs: list[Run] = []
+    timelines: list[Timeline] = []
+    for v in plan.variants:
+        trace = plan.trace_path(v)
+        if trace is not None:
+            trace.parent.mkdir(parents=True, exist_ok=True)
+            trace.unlink(missing_ok=True)
+        port = free_port()
+        with Server(plan.argv(v, port), port, plan.out_dir / "logs" / f"{v.name}.log") as srv:
+            v_runs, tl = asyncio.run(_serve_workloads(plan, v, srv.base_url, trace, on_progress))
+        runs += v_runs
+        timelines.append(tl)
+    return runs, timelines
+
+
+async def _serve_workloads(plan: Plan, v: Variant, base_url: str, trace: Path | None,
+                           on_progress: Callable[[str], None]) -> tuple[list[Run], Timeline]:
+    high = max(p.concurrency for w in plan.workloads for p in w.phases)
+    samples: list[scrape.MetricsSample] = []
+    decisions: list[scrape.Decision] = []
+    spans: list[tuple[str, float, float]] = []
+    runs: list[Run] = []
+    async with client_for(high) as client, httpx.AsyncClient() as metrics_client:
+        warm = [Request(f"warmup/{i}", r.prompt) for i, r in
+                enumerate(plan.requests[plan.workloads[0].name][0][:WARMUP_REQUESTS])]
+        await run_phase(client, base_url, SERVED_MODEL_NAME, warm, len(warm), plan.output_len)
+        _, trace_line = scrape.read_trace(trace) if trace else ([], 0)
+        for w in plan.workloads:
+            before = scrape.gamma_step_counts(await scrape.fetch_metrics(metrics_client, base_url))
+            stop = asyncio.Event()
+            poller = asyncio.create_task(scrape.poll_metrics(metrics_client, base_url,
+                                                             samples, stop))
+            t_start = time.time()
+            completions = []
+            for phase, reqs in zip(w.phases, plan.requests[w.name]):
+                completions += await run_phase(
+                    client, base_url, SERVED_MODEL_NAME, reqs, phase.concurrency,
+                    plan.output_len, lambda c: on_progress(f"{v.name} / {w.name}"))
+            stop.set()
+            await poller
+            spans.append((w.name, t_start, time.time()))
+            after = scrape.gamma_step_counts(await scrape.fetch_metrics(metrics_client, base_url))
+            run = Run(w.name, v.name, v.family, completions)
+            if trace is not None:
+                w_decisions, trace_line = scrape.read_trace(trace, trace_line)
+                decisions += w_decisions
+                if w_decisions:
+                    run.gamma_counts = scrape.gamma_counts_from_trace(w_decisions)
+                    run.gamma_source = "trace"
+            if run.gamma_source is None and after != before:
+                run.gamma_counts = Counter(after)
+                run.gamma_counts.subtract(before)
+                run.gamma_source = "metrics"
+            runs.append(run)
+    return runs, _timeline(v.name, spans, samples, decisions)
+
+
+def _timeline(name: str, spans: list[tuple[str, float, float]],
+              samples: list[scrape.MetricsSample], decisions: list[scrape.Decision]) -> Timeline:
+    """Per-step points from the trace when there is one, else the polled metrics."""
+    t0 = spans[0][1] if spans else 0.0
+    if decisions:
+        return Timeline(name, t0, [d.t for d in decisions], [d.batch_size for d in decisions],
+                        [d.gamma for d in decisions], spans)
+    return Timeline(name, t0, [s.t for s in samples], [s.running for s in samples],
+                    [s.gamma for s in samples], spans)

@@ -1,0 +1,108 @@
+"""What the server tells us about gamma and batch size while a workload runs.
+
+Two sources: vLLM's Prometheus `/metrics` (polled; batch size for every
+variant, vspec's gamma gauge and per-(gamma, bucket) step counters when the
+vspec scheduler runs), and the vspec JSONL decision trace (`vspec.trace_path`:
+one line per decision, hence complete; preferred when present).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+RUNNING = "vllm:num_requests_running"
+VSPEC_PREFIX = "vllm:vspec_"
+
+
+def parse_metrics(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """Flat (sample name, labels, value) triples of a Prometheus text page."""
+    return [(s.name, dict(s.labels), float(s.value))
+            for fam in text_string_to_metric_families(text) for s in fam.samples]
+
+
+def bucket_of(batch_size: int) -> int:
+    """Batch-size bucket as the online policy keys its arms: 2^ceil(log2 B)."""
+    return 1 << max(0, math.ceil(math.log2(max(1, batch_size))))
+
+
+# ------------------------------------------------------------------ metrics
+@dataclass(frozen=True)
+class MetricsSample:
+    t: float
+    running: float
+    gamma: float | None  # vspec's current-gamma gauge; None without vspec
+
+
+def sample_of(t: float, samples: list[tuple[str, dict[str, str], float]]) -> MetricsSample:
+    running = sum(v for n, _, v in samples if n == RUNNING)
+    gauges = [v for n, labels, v in samples
+              if n.startswith(VSPEC_PREFIX) and "gamma" in n and "gamma" not in labels
+              and not n.endswith(("_total", "_created", "_count", "_sum", "_bucket"))]
+    return MetricsSample(t, running, gauges[0] if gauges else None)
+
+
+def gamma_step_counts(samples: list[tuple[str, dict[str, str], float]]) -> Counter:
+    """(bucket, gamma) -> steps, from vspec's counters labelled by gamma and bucket."""
+    counts: Counter = Counter()
+    for name, labels, value in samples:
+        if (name.startswith(VSPEC_PREFIX) and name.endswith("_total")
+                and "gamma" in labels and "bucket" in labels and "step" in name):
+            counts[(int(float(labels["bucket"])), int(float(labels["gamma"])))] += value
+    return counts
+
+
+async def fetch_metrics(client: httpx.AsyncClient, base_url: str
+                        ) -> list[tuple[str, dict[str, str], float]]:
+    resp = await client.get(f"{base_url}/metrics", timeout=10.0)
+    resp.raise_for_status()
+    return parse_metrics(resp.text)
+
+
+async def poll_metrics(client: httpx.AsyncClient, base_url: str, out: list[MetricsSample],
+                       stop: asyncio.Event, interval_s: float = 0.5) -> None:
+    """Append a MetricsSample every `interval_s` until `stop` is set."""
+    while not stop.is_set():
+        try:
+            out.append(sample_of(time.time(), await fetch_metrics(client, base_url)))
+        except httpx.HTTPError:
+            pass  # a missed sample only thins the plot
+        try:
+            await asyncio.wait_for(stop.wait(), interval_s)
+        except asyncio.TimeoutError:
+            pass
+
+
+# -------------------------------------------------------------------- trace
+@dataclass(frozen=True)
+class Decision:
+    t: float
+    batch_size: int
+    gamma: int
+
+
+def read_trace(path: Path, start_line: int = 0) -> tuple[list[Decision], int]:
+    """Decisions from line `start_line` on, and the number of lines read in
+    total (the start of the next workload's slice)."""
+    if not path.exists():
+        return [], start_line
+    lines = path.read_text(encoding="utf-8").splitlines()
+    out = [decision_of(json.loads(line)) for line in lines[start_line:] if line.strip()]
+    return out, len(lines)
+
+
+def decision_of(record: dict) -> Decision:
+    return Decision(float(record["time"]), int(record["batch_size"]), int(record["gamma"]))
+
+
+def gamma_counts_from_trace(decisions: list[Decision]) -> Counter:
+    """(bucket, gamma) -> steps."""
+    return Counter((bucket_of(d.batch_size), d.gamma) for d in decisions)

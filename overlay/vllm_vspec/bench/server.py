@@ -1,0 +1,122 @@
+"""One `vllm serve` subprocess per variant: free port, wait for /health, kill.
+
+The server runs in its own process group (vLLM forks an engine-core process),
+so stopping it ends exactly the processes this module started.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+SERVED_MODEL_NAME = "bench"
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """What every variant's server shares. Defaults suit the bundled models on
+    a CPU shared with other jobs: float32 (greedy outputs of speculative and
+    target-only decoding agree exactly there), a small KV cache."""
+    model: Path
+    dtype: str = "float32"
+    max_model_len: int = 1024
+    max_num_seqs: int = 64
+    kv_cache_memory_bytes: int = 1 << 30
+    # On CPU this is the host-memory fraction; vLLM refuses its default there.
+    gpu_memory_utilization: float = 0.3
+    seed: int = 0
+
+
+def serve_argv(spec: ServerSpec, variant_args: list[str], port: int) -> list[str]:
+    """The full `vllm serve` command line of one variant."""
+    return [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(spec.model),
+            "--served-model-name", SERVED_MODEL_NAME,
+            "--host", "127.0.0.1", "--port", str(port),
+            "--dtype", spec.dtype, "--max-model-len", str(spec.max_model_len),
+            "--max-num-seqs", str(spec.max_num_seqs),
+            "--kv-cache-memory-bytes", str(spec.kv_cache_memory_bytes),
+            "--gpu-memory-utilization", str(spec.gpu_memory_utilization),
+            "--seed", str(spec.seed), *variant_args]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerError(RuntimeError):
+    pass
+
+
+class Server:
+    """Context manager: start `argv`, log to `log_path`, block until healthy."""
+
+    def __init__(self, argv: list[str], port: int, log_path: Path,
+                 startup_timeout_s: float = 900.0):
+        self.argv, self.port, self.log_path = argv, port, log_path
+        self.startup_timeout_s = startup_timeout_s
+        self.base_url = f"http://127.0.0.1:{port}"
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> "Server":
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
+                                     start_new_session=True, env=dict(os.environ))
+        log.close()  # the child holds its own descriptor
+        try:
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise ServerError(f"vllm serve exited with {self.proc.returncode} before "
+                                  f"becoming healthy; last log lines:\n{self.log_tail()}")
+            try:
+                if httpx.get(f"{self.base_url}/health", timeout=2.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(1.0)
+        raise ServerError(f"vllm serve not healthy after {self.startup_timeout_s:.0f} s; "
+                          f"last log lines:\n{self.log_tail()}")
+
+    def stop(self, grace_s: float = 30.0) -> None:
+        """SIGTERM the server's process group (vLLM shuts down and flushes
+        its logs and traces), SIGKILL it if it lingers."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                self.proc.wait(timeout=wait_s)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])

@@ -1,0 +1,96 @@
+"""The serving variants the benchmark compares, as a small registry.
+
+A variant is only what differs between servers: the speculative config and,
+for vspec, the scheduler class and the `vspec` additional-config table. The
+model paths and server sizing are shared and live in `server.ServerSpec`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+VSPEC_SCHEDULER = "vllm_vspec.adapters.vllm.scheduler.VSpecScheduler"
+
+# Upper bound of every speculative variant: buffers are sized by it and the
+# online policy searches gamma in [1, MAX_GAMMA] within it.
+MAX_GAMMA = 4
+
+# vLLM's static batch-size table (`num_speculative_tokens_per_batch_size`,
+# inclusive batch ranges -> K), set from what design.md section 7 measured on
+# this kind of CPU: K=4 best at batch 1, K=2 about even at batch 16.
+DEFAULT_STATIC_TABLE: list[list[int]] = [[1, 2, 4], [3, 8, 3], [9, 24, 2], [25, 1024, 1]]
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    family: str  # "target", "fixed", "static", "online": how the report groups it
+    speculative_config: dict[str, Any] | None = None
+    vspec: dict[str, Any] | None = None  # None: stock vLLM scheduler
+    gamma: int | None = None  # the fixed gamma, for "best fixed" ratios
+
+    def serve_args(self, trace_path: Path | None = None) -> list[str]:
+        """vLLM serve arguments that make this variant (on top of the shared ones)."""
+        args: list[str] = []
+        if self.speculative_config is not None:
+            args += ["--speculative-config", json.dumps(self.speculative_config)]
+        if self.vspec is not None:
+            table = dict(self.vspec)
+            if trace_path is not None:
+                table["trace_path"] = str(trace_path)
+            args += ["--scheduler-cls", VSPEC_SCHEDULER,
+                     "--additional-config", json.dumps({"vspec": table})]
+        return args
+
+
+# Variant-name prefix -> vLLM speculative method. A method is offered only
+# when its drafter model exists (the eagle head lands after the draft model).
+METHOD_PREFIXES = {"draft_model": "", "eagle": "eagle-"}
+
+
+def _spec(method: str, model: Path, k: int, **extra: Any) -> dict[str, Any]:
+    return {"method": method, "model": str(model), "num_speculative_tokens": k, **extra}
+
+
+def _method_variants(method: str, model: Path, static_table: list[list[int]]) -> list[Variant]:
+    prefix = METHOD_PREFIXES[method]
+    out = [Variant(f"{prefix}fixed-{k}", "fixed", _spec(method, model, k), gamma=k)
+           for k in range(1, MAX_GAMMA + 1)]
+    out.append(Variant(f"{prefix}static-table", "static", _spec(
+        method, model, MAX_GAMMA, num_speculative_tokens_per_batch_size=static_table)))
+    out.append(Variant(f"{prefix}online", "online", _spec(method, model, MAX_GAMMA),
+                       vspec={"policy": "online"}))
+    out.append(Variant(f"{prefix}online-0", "online", _spec(method, model, MAX_GAMMA),
+                       vspec={"policy": "online", "min_gamma": 0}))
+    return out
+
+
+def all_variants(drafters: dict[str, Path | None],
+                 static_table: list[list[int]] = DEFAULT_STATIC_TABLE) -> dict[str, Variant]:
+    """Every variant the available drafters allow, by name, target-only first.
+    `drafters` maps a vLLM method (a key of METHOD_PREFIXES) to its model path."""
+    variants = [Variant("target", "target")]
+    for method, model in drafters.items():
+        if model is not None:
+            variants += _method_variants(method, model, static_table)
+    return {v.name: v for v in variants}
+
+
+# What `make bench` compares when --variants is not given (online-0 and the
+# eagle variants are opt-in: each variant costs a server start-up).
+DEFAULT_VARIANTS = ("target", "fixed-1", "fixed-2", "fixed-3", "fixed-4",
+                    "static-table", "online")
+
+
+def select(available: dict[str, Variant], names: list[str]) -> list[Variant]:
+    """The named variants, in the order given; unknown names fail listing the known ones."""
+    unknown = [n for n in names if n not in available]
+    if unknown:
+        raise ValueError(f"--variants {','.join(unknown)!s} is not available: "
+                         f"choose from {', '.join(available)}")
+    # Ratios are to target-only measured in the same run, so it always runs first.
+    return [available["target"]] + [available[n] for n in names if n != "target"]
+

@@ -1,0 +1,88 @@
+"""Request schedules: steady concurrency and bursts, over the bundled prompts.
+
+A workload is a sequence of phases; a phase sends `num_requests` prompts of
+one family with at most `concurrency` in flight (unlimited request rate). The
+prompts each request gets are a pure function of the workload, so every
+variant answers the same requests and outputs can be compared one by one.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Phase:
+    concurrency: int
+    family: str  # prompt family: a JSONL file name under the prompts directory
+    num_requests: int
+
+
+@dataclass(frozen=True)
+class Request:
+    key: str  # stable across variants: "<phase>/<index>"
+    prompt: str
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    phases: tuple[Phase, ...]
+
+    def requests(self, prompts: dict[str, list[str]]) -> list[list[Request]]:
+        """Per phase, the requests in send order. Prompts of a family are taken
+        in file order and wrap around; repeated phases of a family continue
+        where the previous one stopped so they do not replay the same text."""
+        cursor = {family: 0 for family in prompts}
+        out = []
+        for p_idx, phase in enumerate(self.phases):
+            pool = prompts[phase.family]
+            start = cursor[phase.family]
+            out.append([Request(f"{p_idx}/{i}", pool[(start + i) % len(pool)])
+                        for i in range(phase.num_requests)])
+            cursor[phase.family] = start + phase.num_requests
+        return out
+
+    @property
+    def families(self) -> set[str]:
+        return {p.family for p in self.phases}
+
+
+def build_workloads(low: int = 1, high: int = 32, requests_low: int = 8,
+                    requests_high: int = 64, families: tuple[str, ...] = ("code", "prose"),
+                    ) -> dict[str, Workload]:
+    """Steady low and high concurrency per prompt family, plus one bursty load
+    alternating low and high phases over the families (half the requests of
+    the steady loads per phase, so it costs about as much as one of them per
+    family)."""
+    workloads: dict[str, Workload] = {}
+    for conc, n in ((low, requests_low), (high, requests_high)):
+        for fam in families:
+            name = f"steady-c{conc}-{fam}"
+            workloads[name] = Workload(name, (Phase(conc, fam, n),))
+    bursty = []
+    for fam in families:
+        bursty += [Phase(low, fam, max(1, requests_low // 2)),
+                   Phase(high, fam, max(1, requests_high // 2))]
+    workloads["bursty"] = Workload("bursty", tuple(bursty))
+    return workloads
+
+
+def load_prompts(path: Path) -> list[str]:
+    """Prompts of a JSONL file: one object per line with a string `prompt`."""
+    prompts = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            record = json.loads(line)
+            prompt = record.get("prompt") if isinstance(record, dict) else None
+            if not isinstance(prompt, str) or not prompt:
+                raise ValueError(f"{path}:{lineno}: `prompt` must be a non-empty string, "
+                                 f"got {prompt!r}")
+            prompts.append(prompt)
+    if not prompts:
+        raise ValueError(f"{path}: no prompts (expected JSONL lines with a `prompt` string)")
+    return prompts
