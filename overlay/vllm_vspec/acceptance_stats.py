@@ -1,0 +1,104 @@
+"""Per-position draft acceptance, tracked online, and the expected tokens E(k).
+
+Feedback of one request in one step is (drafted d, accepted a): draft positions
+i < a were accepted, position a was rejected when a < d, and positions after a
+were never looked at. So the rate tracked at position i is CONDITIONAL:
+p_i = P(position i accepted | positions < i accepted), and
+
+    E(k) = 1 + sum_{j=1..k} prod_{i<=j} p_i        (positions counted from 1)
+
+is the expected number of tokens a request commits in a step that verifies k
+drafts (the +1 is the target's own recovered or bonus token).
+
+Plain Python on short lists: this runs once per engine step.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+# A position nobody has measured yet borrows the estimate of the position
+# before it, and position 0 starts at 1.0: optimistic on purpose, so that a
+# policy that trusts E(k) drafts long enough to measure the positions.
+_UNMEASURED_FIRST_POSITION = 1.0
+
+
+class PositionAcceptance:
+    """EWMA of the conditional acceptance rate at each draft position.
+
+    One EWMA update per position per step, from that step's batch-wide
+    success fraction at the position; the first updates average plainly
+    (weight max(w, 1/n)) so that early estimates are not biased to the start
+    value. A position's estimate is used once `min_observations` drafted
+    tokens reached it; before that the previous position's estimate stands in.
+    """
+
+    def __init__(self, num_positions: int, ewma_weight: float, min_observations: int):
+        self.num_positions = num_positions
+        self.ewma_weight = ewma_weight
+        self.min_observations = min_observations
+        self._rate = [0.0] * num_positions
+        self._updates = [0] * num_positions     # EWMA updates applied per position
+        self._trials = [0] * num_positions      # drafted tokens that reached the position
+
+    def update(self, drafted: Sequence[int], accepted: Sequence[int]) -> None:
+        """Fold in one step: per request, drafts verified and drafts accepted."""
+        n = self.num_positions
+        # reached[i]: requests whose position i was judged; ok[i]: ... and accepted.
+        reached_hist = [0] * (n + 1)
+        ok_hist = [0] * (n + 1)
+        for d, a in zip(drafted, accepted):
+            if d <= 0:
+                continue
+            d = min(d, n)
+            a = min(a, d)
+            reached_hist[min(a + 1, d)] += 1   # positions 0..min(a, d-1) were judged
+            ok_hist[a] += 1                    # positions 0..a-1 were accepted
+        reached = ok = 0
+        for i in range(n - 1, -1, -1):        # suffix sums turn histograms into counts
+            reached += reached_hist[i + 1]
+            ok += ok_hist[i + 1]
+            if reached:
+                self._fold(i, ok / reached, reached)
+
+    def _fold(self, i: int, fraction: float, trials: int) -> None:
+        self._updates[i] += 1
+        self._trials[i] += trials
+        w = max(self.ewma_weight, 1.0 / self._updates[i])
+        self._rate[i] += w * (fraction - self._rate[i])
+
+    def rates(self) -> list[float]:
+        """The conditional acceptance estimate at every position."""
+        out: list[float] = []
+        prev = _UNMEASURED_FIRST_POSITION
+        for i in range(self.num_positions):
+            measured = self._updates[i] and self._trials[i] >= self.min_observations
+            prev = self._rate[i] if measured else prev
+            out.append(prev)
+        return out
+
+    def expected_tokens(self, k: int) -> float:
+        """E(k): expected committed tokens per request when k drafts are verified."""
+        return expected_tokens(self.rates(), k)
+
+    def snapshot(self) -> dict:
+        return {"rates": [round(r, 4) for r in self.rates()], "trials": list(self._trials)}
+
+
+def expected_tokens(rates: Sequence[float], k: int) -> float:
+    """E(k) = 1 + sum_{j<=k} prod_{i<=j} p_i for conditional rates p."""
+    total, run = 1.0, 1.0
+    for p in rates[:k]:
+        run *= p
+        total += run
+    return total
+
+
+def expected_tokens_all(rates: Sequence[float], k_max: int) -> list[float]:
+    """[E(0), E(1), ..., E(k_max)] in one pass."""
+    out, total, run = [1.0], 1.0, 1.0
+    for p in rates[:k_max]:
+        run *= p
+        total += run
+        out.append(total)
+    return out

@@ -1,0 +1,37 @@
+"""Gamma policies behind one small interface, chosen by `config.policy`.
+
+A policy scores gammas; the controller (controller.py) does the shared work
+around it (feasible range, bucket, reward, stability, summary, trace).
+
+    decide(batch, bucket, lo, hi) -> (gamma, reason)   # lo <= gamma <= hi
+    observe(outcome: StepOutcome) -> None
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from vllm_vspec.config import VSpecConfig
+    from vllm_vspec.controller import BatchState, StepOutcome
+
+
+class Policy(Protocol):
+    def decide(self, batch: "BatchState", bucket: int, lo: int, hi: int) -> tuple[int, str]: ...
+
+    def observe(self, outcome: "StepOutcome") -> None: ...
+
+
+# config.policy -> "module:Class"; every name in config.POLICIES has an entry.
+REGISTRY: dict[str, str] = {
+    "online": "vllm_vspec.policies.online:OnlinePolicy",
+    "profile": "vllm_vspec.policies.profile:ProfilePolicy",
+    "fixed": "vllm_vspec.policies.fixed:FixedPolicy",
+}
+
+
+def make_policy(config: "VSpecConfig") -> Policy:
+    """Build the policy named by config.policy (config already validated)."""
+    module, cls = REGISTRY[config.policy].split(":")
+    return getattr(importlib.import_module(module), cls)(config)

@@ -1,0 +1,84 @@
+"""Opt-in JSONL trace of controller decisions (`vspec.trace_path`).
+
+The first line is a header; then one line per observed step, written when
+the step's output is processed, joining the decision taken when it was
+scheduled with what it produced:
+
+    {"schema": "vllm-vspec/trace", "version": 1, "policy": ..., "min_gamma": ...,
+     "max_gamma": ..., "num_speculative_tokens": ...}
+    {"step": 12, "num_reqs": 16, "bucket": 16, "mean_context_len": 310.0,
+     "gamma": 3, "reason": "ucb", "drafted": [3, ...], "accepted": [2, ...],
+     "committed": 41, "interval_s": 0.0123, "stable": true, "reward": 3333.3}
+
+`drafted`/`accepted` are per request (drafts verified in this step, proposed
+one step earlier). The simulator replays these files (`vllm-vspec sim
+--trace FILE`), so the format is versioned and read back by `read_trace`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, TextIO
+
+SCHEMA = "vllm-vspec/trace"
+VERSION = 1
+STEP_KEYS = ("step", "num_reqs", "gamma", "drafted", "accepted", "committed")
+
+
+class TraceError(ValueError):
+    """A trace file is not in this format; names the line and the key."""
+
+
+class DecisionTrace:
+    """Appends JSON lines to a file; line-buffered so a crash loses at most
+    the line being written."""
+
+    def __init__(self, path: str | Path, header: dict[str, Any]):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file: TextIO | None = self.path.open("w", buffering=1)
+        self.write({"schema": SCHEMA, "version": VERSION, **header})
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self._file is not None:
+            self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def read_trace(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """(header, step records) of a trace file; TraceError on a foreign file."""
+    lines = Path(path).read_text().splitlines()
+    if not lines:
+        raise TraceError(f"{path}: empty file, expected a {SCHEMA} header line")
+    header = _parse(path, 1, lines[0])
+    if header.get("schema") != SCHEMA or header.get("version") != VERSION:
+        raise TraceError(f"{path}:1: schema={header.get('schema')!r} "
+                         f"version={header.get('version')!r}, expected {SCHEMA!r} {VERSION}")
+    records = []
+    for no, line in enumerate(lines[1:], start=2):
+        if not line.strip():
+            continue
+        rec = _parse(path, no, line)
+        for key in STEP_KEYS:
+            if key not in rec:
+                raise TraceError(f"{path}:{no}: missing key {key!r}")
+        if len(rec["drafted"]) != len(rec["accepted"]):
+            raise TraceError(f"{path}:{no}: drafted has {len(rec['drafted'])} entries, "
+                             f"accepted {len(rec['accepted'])}; they must pair up")
+        records.append(rec)
+    return header, records
+
+
+def _parse(path: str | Path, no: int, line: str) -> dict[str, Any]:
+    try:
+        rec = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise TraceError(f"{path}:{no}: not JSON ({e})") from None
+    if not isinstance(rec, dict):
+        raise TraceError(f"{path}:{no}: expected a JSON object")
+    return rec
