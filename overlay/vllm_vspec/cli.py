@@ -14,6 +14,8 @@ import sys
 # when `--help` lists it, so `vllm-vspec --help` stays fast.
 SUBCOMMANDS: dict[str, str] = {
     "bench": "vllm_vspec.bench.command",
+    "serve": "vllm_vspec.serve",
+    "models": "vllm_vspec.drafters",
 }
 
 

