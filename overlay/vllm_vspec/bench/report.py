@@ -67,13 +67,15 @@ def first_difference(a: str, b: str) -> int:
 
 
 def format_gamma_counts(counts: Counter) -> str:
-    """"b1: g4 x120, g3 x8 | b32: g2 x40" (buckets ascending, gammas by count)."""
+    """"b1: g4 x120, g3 x8 | b32: g2 x40" (buckets ascending, gammas by count;
+    bucket None, all batch sizes together, reads "all")."""
     parts = []
-    for bucket in sorted({b for b, _ in counts}):
+    for bucket in sorted({b for b, _ in counts}, key=lambda b: -1 if b is None else b):
         per = sorted(((g, n) for (b, g), n in counts.items() if b == bucket and n),
                      key=lambda gn: (-gn[1], gn[0]))
         if per:
-            parts.append(f"b{bucket}: " + ", ".join(f"g{g} x{int(n)}" for g, n in per))
+            label = "all" if bucket is None else f"b{bucket}"
+            parts.append(f"{label}: " + ", ".join(f"g{g} x{int(n)}" for g, n in per))
     return " | ".join(parts)
 
 
@@ -128,7 +130,8 @@ def results_json(runs: list[Run], meta: dict) -> dict:
             "tokens": r.tokens, "wall_s": r.wall_s, "tokens_per_s": r.tokens_per_s,
             "errors": r.errors, "gamma_source": r.gamma_source,
             "gamma_counts": [{"bucket": b, "gamma": g, "steps": int(n)}
-                             for (b, g), n in sorted(r.gamma_counts.items())],
+                             for (b, g), n in sorted(r.gamma_counts.items(),
+                                                         key=lambda kv: (kv[0][0] or 0, kv[0][1]))],
             "differing_outputs": [
                 {"key": k, "first_difference_at_char": first_difference(
                     next(c.text for c in r.completions if c.key == k), ref_text[k])}

@@ -20,7 +20,8 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 RUNNING = "vllm:num_requests_running"
-VSPEC_PREFIX = "vllm:vspec_"
+GAMMA = "vllm:vspec_gamma"  # gauge: gamma verified in the last step
+STEPS = "vllm:vspec_steps_total"  # counter: steps per verified gamma
 
 
 def parse_metrics(text: str) -> list[tuple[str, dict[str, str], float]]:
@@ -44,19 +45,19 @@ class MetricsSample:
 
 def sample_of(t: float, samples: list[tuple[str, dict[str, str], float]]) -> MetricsSample:
     running = sum(v for n, _, v in samples if n == RUNNING)
-    gauges = [v for n, labels, v in samples
-              if n.startswith(VSPEC_PREFIX) and "gamma" in n and "gamma" not in labels
-              and not n.endswith(("_total", "_created", "_count", "_sum", "_bucket"))]
-    return MetricsSample(t, running, gauges[0] if gauges else None)
+    gammas = [v for n, _, v in samples if n == GAMMA]
+    return MetricsSample(t, running, gammas[0] if gammas else None)
 
 
 def gamma_step_counts(samples: list[tuple[str, dict[str, str], float]]) -> Counter:
-    """(bucket, gamma) -> steps, from vspec's counters labelled by gamma and bucket."""
+    """(bucket, gamma) -> steps from vspec's step counter. The counter is
+    labelled by gamma only (the API process does not see the controller's
+    buckets), so bucket is None: all batch sizes together."""
     counts: Counter = Counter()
     for name, labels, value in samples:
-        if (name.startswith(VSPEC_PREFIX) and name.endswith("_total")
-                and "gamma" in labels and "bucket" in labels and "step" in name):
-            counts[(int(float(labels["bucket"])), int(float(labels["gamma"])))] += value
+        if name == STEPS and "gamma" in labels:
+            bucket = int(labels["bucket"]) if "bucket" in labels else None
+            counts[(bucket, int(labels["gamma"]))] += value
     return counts
 
 

@@ -44,7 +44,10 @@ def serve_argv(spec: ServerSpec, variant_args: list[str], port: int) -> list[str
             "--max-num-seqs", str(spec.max_num_seqs),
             "--kv-cache-memory-bytes", str(spec.kv_cache_memory_bytes),
             "--gpu-memory-utilization", str(spec.gpu_memory_utilization),
-            "--seed", str(spec.seed), *variant_args]
+            "--seed", str(spec.seed),
+            # Ignore the model's bundled sampling defaults so temperature 0
+            # stays plain greedy decoding.
+            "--generation-config", "vllm", *variant_args]
 
 
 def free_port() -> int:

@@ -1,0 +1,283 @@
+"""`vllm-vspec bench` machinery: workloads, report maths, dry-run output,
+protocol datasets, and the load generator against a stand-in server.
+
+The benchmark itself measures and asserts nothing; these tests only pin down
+that what it measures is computed as documented.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shlex
+import threading
+import time
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from vllm_vspec import cli
+from vllm_vspec.bench import protocols, scrape, variants, workloads
+from vllm_vspec.bench.loadgen import Completion, client_for, run_phase
+from vllm_vspec.bench.report import Run, exact_match, format_gamma_counts, rows
+from vllm_vspec.bench.server import ServerSpec, serve_argv
+from vllm_vspec.bench.workloads import Request
+
+
+# ---------------------------------------------------------------- workloads
+def test_steady_workloads_have_one_phase_at_their_concurrency():
+    ws = workloads.build_workloads(low=1, high=32, requests_low=8, requests_high=64)
+    assert [p.__dict__ for p in ws["steady-c1-code"].phases] == [
+        {"concurrency": 1, "family": "code", "num_requests": 8}]
+    assert [p.__dict__ for p in ws["steady-c32-prose"].phases] == [
+        {"concurrency": 32, "family": "prose", "num_requests": 64}]
+
+
+def test_bursty_workload_alternates_low_and_high_concurrency():
+    bursty = workloads.build_workloads(low=2, high=16, requests_low=4,
+                                       requests_high=32)["bursty"]
+    assert [p.concurrency for p in bursty.phases] == [2, 16, 2, 16]
+    assert [p.num_requests for p in bursty.phases] == [2, 16, 2, 16]
+
+
+def test_requests_are_deterministic_and_repeated_families_continue():
+    w = workloads.Workload("w", (workloads.Phase(1, "code", 2), workloads.Phase(4, "code", 3)))
+    pool = {"code": ["a", "b", "c", "d"]}
+    first, again = w.requests(pool), w.requests(pool)
+    assert first == again
+    assert [[r.prompt for r in phase] for phase in first] == [["a", "b"], ["c", "d", "a"]]
+    assert [r.key for r in first[1]] == ["1/0", "1/1", "1/2"]
+
+
+def test_prompt_file_line_without_prompt_is_named(tmp_path):
+    f = tmp_path / "code.jsonl"
+    f.write_text('{"prompt": "ok"}\n{"text": "no prompt key"}\n')
+    with pytest.raises(ValueError, match=r"code.jsonl:2: `prompt`"):
+        workloads.load_prompts(f)
+
+
+# ------------------------------------------------------------------- report
+def _run(workload, variant, family, tokens_per_request, seconds, texts=None):
+    n = len(tokens_per_request)
+    texts = texts or ["x"] * n
+    comps = [Completion(f"0/{i}", 100.0, 100.0 + seconds, t, texts[i])
+             for i, t in enumerate(tokens_per_request)]
+    return Run(workload, variant, family, comps)
+
+
+def test_tokens_per_second_is_total_tokens_over_first_start_to_last_end():
+    comps = [Completion("0/0", 10.0, 12.0, 64, ""), Completion("0/1", 11.0, 14.0, 64, "")]
+    assert Run("w", "v", "fixed", comps).tokens_per_s == pytest.approx(128 / 4.0)
+
+
+def test_ratios_are_to_target_and_to_the_best_fixed_gamma_of_the_same_workload():
+    runs = [_run("w", "target", "target", [100], 1.0),
+            _run("w", "fixed-1", "fixed", [100], 0.5),   # 200 tok/s, best fixed
+            _run("w", "fixed-2", "fixed", [100], 0.8),
+            _run("w", "online", "online", [100], 0.4),   # 250 tok/s
+            _run("other", "target", "target", [100], 0.1)]
+    by = {(r.workload, r.variant): r for r in rows(runs)}
+    online = by[("w", "online")]
+    assert online.vs_target == pytest.approx(2.5)
+    assert online.vs_best_fixed == pytest.approx(1.25)
+    assert online.best_fixed == "fixed-1"
+    assert by[("other", "target")].vs_best_fixed is None
+
+
+def test_exact_match_counts_identical_outputs_and_names_the_others():
+    ref = _run("w", "target", "target", [1, 1, 1], 1.0, ["a", "b", "c"])
+    run = _run("w", "online", "online", [1, 1, 1], 1.0, ["a", "B", "c"])
+    assert exact_match(run, ref) == (2, 3, ["0/1"])
+
+
+def test_gamma_counts_format_by_bucket_then_count():
+    counts = Counter({(1, 4): 120, (1, 3): 8, (32, 2): 40, (32, 1): 0})
+    assert format_gamma_counts(counts) == "b1: g4 x120, g3 x8 | b32: g2 x40"
+    assert format_gamma_counts(Counter({(None, 2): 5})) == "all: g2 x5"
+
+
+# ------------------------------------------------------------------- scrape
+METRICS_PAGE = """\
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="bench"} 7.0
+# TYPE vllm:vspec_gamma gauge
+vllm:vspec_gamma{engine="0"} 3.0
+# TYPE vllm:vspec_steps counter
+vllm:vspec_steps_total{engine="0",gamma="3"} 12.0
+vllm:vspec_steps_total{engine="0",gamma="1"} 2.0
+"""
+
+
+def test_metrics_page_gives_batch_size_gamma_and_steps_per_gamma():
+    samples = scrape.parse_metrics(METRICS_PAGE)
+    s = scrape.sample_of(5.0, samples)
+    assert (s.running, s.gamma) == (7.0, 3.0)
+    assert scrape.gamma_step_counts(samples) == Counter({(None, 3): 12.0, (None, 1): 2.0})
+
+
+def test_batch_bucket_is_next_power_of_two():
+    assert [scrape.bucket_of(b) for b in (1, 2, 3, 16, 17, 32)] == [1, 2, 4, 16, 32, 32]
+
+
+# ---------------------------------------------------------------- protocols
+def test_arc_records_in_both_layouts_become_the_same_prompt(tmp_path):
+    f = tmp_path / "arc.jsonl"
+    column = {"question": "Q?", "choices": {"label": ["A", "B"], "text": ["x", "y"]}}
+    nested = {"question": {"stem": "Q?", "choices": [{"label": "A", "text": "x"},
+                                                    {"label": "B", "text": "y"}]}}
+    f.write_text(json.dumps(column) + "\n" + json.dumps(nested) + "\n")
+    prompts = protocols.load_dataset(f, protocols.PROTOCOLS["arc-easy"])
+    assert prompts == ["Question: Q?\nA. x\nB. y\nAnswer:"] * 2
+
+
+def test_materialized_prompt_is_used_as_is_and_bad_lines_are_named(tmp_path):
+    f = tmp_path / "gsm.jsonl"
+    f.write_text('{"prompt": "as is"}\n{"question": "2+2?"}\n{"answer": "4"}\n')
+    with pytest.raises(ValueError, match=r"gsm.jsonl:3: not a gsm8k record"):
+        protocols.load_dataset(f, protocols.PROTOCOLS["gsm8k"])
+    f.write_text('{"prompt": "as is"}\n{"question": "2+2?"}\n')
+    assert protocols.load_dataset(f, protocols.PROTOCOLS["gsm8k"]) == [
+        "as is", "Question: 2+2?\nAnswer: Let's think step by step."]
+
+
+def test_protocol_sends_a_fixed_prompt_count_wrapping_a_small_dataset():
+    reqs = protocols.fixed_count(["a", "b"], 5)
+    assert [r.prompt for r in reqs] == ["a", "b", "a", "b", "a"]
+
+
+def test_protocol_defaults_follow_the_seed():
+    arc, gsm = protocols.PROTOCOLS["arc-easy"], protocols.PROTOCOLS["gsm8k"]
+    assert (arc.num_prompts, arc.output_len, arc.concurrency) == (200, 256, 16)
+    assert gsm.concurrency == 128
+
+
+# ------------------------------------------------------------------ dry run
+@pytest.fixture
+def bench_inputs(tmp_path):
+    prompts = tmp_path / "prompts"
+    prompts.mkdir()
+    for fam in ("code", "prose"):
+        (prompts / f"{fam}.jsonl").write_text(
+            "".join(json.dumps({"prompt": f"{fam} {i}"}) + "\n" for i in range(3)))
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    return ["--prompts", str(prompts), "--draft", str(draft), "--target", str(tmp_path / "t"),
+            "--eagle", str(tmp_path / "no-eagle"), "--out", str(tmp_path / "out")]
+
+
+def _variant_commands(out: str) -> dict[str, list[str]]:
+    lines = out.splitlines()
+    return {line.split()[-1]: shlex.split(lines[i + 1])
+            for i, line in enumerate(lines) if line.startswith("## variant ")}
+
+
+def test_dry_run_prints_one_server_command_per_variant(bench_inputs, capsys):
+    assert cli.main(["bench", "--dry-run", *bench_inputs]) == 0
+    cmds = _variant_commands(capsys.readouterr().out)
+    assert list(cmds) == list(variants.DEFAULT_VARIANTS)
+    assert "--speculative-config" not in cmds["target"]
+    spec = json.loads(cmds["fixed-3"][cmds["fixed-3"].index("--speculative-config") + 1])
+    assert (spec["method"], spec["num_speculative_tokens"]) == ("draft_model", 3)
+    online = cmds["online"]
+    assert online[online.index("--scheduler-cls") + 1] == variants.VSPEC_SCHEDULER
+    vspec = json.loads(online[online.index("--additional-config") + 1])["vspec"]
+    assert vspec["policy"] == "online" and vspec["trace_path"].endswith("online.jsonl")
+
+
+def test_dry_run_lists_workload_phases(bench_inputs, capsys):
+    cli.main(["bench", "--dry-run", *bench_inputs, "--workloads", "bursty"])
+    out = capsys.readouterr().out
+    assert ("bursty: 4 x code @ concurrency 1, 32 x code @ concurrency 32, "
+            "4 x prose @ concurrency 1, 32 x prose @ concurrency 32") in out
+
+
+def test_eagle_variants_appear_only_when_the_head_exists(bench_inputs, tmp_path, capsys):
+    args = [a if a != str(tmp_path / "no-eagle") else str(tmp_path / "draft")
+            for a in bench_inputs]
+    cli.main(["bench", "--dry-run", *args, "--variants", "eagle-fixed-2,eagle-online"])
+    cmds = _variant_commands(capsys.readouterr().out)
+    assert list(cmds) == ["target", "eagle-fixed-2", "eagle-online"]
+    with pytest.raises(ValueError, match="eagle-online is not available"):
+        cli.main(["bench", "--dry-run", *bench_inputs, "--variants", "eagle-online"])
+
+
+def test_unknown_workload_is_named(bench_inputs):
+    with pytest.raises(SystemExit, match="--workloads steady-c7 is not known"):
+        cli.main(["bench", "--dry-run", *bench_inputs, "--workloads", "steady-c7"])
+
+
+def test_every_variant_command_parses_with_vllm_serve_arguments(tmp_path):
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = make_arg_parser(FlexibleArgumentParser())
+    for v in variants.all_variants({"draft_model": tmp_path, "eagle": tmp_path}).values():
+        argv = serve_argv(ServerSpec(model=tmp_path), v.serve_args(tmp_path / "t.jsonl"), 1234)
+        args = parser.parse_args(argv[argv.index("serve") + 1:])
+        assert args.port == 1234, v.name
+
+
+# ------------------------------------------------- load generator, stand-in
+class _StandIn(BaseHTTPRequestHandler):
+    """Answers /v1/completions like vLLM (echoing the prompt) and records how
+    many requests were in flight at once."""
+    in_flight = 0
+    max_in_flight = 0
+    lock = threading.Lock()
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        cls = type(self)
+        with cls.lock:
+            cls.in_flight += 1
+            cls.max_in_flight = max(cls.max_in_flight, cls.in_flight)
+        time.sleep(0.02)
+        with cls.lock:
+            cls.in_flight -= 1
+        self._json({"choices": [{"text": body["prompt"].upper()}],
+                    "usage": {"completion_tokens": body["max_tokens"]}})
+
+    def do_GET(self):
+        self._json({"data": [{"id": "stand-in"}]})
+
+    def _json(self, obj):
+        data = json.dumps(obj).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def stand_in():
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _StandIn)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+
+
+def test_load_generator_keeps_concurrency_and_request_order(stand_in):
+    _StandIn.max_in_flight = 0
+    reqs = [Request(f"0/{i}", f"p{i}") for i in range(12)]
+
+    async def go():
+        async with client_for(3) as client:
+            return await run_phase(client, stand_in, "m", reqs, 3, 5)
+
+    out = asyncio.run(go())
+    assert [c.text for c in out] == [f"P{i}" for i in range(12)]
+    assert all(c.tokens == 5 and c.error is None for c in out)
+    assert _StandIn.max_in_flight == 3
+
+
+def test_protocol_run_writes_the_seed_style_summary(stand_in):
+    result = protocols.run_protocol_sync(protocols.PROTOCOLS["arc-easy"], stand_in,
+                                         protocols.fixed_count(["q"], 6), 7, 2)
+    assert result["model"] == "stand-in"
+    assert (result["completed"], result["failed"], result["total_output_tokens"]) == (6, 0, 42)
+    assert result["request_rate"] == "inf" and result["temperature"] == 0.0
