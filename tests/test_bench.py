@@ -18,11 +18,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from vllm_vspec import cli
-from vllm_vspec.bench import protocols, scrape, variants, workloads
+from vllm_vspec.bench import protocols, runner, scrape, variants, workloads
 from vllm_vspec.bench.loadgen import Completion, client_for, run_phase
 from vllm_vspec.bench.report import Run, exact_match, format_gamma_counts, rows
 from vllm_vspec.bench.server import ServerSpec, serve_argv
+from vllm_vspec.bench.plot import Timeline, plot_timelines
 from vllm_vspec.bench.workloads import Request
+from vllm_vspec.trace import DecisionTrace
 
 
 # ---------------------------------------------------------------- workloads
@@ -116,8 +118,31 @@ def test_metrics_page_gives_batch_size_gamma_and_steps_per_gamma():
     assert scrape.gamma_step_counts(samples) == Counter({(None, 3): 12.0, (None, 1): 2.0})
 
 
-def test_batch_bucket_is_next_power_of_two():
-    assert [scrape.bucket_of(b) for b in (1, 2, 3, 16, 17, 32)] == [1, 2, 4, 16, 32, 32]
+def _step(num_reqs, gamma, bucket):
+    return {"step": 0, "num_reqs": num_reqs, "bucket": bucket, "gamma": gamma,
+            "drafted": [], "accepted": [], "committed": num_reqs}
+
+
+def test_trace_is_read_in_slices_and_counted_per_controller_bucket(tmp_path):
+    path = tmp_path / "t.jsonl"
+    trace = DecisionTrace(path, {"policy": "online"})
+    for rec in (_step(1, 4, 1), _step(1, 4, 1), _step(3, 2, 4)):
+        trace.write(rec)
+    first, pos = scrape.trace_steps(path)
+    trace.write(_step(3, 1, 4))
+    trace.close()
+    rest, end = scrape.trace_steps(path, pos)
+    assert (len(first), pos, len(rest), end) == (3, 3, 1, 4)
+    assert scrape.gamma_counts_from_trace(first) == Counter({(1, 4): 2, (4, 2): 1})
+
+
+def test_plot_writes_a_png_and_refuses_mixed_time_axes(tmp_path):
+    a = Timeline("online", "step", [0, 1, 2], [1, 1, 8], [4, 4, 2], [("w", 0, 2)])
+    b = Timeline("target", "s", [0.0, 0.5], [1, 2], [None, None], [("w", 0.0, 0.5)])
+    png = plot_timelines([a], tmp_path / "p.png", "t")
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(ValueError, match="mix x units"):
+        plot_timelines([a, b], tmp_path / "q.png", "t")
 
 
 # ---------------------------------------------------------------- protocols
@@ -239,12 +264,17 @@ class _StandIn(BaseHTTPRequestHandler):
                     "usage": {"completion_tokens": body["max_tokens"]}})
 
     def do_GET(self):
-        self._json({"data": [{"id": "stand-in"}]})
+        if self.path == "/metrics":
+            self._send(METRICS_PAGE.encode(), "text/plain")
+        else:
+            self._json({"data": [{"id": "stand-in"}]})
 
     def _json(self, obj):
-        data = json.dumps(obj).encode()
+        self._send(json.dumps(obj).encode(), "application/json")
+
+    def _send(self, data, content_type):
         self.send_response(200)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
@@ -281,3 +311,23 @@ def test_protocol_run_writes_the_seed_style_summary(stand_in):
     assert result["model"] == "stand-in"
     assert (result["completed"], result["failed"], result["total_output_tokens"]) == (6, 0, 42)
     assert result["request_rate"] == "inf" and result["temperature"] == 0.0
+
+
+def test_one_variant_serves_every_workload_with_gamma_counts_from_its_trace(stand_in, tmp_path):
+    ws = workloads.build_workloads(low=1, high=4, requests_low=2, requests_high=4,
+                                   families=("code",))
+    plan = runner.Plan(ServerSpec(model=tmp_path), [], list(ws.values()),
+                       {w.name: w.requests({"code": ["a", "b", "c"]}) for w in ws.values()},
+                       output_len=3, out_dir=tmp_path)
+    trace = tmp_path / "trace.jsonl"
+    DecisionTrace(trace, {"policy": "online"}).close()  # header only: no steps recorded
+    v = variants.Variant("online", "online", vspec={"policy": "online"})
+    seen = []
+    runs, tl = asyncio.run(runner._serve_workloads(plan, v, stand_in, trace, seen.append))
+    assert [r.workload for r in runs] == list(ws)
+    assert [len(r.completions) for r in runs] == [2, 4, 1 + 2]
+    assert len(seen) == sum(len(r.completions) for r in runs)
+    # The stand-in's step counter never moves, and the trace has no steps:
+    # nothing is invented.
+    assert all(r.gamma_source is None and not r.gamma_counts for r in runs)
+    assert tl.x_unit == "s" and [s[0] for s in tl.spans] == list(ws)

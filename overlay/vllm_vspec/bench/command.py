@@ -163,8 +163,9 @@ def _serving_main(args: argparse.Namespace) -> int:
     results = plan.out_dir / "results.json"
     results.write_text(json.dumps(report.results_json(runs, meta), indent=2) + "\n")
     (plan.out_dir / "table.md").write_text(report.markdown_table(table_rows) + "\n")
-    with_gamma = [t for t in timelines if any(g is not None for g in t.gamma)]
-    png = plot.plot_timelines(with_gamma or timelines, plan.out_dir / "gamma_batch.png",
+    # The traced (vspec) variants when there are any: every step, exact.
+    traced = [t for t in timelines if t.x_unit == "step"]
+    png = plot.plot_timelines(traced or timelines, plan.out_dir / "gamma_batch.png",
                               "gamma and batch size over time")
     console.print(f"results: {results}\ntable: {plan.out_dir / 'table.md'}\nplot: {png}")
     return 0 if not any(r.errors for r in runs) else 1

@@ -67,14 +67,15 @@ async def _serve_workloads(plan: Plan, v: Variant, base_url: str, trace: Path | 
                            on_progress: Callable[[str], None]) -> tuple[list[Run], Timeline]:
     high = max(p.concurrency for w in plan.workloads for p in w.phases)
     samples: list[scrape.MetricsSample] = []
-    decisions: list[scrape.Decision] = []
-    spans: list[tuple[str, float, float]] = []
+    steps: list[dict] = []
+    spans: list[tuple[str, float, float]] = []  # wall clock
+    step_spans: list[tuple[str, float, float]] = []  # trace record index
     runs: list[Run] = []
     async with client_for(high) as client, httpx.AsyncClient() as metrics_client:
         warm = [Request(f"warmup/{i}", r.prompt) for i, r in
                 enumerate(plan.requests[plan.workloads[0].name][0][:WARMUP_REQUESTS])]
         await run_phase(client, base_url, SERVED_MODEL_NAME, warm, len(warm), plan.output_len)
-        _, trace_line = scrape.read_trace(trace) if trace else ([], 0)
+        _, trace_pos = scrape.trace_steps(trace) if trace else ([], 0)
         for w in plan.workloads:
             before = scrape.gamma_step_counts(await scrape.fetch_metrics(metrics_client, base_url))
             stop = asyncio.Event()
@@ -92,25 +93,22 @@ async def _serve_workloads(plan: Plan, v: Variant, base_url: str, trace: Path | 
             after = scrape.gamma_step_counts(await scrape.fetch_metrics(metrics_client, base_url))
             run = Run(w.name, v.name, v.family, completions)
             if trace is not None:
-                w_decisions, trace_line = scrape.read_trace(trace, trace_line)
-                decisions += w_decisions
-                if w_decisions:
-                    run.gamma_counts = scrape.gamma_counts_from_trace(w_decisions)
+                w_steps, trace_pos = scrape.trace_steps(trace, trace_pos)
+                step_spans.append((w.name, len(steps), len(steps) + len(w_steps)))
+                steps += w_steps
+                if w_steps:
+                    run.gamma_counts = scrape.gamma_counts_from_trace(w_steps)
                     run.gamma_source = "trace"
             if run.gamma_source is None and after != before:
                 run.gamma_counts = Counter(after)
                 run.gamma_counts.subtract(before)
                 run.gamma_source = "metrics"
             runs.append(run)
-    return runs, _timeline(v.name, spans, samples, decisions)
-
-
-def _timeline(name: str, spans: list[tuple[str, float, float]],
-              samples: list[scrape.MetricsSample], decisions: list[scrape.Decision]) -> Timeline:
-    """Per-step points from the trace when there is one, else the polled metrics."""
+    if steps:
+        return runs, Timeline(v.name, "step", list(range(len(steps))),
+                              [r["num_reqs"] for r in steps], [r["gamma"] for r in steps],
+                              step_spans)
     t0 = spans[0][1] if spans else 0.0
-    if decisions:
-        return Timeline(name, t0, [d.t for d in decisions], [d.batch_size for d in decisions],
-                        [d.gamma for d in decisions], spans)
-    return Timeline(name, t0, [s.t for s in samples], [s.running for s in samples],
-                    [s.gamma for s in samples], spans)
+    return runs, Timeline(v.name, "s", [s.t - t0 for s in samples],
+                          [s.running for s in samples], [s.gamma for s in samples],
+                          [(n, a - t0, b - t0) for n, a, b in spans])

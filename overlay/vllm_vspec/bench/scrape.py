@@ -9,8 +9,6 @@ one line per decision, hence complete; preferred when present).
 from __future__ import annotations
 
 import asyncio
-import json
-import math
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -18,6 +16,8 @@ from pathlib import Path
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
+
+from vllm_vspec.trace import read_trace
 
 RUNNING = "vllm:num_requests_running"
 GAMMA = "vllm:vspec_gamma"  # gauge: gamma verified in the last step
@@ -28,11 +28,6 @@ def parse_metrics(text: str) -> list[tuple[str, dict[str, str], float]]:
     """Flat (sample name, labels, value) triples of a Prometheus text page."""
     return [(s.name, dict(s.labels), float(s.value))
             for fam in text_string_to_metric_families(text) for s in fam.samples]
-
-
-def bucket_of(batch_size: int) -> int:
-    """Batch-size bucket as the online policy keys its arms: 2^ceil(log2 B)."""
-    return 1 << max(0, math.ceil(math.log2(max(1, batch_size))))
 
 
 # ------------------------------------------------------------------ metrics
@@ -83,27 +78,17 @@ async def poll_metrics(client: httpx.AsyncClient, base_url: str, out: list[Metri
 
 
 # -------------------------------------------------------------------- trace
-@dataclass(frozen=True)
-class Decision:
-    t: float
-    batch_size: int
-    gamma: int
-
-
-def read_trace(path: Path, start_line: int = 0) -> tuple[list[Decision], int]:
-    """Decisions from line `start_line` on, and the number of lines read in
-    total (the start of the next workload's slice)."""
+def trace_steps(path: Path, start: int = 0) -> tuple[list[dict], int]:
+    """Step records of a vspec trace (vllm_vspec.trace format) from record
+    `start` on, and the total record count (where the next slice starts).
+    Read between workloads: the engine writes a step's line before its
+    outputs reach the client, so an idle server's trace is complete."""
     if not path.exists():
-        return [], start_line
-    lines = path.read_text(encoding="utf-8").splitlines()
-    out = [decision_of(json.loads(line)) for line in lines[start_line:] if line.strip()]
-    return out, len(lines)
+        return [], start
+    _, records = read_trace(path)
+    return records[start:], len(records)
 
 
-def decision_of(record: dict) -> Decision:
-    return Decision(float(record["time"]), int(record["batch_size"]), int(record["gamma"]))
-
-
-def gamma_counts_from_trace(decisions: list[Decision]) -> Counter:
-    """(bucket, gamma) -> steps."""
-    return Counter((bucket_of(d.batch_size), d.gamma) for d in decisions)
+def gamma_counts_from_trace(records: list[dict]) -> Counter:
+    """(bucket, gamma) -> steps, with the controller's own buckets."""
+    return Counter((int(r["bucket"]), int(r["gamma"])) for r in records)
