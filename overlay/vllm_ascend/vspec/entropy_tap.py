@@ -1,0 +1,78 @@
+"""Entropy stop on the NPU path (not yet run on NPU).
+
+The host's merged draft loop computes draft logits and keeps only their argmax,
+so the tap sits where those logits are produced: a transparent wrapper around
+the draft model whose `compute_logits` also records, per draft position, the
+top-k entropy of every request into a preallocated buffer. Writing into a
+fixed buffer with tensor ops keeps it valid under ACL graph capture: the i-th
+`compute_logits` call of a pass writes row i at capture and at every replay.
+
+After a pass, `cut` replaces the drafted tokens from each request's first
+too-uncertain position onward with -1 (vLLM's invalid draft id, which no
+target token equals): they are rejected, so outputs stay exact, and the
+controller sees the shorter draft. The maths (top-k entropy, first position
+over the threshold) is the host-agnostic core's, in vllm_vspec.entropy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from vllm_vspec.entropy import EntropyStop
+from vllm_vspec.config import VSpecConfig
+
+INVALID_DRAFT_ID = -1
+
+
+class EntropyTap(nn.Module):
+    """Wraps the draft model; attributes not defined here resolve on it."""
+
+    def __init__(self, model: nn.Module, settings: VSpecConfig, max_gamma: int, max_reqs: int,
+                 device: torch.device):
+        super().__init__()
+        self.inner = model
+        self.stop = EntropyStop.from_config(settings)
+        self.entropy = torch.zeros((max_gamma, max_reqs), dtype=torch.float32, device=device)
+        self.calls = 0
+
+    @classmethod
+    def maybe_install(cls, proposer: Any, settings: VSpecConfig | None) -> "EntropyTap | None":
+        """Wrap `proposer.model` when entropy stop is on; None otherwise."""
+        if settings is None or not settings.entropy_stop:
+            return None
+        tap = cls(proposer.model, settings, proposer.max_num_speculative_tokens,
+                  proposer.runner.max_num_reqs, proposer.device)
+        proposer.model = tap
+        return tap
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self._modules["inner"], name)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.inner(*args, **kwargs)
+
+    def compute_logits(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        logits = self.inner.compute_logits(hidden_states, *args, **kwargs)
+        if self.calls < self.entropy.shape[0]:
+            rows = min(logits.shape[0], self.entropy.shape[1])
+            self.entropy[self.calls, :rows].copy_(self.stop.entropy(logits[:rows]))
+        self.calls += 1
+        return logits
+
+    def reset(self) -> None:
+        self.calls = 0
+
+    def cut(self, draft: torch.Tensor) -> torch.Tensor:
+        """draft: [batch, gamma] token ids; positions at or after each row's
+        stop position become INVALID_DRAFT_ID."""
+        batch, gamma = draft.shape
+        keep = self.stop.lengths(self.entropy[:gamma, :batch].T)
+        positions = torch.arange(gamma, device=draft.device).unsqueeze(0)
+        return torch.where(positions < keep.unsqueeze(1).to(draft.device), draft,
+                           torch.full_like(draft, INVALID_DRAFT_ID))

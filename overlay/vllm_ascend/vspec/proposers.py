@@ -1,0 +1,119 @@
+"""vspec proposers for vLLM-Ascend: draft a per-step gamma (not yet run on NPU).
+
+The host proposers draft `num_speculative_tokens` every step and read that
+attribute everywhere (buffer sizes, the merged draft loop, graph capture). Our
+subclasses keep the configured K as `max_num_speculative_tokens` (everything
+allocated at construction is sized by it) and make `num_speculative_tokens`
+mean "tokens drafted in the current step": the scheduler's gamma for the
+duration of one `_propose` / capture pass, the maximum otherwise.
+
+Invariants:
+- 0 <= gamma <= max_num_speculative_tokens, and 1 + gamma <= 16 (FIA verifies
+  at most 16 query tokens per request); violations raise, naming the value.
+- With full ACL graphs there is one graph wrapper per gamma (a graph bucket per
+  gamma): a captured merged-draft graph bakes its loop length in, so gamma g
+  replays only graphs captured with g.
+- gamma 0 drafts nothing and returns a [batch, 0] tensor (target-only step).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+import torch
+
+from vllm_ascend.spec_decode.draft_proposer import AscendDraftModelProposer
+from vllm_ascend.spec_decode.eagle_proposer import AscendEagleProposer
+from vllm_ascend.vspec.entropy_tap import EntropyTap
+from vllm_ascend.vspec.gamma import step_gamma
+from vllm_ascend.vspec.routing import vspec_settings
+
+
+class VSpecProposerMixin:
+    """Per-step gamma on top of AscendSpecDecodeBaseProposer. Mixed in before
+    the host proposer so its attributes shadow the host's."""
+
+    _vspec_active_gamma: int | None = None
+
+    # The host assigns `self.num_speculative_tokens = K` in its __init__; the
+    # setter records that K as the maximum, the getter answers the step's gamma.
+    @property
+    def num_speculative_tokens(self) -> int:
+        active = self._vspec_active_gamma
+        return self.max_num_speculative_tokens if active is None else active
+
+    @num_speculative_tokens.setter
+    def num_speculative_tokens(self, k: int) -> None:
+        self.max_num_speculative_tokens = k
+
+    # The host sets `_runnable` to the merged draft loop and, with full graphs,
+    # to one ACLGraphWrapper around it; reads pick the wrapper of the step's gamma.
+    @property
+    def _runnable(self) -> Any:
+        by_gamma = self.__dict__.get("_vspec_runnables", {})
+        return by_gamma.get(self.num_speculative_tokens, self.__dict__["_vspec_max_runnable"])
+
+    @_runnable.setter
+    def _runnable(self, runnable: Any) -> None:
+        self.__dict__["_vspec_max_runnable"] = runnable
+
+    # Extends AscendSpecDecodeBaseProposer.load_model: after the host wraps the
+    # merged draft in a full graph, add one wrapper per smaller gamma.
+    def load_model(self, *args: Any, **kwargs: Any) -> None:
+        super().load_model(*args, **kwargs)
+        settings = vspec_settings(self.vllm_config)
+        self.vspec = settings
+        self._entropy_tap = EntropyTap.maybe_install(self, settings)
+        host = self.__dict__["_vspec_max_runnable"]
+        if type(host).__name__ != "ACLGraphWrapper":
+            return
+        wrapper_cls = type(host)
+        self.__dict__["_vspec_runnables"] = {
+            g: wrapper_cls(self._run_merged_draft, self.vllm_config,
+                           runtime_mode=host.runtime_mode,
+                           use_eagle=host.use_eagle, enable_enpu=host.enable_enpu)
+            for g in range(1, self.max_num_speculative_tokens)
+        }
+
+    # Extends AscendSpecDecodeBaseProposer._propose: drafts the scheduler's
+    # gamma for this step instead of the configured K, then applies entropy stop.
+    def _propose(self, *args: Any, scheduler_output: Any = None, **kwargs: Any) -> torch.Tensor:
+        gamma = step_gamma(scheduler_output, self.max_num_speculative_tokens)
+        if gamma == 0:
+            batch = kwargs["common_attn_metadata"].batch_size()
+            return torch.empty((batch, 0), dtype=torch.int64, device=self.device)
+        with self._drafting(gamma):
+            draft = super()._propose(*args, scheduler_output=scheduler_output, **kwargs)
+        tap = getattr(self, "_entropy_tap", None)
+        return draft if tap is None else tap.cut(draft)
+
+    # Extends AscendSpecDecodeBaseProposer.dummy_run: graph capture runs once
+    # per gamma so every gamma has its own graph bucket; other dummy runs
+    # (profiling, warm-up) use the maximum, which bounds memory.
+    def dummy_run(self, *args: Any, **kwargs: Any) -> None:
+        capturing = kwargs.get("in_graph_capturing", False)
+        gammas = range(1, self.max_num_speculative_tokens + 1) if capturing else [None]
+        for gamma in gammas:
+            with self._drafting(gamma):
+                super().dummy_run(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def _drafting(self, gamma: int | None) -> Iterator[None]:
+        """Bind the step's gamma; the maximum again afterwards, even on error."""
+        self._vspec_active_gamma = gamma
+        tap = getattr(self, "_entropy_tap", None)
+        if tap is not None:
+            tap.reset()
+        try:
+            yield
+        finally:
+            self._vspec_active_gamma = None
+
+
+class VSpecEagleProposer(VSpecProposerMixin, AscendEagleProposer):
+    """EAGLE / EAGLE-1 drafting with per-step gamma on the NPU."""
+
+
+class VSpecDraftModelProposer(VSpecProposerMixin, AscendDraftModelProposer):
+    """Serial draft-model drafting with per-step gamma on the NPU."""

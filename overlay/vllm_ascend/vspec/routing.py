@@ -1,0 +1,92 @@
+"""Which vspec class replaces which vLLM-Ascend class, decided once from the
+engine config. The patched host files call these functions and fall back to
+their own class when one returns None, so with `vspec.enabled = false` the host
+runs exactly as shipped.
+
+Registries, not branches: PROPOSERS maps a speculative method to our proposer
+and SCHEDULERS maps the async-scheduling flag to our scheduler; a method absent
+from PROPOSERS (ngram, mtp, ...) keeps the host's proposer and a static K.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from typing import Any, Callable
+
+from vllm_vspec.config import VSpecConfig
+
+# speculative method -> "module:Class" of our proposer (imported on demand:
+# routing is imported by platform.py before torch_npu is initialised).
+PROPOSERS: dict[str, str] = {
+    "eagle": "vllm_ascend.vspec.proposers:VSpecEagleProposer",
+    "draft_model": "vllm_ascend.vspec.proposers:VSpecDraftModelProposer",
+}
+
+# scheduler_config.async_scheduling -> our scheduler (the lead's vLLM adapter;
+# both subclasses work on vLLM 0.23 and 0.32, see `vllm-vspec doctor`).
+SCHEDULERS: dict[bool, str] = {
+    False: "vllm_vspec.adapters.vllm.scheduler.VSpecScheduler",
+    True: "vllm_vspec.adapters.vllm.scheduler.VSpecAsyncScheduler",
+}
+
+# vLLM's own schedulers: replacing them by ours loses nothing.
+STOCK_SCHEDULERS = ("vllm.v1.core.sched.scheduler.Scheduler",
+                    "vllm.v1.core.sched.async_scheduler.AsyncScheduler")
+
+SAMPLER = "vllm_ascend.vspec.sampler:VSpecAscendRejectionSampler"
+
+
+def vspec_settings(vllm_config: Any) -> VSpecConfig | None:
+    """The validated vspec settings, or None when vspec does not apply: no
+    speculative decoding, a method we do not drive, or `enabled = false`.
+    Bad settings raise VSpecConfigError (key, value, allowed) at startup."""
+    spec = getattr(vllm_config, "speculative_config", None)
+    if spec is None or spec.method not in PROPOSERS:
+        return None
+    raw = (getattr(vllm_config, "additional_config", None) or {}).get("vspec")
+    cfg = VSpecConfig.from_dict(raw, spec.num_speculative_tokens)
+    if not cfg.enabled:
+        return None
+    return cfg.with_max_gamma(spec.num_speculative_tokens)
+
+
+def scheduler_cls_for(vllm_config: Any) -> str | None:
+    """Class path of our scheduler for NPUPlatform.check_and_update_config, or
+    None to keep the host's choice. Another Ascend scheduler already selected
+    (dynamic batch, profiling chunk, recompute) is a conflict, not a silent
+    override: only one scheduler class can run."""
+    if vspec_settings(vllm_config) is None:
+        return None
+    sched = vllm_config.scheduler_config
+    current = sched.scheduler_cls
+    ours = SCHEDULERS[bool(sched.async_scheduling)]
+    if current not in (None, ours, *STOCK_SCHEDULERS):
+        raise ValueError(
+            f"scheduler_cls={current!r} conflicts with vspec, which needs {ours!r}; "
+            "turn one off (e.g. --additional-config '{\"vspec\": {\"enabled\": false}}')")
+    return ours
+
+
+def proposer_cls_for(method: str, vllm_config: Any) -> type | None:
+    """Our proposer class for get_spec_decode_method, or None for the host's."""
+    if vspec_settings(vllm_config) is None:
+        return None
+    return _load(PROPOSERS[method])
+
+
+def rejection_sampler_factory(vllm_config: Any, default: type) -> Callable[[Any], Any]:
+    """What the NPU runner calls with its sampler to build the rejection
+    sampler: ours, bound to the settings, when a lossy acceptance rule is
+    configured; the host's for strict greedy acceptance, which it already
+    implements exactly (entropy-stop cuts arrive as invalid draft ids, which
+    every sampler rejects)."""
+    settings = vspec_settings(vllm_config)
+    if settings is None or settings.lossless:
+        return default
+    return functools.partial(_load(SAMPLER), settings=settings)
+
+
+def _load(path: str) -> type:
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
