@@ -82,13 +82,14 @@ class LatencyProfile:
     def step_ms(self, gamma: int, batch: int, ctx: float) -> float:
         """Predicted step time at gamma with `batch` requests and `ctx` batch
         context tokens, drafting and verifying the same gamma."""
-        return self.split_step_ms(gamma, gamma, batch, ctx)
+        return self.split_step_ms(batch * (gamma + 1), gamma, batch, ctx)
 
-    def split_step_ms(self, verify: int, draft: int, batch: int, ctx: float) -> float:
-        """Step time when the step verifies `verify` drafts per request (those
-        proposed one step earlier) and proposes `draft` new ones."""
+    def split_step_ms(self, target_tokens: int, draft: int, batch: int, ctx: float) -> float:
+        """Step time when the target runs `target_tokens` query tokens (each
+        request's token plus the drafts proposed one step earlier) and the
+        draft proposes `draft` new tokens per request."""
         drafting = sum(self.draft(ctx + i * batch, batch) for i in range(draft))
-        return drafting + self.target(ctx, batch * (verify + 1))
+        return drafting + self.target(ctx, target_tokens)
 
     def to_dict(self) -> dict:
         d = {"schema": SCHEMA, "version": VERSION, "name": self.name,

@@ -1,19 +1,33 @@
 """`online` policy (default): a UCB bandit over gamma arms, per batch-size bucket.
 
-Reward of an arm = committed tokens per second measured on its stable steps
-(see controller.py), kept in a sliding window of the last `online_window`
-rewards per (bucket, arm), so the policy follows phase changes.
+The reward of an arm is committed tokens per second on its stable steps
+(controller.py). It is estimated in two factors, because the two vary on
+different time scales and with very different noise:
 
-    score(g) = R(g) + c * R_max * sqrt(2 ln(N + 1) / n(g))
+    R(g) = E(g) * mean over the arm's window of (B_i / interval_i)
 
-R(g) is the window mean, n(g) its size, N the sum of n over the bucket's
-arms, R_max the best mean (so c is scale-free). An arm with n(g) = 0 scores
-+inf (it is tried once it is within `max_gamma_step`).
+- E(g), expected committed tokens per request at gamma g, comes from the
+  per-position acceptance EWMA (acceptance_stats.py), POOLED over all arms:
+  a step at gamma g measures positions < g for every arm at once, so a
+  phase change of acceptance moves every arm's estimate immediately, and the
+  +-30% per-step noise of realised tokens at small batch sizes stays out of
+  the comparison of arms. Its expectation is exactly the realised reward's.
+- B_i / interval_i, requests completed per second, is measured per
+  (bucket, arm) in a sliding window of `online_window` stable steps. It
+  depends on latency only, which is smooth and slow.
 
-A new bucket either copies the arms of the nearest bucket that has rewards
-(seeding: no warm-up, start where that bucket is) or, when none has, sweeps
+UCB: score(g) = R(g) + c * R_max * sqrt(2 ln(N + 1) / n(g)), with n(g) the
+window size, N the bucket's total, R_max the best estimate (c is
+scale-free). An arm with no sample scores +inf. The arm just above the
+current one (gamma + 1) also scores +inf when its newest sample is older
+than `online_window` stable steps of the bucket AND it could win if the one
+draft position the current gamma cannot see were always accepted: probing it
+refreshes that position's acceptance, which a phase change may have moved.
+
+A new bucket copies the windows of the nearest bucket that has samples and
+starts where that bucket is (seeding, no warm-up); when none has, it sweeps
 every feasible arm from max gamma downwards (`online_warmup_samples`
-rewards each) and then starts from the best (or the incumbent).
+stable steps each), then starts from the best (or the incumbent).
 """
 
 from __future__ import annotations
@@ -21,37 +35,45 @@ from __future__ import annotations
 import math
 from collections import deque
 
+from vllm_vspec.acceptance_stats import PositionAcceptance, expected_tokens_all
 from vllm_vspec.config import VSpecConfig
 from vllm_vspec.policies.governor import Governor
 
 
 class _Arms:
-    """Reward windows of one bucket."""
+    """Per-arm windows of one bucket: (bucket step index, requests/s) samples."""
 
     def __init__(self, window: int, incumbent: int | None):
         self.window = window
-        self.rewards: dict[int, deque[float]] = {}
-        self.warmup: list[int] | None = []   # arms still to sweep; None once done
-        self.incumbent = incumbent           # gamma in use anywhere when the bucket opened
+        self.rate: dict[int, deque[float]] = {}
+        self.last_seen: dict[int, int] = {}  # arm -> bucket step of its newest sample
+        self.steps = 0                        # stable steps observed in this bucket
+        self.warmup: list[int] | None = []    # arms still to sweep; None once done
+        self.incumbent = incumbent            # gamma in use anywhere when the bucket opened
 
-    def add(self, gamma: int, reward: float) -> None:
-        self.rewards.setdefault(gamma, deque(maxlen=self.window)).append(reward)
+    def add(self, gamma: int, requests_per_s: float) -> None:
+        self.steps += 1
+        self.rate.setdefault(gamma, deque(maxlen=self.window)).append(requests_per_s)
+        self.last_seen[gamma] = self.steps
 
     def count(self, gamma: int) -> int:
-        return len(self.rewards.get(gamma, ()))
+        return len(self.rate.get(gamma, ()))
 
-    def means(self) -> dict[int, float]:
-        return {g: sum(r) / len(r) for g, r in self.rewards.items() if r}
+    def expired(self, gamma: int) -> bool:
+        return self.steps - self.last_seen.get(gamma, -self.window) > self.window
 
     def copy_from(self, other: "_Arms") -> None:
-        for g, r in other.rewards.items():
-            self.rewards[g] = deque(r, maxlen=self.window)
+        for g, r in other.rate.items():
+            self.rate[g] = deque(r, maxlen=self.window)
+            self.last_seen[g] = 0
 
 
 class OnlinePolicy:
     def __init__(self, config: VSpecConfig):
         self.config = config
         self.governor = Governor(config)
+        self.acceptance = PositionAcceptance(config.max_gamma, config.ewma_weight,
+                                             config.min_observations)
         self.buckets: dict[int, _Arms] = {}
         self._last_gamma: int | None = None   # last decision, any bucket
 
@@ -64,7 +86,7 @@ class OnlinePolicy:
             gamma, reason = self._warmup(bucket, arms, lo, hi)
         else:
             gamma, reason = self.governor.step(
-                bucket, lo, hi, lambda: self._scores(arms, lo, hi), "ucb")
+                bucket, lo, hi, lambda: self.scores(bucket, lo, hi), "ucb")
         self._last_gamma = gamma
         return gamma, reason
 
@@ -82,7 +104,7 @@ class OnlinePolicy:
         return self._warmup(bucket, arms, lo, hi)
 
     def _nearest_measured(self, bucket: int) -> int | None:
-        measured = [b for b, a in self.buckets.items() if a.warmup is None and a.means()]
+        measured = [b for b, a in self.buckets.items() if a.warmup is None and a.rate]
         if not measured:
             return None
         # Buckets are powers of two: distance is the log ratio; ties prefer
@@ -99,7 +121,7 @@ class OnlinePolicy:
             self.governor.start(bucket, gamma)
             return gamma, "warmup"
         arms.warmup = None
-        means = {g: m for g, m in arms.means().items() if lo <= g <= hi}
+        means = self.estimates(bucket, lo, hi)
         if self.config.online_warmup_return == "incumbent" and arms.incumbent is not None:
             gamma = min(max(arms.incumbent, lo), hi)
         elif means:
@@ -109,21 +131,39 @@ class OnlinePolicy:
         self.governor.start(bucket, gamma)
         return gamma, "warmup"
 
-    def _scores(self, arms: _Arms, lo: int, hi: int) -> dict[int, float]:
-        means = arms.means()
+    def estimates(self, bucket: int, lo: int, hi: int) -> dict[int, float]:
+        """R(g), committed tokens per second, for the arms of [lo, hi] that
+        have samples in this bucket."""
+        arms = self.buckets[bucket]
+        e = expected_tokens_all(self.acceptance.rates(), hi)
+        return {g: e[g] * sum(r) / len(r)
+                for g, r in arms.rate.items() if lo <= g <= hi and r}
+
+    def scores(self, bucket: int, lo: int, hi: int) -> dict[int, float]:
+        """UCB score of every arm in [lo, hi] (see the module docstring)."""
+        arms = self.buckets[bucket]
+        means = self.estimates(bucket, lo, hi)
         r_max = max(means.values(), default=0.0)
         total = sum(arms.count(g) for g in means)
         c = self.config.online_exploration
-        scores = {}
+        out = {}
         for g in range(lo, hi + 1):
             n = arms.count(g)
-            scores[g] = (means[g] + c * r_max * math.sqrt(2 * math.log(total + 1) / n)
-                         if n else math.inf)
-        return scores
+            out[g] = (means[g] + c * r_max * math.sqrt(2 * math.log(total + 1) / n)
+                      if n else math.inf)
+        probe = self.governor.gamma[bucket] + 1
+        if lo <= probe <= hi and arms.count(probe) and arms.expired(probe):
+            e = expected_tokens_all(self.acceptance.rates(), probe)
+            # E(probe) if position probe-1 were always accepted.
+            e_best = e[probe - 1] + (e[probe - 1] - e[probe - 2] if probe >= 2 else 1.0)
+            if e_best / e[probe] * means[probe] > r_max * (1.0 + self.config.hysteresis):
+                out[probe] = math.inf
+        return out
 
     # ------------------------------------------------------------ observe
     def observe(self, outcome) -> None:
-        if outcome.stable:
-            arms = self.buckets.get(outcome.bucket)
-            if arms is not None:
-                arms.add(outcome.feedback.gamma, outcome.reward)
+        fb = outcome.feedback
+        self.acceptance.update(fb.drafted, fb.accepted)
+        arms = self.buckets.get(outcome.bucket)
+        if outcome.stable and arms is not None:
+            arms.add(fb.gamma, outcome.batch.num_reqs / outcome.interval_s)

@@ -1,0 +1,454 @@
+"""`vllm-vspec sim`: trace-driven simulator of dynamic gamma.
+
+It runs the engine's own GammaController (fixed, online and profile
+policies, the same objects the vLLM scheduler adapter drives) against a
+simulated engine, beside two baselines that only the simulator can build:
+vLLM's static batch-size table (`num_speculative_tokens_per_batch_size`) and
+the per-step oracle (knows the true acceptance rates and latency model and
+takes the goodput argmax every step).
+
+Simulated engine (closed loop, synchronous scheduling):
+- Requests run with a concurrency cap; a finished request is replaced while
+  the cap allows. The cap and the acceptance rates follow schedules keyed on
+  the workload's committed-token progress, so every policy meets the same
+  workload at the same point of it.
+- Acceptance: for request r at output position t, draft position j is
+  accepted iff u[r, t, j] < p_j(progress) (conditional rates p; u uniform,
+  drawn once per workload, so policies share their luck). A request verifies
+  the drafts proposed one step earlier: accepted = leading accepted
+  positions among them, committed = accepted + 1.
+- Step time = T_target(ctx, sum of 1 + verified) + sum_{i<gamma} T_draft(ctx
+  + i*B, B) from a latency profile, times log-normal noise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Protocol, Sequence
+
+import numpy as np
+
+from vllm_vspec.acceptance_stats import PositionAcceptance, expected_tokens_all
+from vllm_vspec.config import VSpecConfig
+from vllm_vspec.controller import (BatchState, Decision, GammaController, StepFeedback,
+                                   bucket_of, feasible_max_gamma)
+from vllm_vspec.latency import LatencyProfile, load_profile
+from vllm_vspec.trace import read_trace
+
+# Synthetic acceptance (conditional per-position rates). DRAFT_RATES is the
+# assumption under which the Ascend-figure profile reproduces design.md
+# section 5 (see the profile's "derivation"); EASY/HARD alternate in the
+# phase-shifting workloads (e.g. boilerplate vs free prose).
+DRAFT_RATES = (0.80, 0.75, 0.70, 0.65)
+EASY_RATES = (0.92, 0.88, 0.84, 0.80)
+HARD_RATES = (0.55, 0.42, 0.32, 0.25)
+
+
+# ------------------------------------------------------------------ workloads
+@dataclass(frozen=True)
+class Cycle:
+    """A value that changes with progress (committed tokens): segments of
+    (length in tokens, value), repeated."""
+
+    segments: tuple[tuple[int, object], ...]
+
+    def at(self, progress: int):
+        period = sum(n for n, _ in self.segments)
+        pos = progress % period
+        for n, value in self.segments:
+            if pos < n:
+                return value
+            pos -= n
+        raise AssertionError("unreachable: pos < period")
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    num_requests: int
+    prompt_len: int
+    output_len: tuple[int, int]          # inclusive range, drawn per request
+    concurrency: Cycle                   # -> int
+    rates: Cycle                         # -> tuple of conditional rates
+
+
+def steady(batch: int, rates: Sequence[float] = DRAFT_RATES, tokens: int = 32768) -> Workload:
+    n = max(2 * batch, tokens // 256)
+    return Workload(f"steady-b{batch}", n, 256, (256, 256), Cycle(((1, batch),)),
+                    Cycle(((1, tuple(rates)),)))
+
+
+def phase_shift(batch: int, segment: int = 4096, tokens: int = 65536) -> Workload:
+    return Workload(f"phase-b{batch}", max(2 * batch, tokens // 256), 256, (256, 256),
+                    Cycle(((1, batch),)),
+                    Cycle(((segment, EASY_RATES), (segment, HARD_RATES))))
+
+
+def bursty(low: int = 2, high: int = 128, rates: Sequence[float] = DRAFT_RATES,
+           tokens: int = 98304) -> Workload:
+    # Short, varied outputs so that a high-concurrency burst drains through
+    # every batch size before the low phase; the low phase is long enough
+    # (in tokens) to matter in time.
+    return Workload(f"bursty-b{low}-b{high}", tokens // 96, 256, (32, 160),
+                    Cycle(((16384, high), (4096, low))), Cycle(((1, tuple(rates)),)))
+
+
+def from_trace(path: str | Path, window: int = 64, output_len: int = 256) -> Workload:
+    """Replay a recorded controller trace (trace.py): per window of `window`
+    steps, its mean batch size becomes the concurrency and its measured
+    conditional per-position acceptance becomes the rates, each lasting the
+    tokens the window committed."""
+    header, records = read_trace(path)
+    k = int(header.get("max_gamma") or 1)
+    conc, rates = [], []
+    prev_rates: tuple[float, ...] = (1.0,) * k
+    for i in range(0, len(records), window):
+        chunk = records[i:i + window]
+        tokens = max(1, sum(r["committed"] for r in chunk))
+        est = PositionAcceptance(k, 1.0, 1)
+        for r in chunk:
+            est.update(r["drafted"], r["accepted"])
+        # Positions this window never judged keep the previous window's rate.
+        measured = est.snapshot()["trials"]
+        window_rates = tuple(round(est.rates()[j], 4) if measured[j] else prev_rates[j]
+                             for j in range(k))
+        prev_rates = window_rates
+        conc.append((tokens, max(1, round(sum(r["num_reqs"] for r in chunk) / len(chunk)))))
+        rates.append((tokens, window_rates))
+    total = sum(n for n, _ in conc)
+    return Workload(f"trace-{Path(path).stem}", max(1, total // output_len), 256,
+                    (output_len, output_len), Cycle(tuple(conc)), Cycle(tuple(rates)))
+
+
+# ------------------------------------------------------------------ policies
+class StepPolicy(Protocol):
+    def decide(self, batch: BatchState) -> Decision: ...
+
+    def observe(self, fb: StepFeedback) -> None: ...
+
+
+class Oracle:
+    """Per-step oracle: the goodput argmax under the TRUE current acceptance
+    rates and the true latency model (no noise, no learning)."""
+
+    def __init__(self, profile: LatencyProfile, max_gamma: int, rates_now: Callable[[], tuple]):
+        self.profile, self.max_gamma, self.rates_now = profile, max_gamma, rates_now
+
+    def decide(self, batch: BatchState) -> Decision:
+        hi = max(0, feasible_max_gamma(batch, self.max_gamma))
+        b = batch.num_reqs
+        e = expected_tokens_all(self.rates_now(), hi)
+        ctx = b * batch.mean_context_len
+        best = max(range(hi + 1), key=lambda k: e[k] / self.profile.step_ms(k, b, ctx))
+        return Decision(best, bucket_of(b), "oracle")
+
+    def observe(self, fb: StepFeedback) -> None:
+        """The oracle does not learn."""
+
+
+class StaticTable:
+    """vLLM's `num_speculative_tokens_per_batch_size`: inclusive batch-size
+    ranges [(start, end, k), ...] starting at 1; a gap keeps the previous
+    range's k and sizes past the last range keep its k."""
+
+    def __init__(self, schedule: Sequence[Sequence[int]], max_gamma: int):
+        self.schedule = sorted((int(s), int(e), int(k)) for s, e, k in schedule)
+        if not self.schedule or self.schedule[0][0] != 1:
+            raise ValueError(f"table {schedule!r}: the first range must start at batch size 1")
+        self.max_gamma = max_gamma
+
+    def lookup(self, batch_size: int) -> int:
+        k = self.schedule[0][2]
+        for start, _end, value in self.schedule:
+            if start > batch_size:
+                break
+            k = value
+        return min(k, self.max_gamma)
+
+    def decide(self, batch: BatchState) -> Decision:
+        k = min(self.lookup(batch.num_reqs), max(0, feasible_max_gamma(batch, self.max_gamma)))
+        return Decision(k, bucket_of(batch.num_reqs), "table")
+
+    def observe(self, fb: StepFeedback) -> None:
+        """A static table does not learn."""
+
+
+def tuned_table(workload: Workload, profile: LatencyProfile, max_gamma: int,
+                max_batch: int = 1024) -> list[list[int]]:
+    """The table an operator would tune offline: per power-of-two batch
+    range, the best fixed gamma under the workload's average acceptance."""
+    segs = workload.rates.segments
+    total = sum(n for n, _ in segs)
+    mean = [sum(n * r[j] for n, r in segs) / total for j in range(max_gamma)]
+    e = expected_tokens_all(mean, max_gamma)
+    table, start = [], 1
+    while start <= max_batch:
+        b = bucket_of(start)
+        ctx = b * (workload.prompt_len + sum(workload.output_len) / 4)
+        k = max(range(max_gamma + 1), key=lambda g: e[g] / profile.step_ms(g, b, ctx))
+        table.append([start, b, k])
+        start = b + 1
+    return table
+
+
+# ------------------------------------------------------------------ engine
+@dataclass
+class SimResult:
+    policy: str
+    workload: str
+    tokens: int
+    seconds: float
+    steps: int
+    gamma_steps: dict[int, int]
+    timeline: list[tuple[float, int, int]] = field(repr=False)   # (t, B, gamma)
+
+    @property
+    def tok_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+
+class SimClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def simulate(workload: Workload, profile: LatencyProfile, policy: StepPolicy, clock: SimClock,
+             *, name: str, max_gamma: int, max_num_batched_tokens: int = 8192,
+             seed: int = 0, noise: float = 0.03,
+             on_rates: Callable[[tuple], None] | None = None) -> SimResult:
+    rng = np.random.default_rng(seed)
+    n = workload.num_requests
+    lo_len, hi_len = workload.output_len
+    out_len = rng.integers(lo_len, hi_len + 1, size=n)
+    width = max(max_gamma, 1)
+    u = rng.random((n, int(out_len.max()) + 1, width), dtype=np.float32)
+    noise_rng = np.random.default_rng(seed + 1)
+    done = np.zeros(n, dtype=np.int64)             # tokens generated per request
+    pending = np.zeros(n, dtype=np.int64)          # drafts awaiting verification
+    active: list[int] = []
+    next_req = progress = steps = 0
+    gamma_steps: dict[int, int] = {}
+    timeline: list[tuple[float, int, int]] = []
+    positions = np.arange(width)
+    while next_req < n or active:
+        cap = workload.concurrency.at(progress)
+        while len(active) < cap and next_req < n:
+            active.append(next_req)
+            next_req += 1
+        rates = workload.rates.at(progress)
+        if on_rates is not None:
+            on_rates(rates)
+        idx = np.array(active)
+        b = len(active)
+        ctx = float(workload.prompt_len * b + done[idx].sum())
+        decision = policy.decide(BatchState(b, max_num_batched_tokens, ctx / b))
+        gamma = decision.gamma
+        verify = pending[idx]
+        trial = u[idx, done[idx], :] < np.asarray(rates[:width], dtype=np.float32)
+        ok = trial & (positions[None, :] < verify[:, None])
+        accepted = np.cumprod(ok, axis=1).sum(axis=1)
+        committed = np.minimum(accepted + 1, out_len[idx] - done[idx])
+        ms = profile.split_step_ms(b + int(verify.sum()), gamma, b, ctx)
+        ms *= math.exp(noise * noise_rng.standard_normal()) if noise else 1.0
+        start = clock.now
+        clock.now += ms / 1000.0
+        has = verify > 0
+        policy.observe(StepFeedback(
+            gamma=gamma, num_reqs=b, drafted=tuple(verify[has].tolist()),
+            accepted=tuple(accepted[has].tolist()), committed=int(committed.sum()),
+            scheduled_at=start, completed_at=clock.now))
+        done[idx] += committed
+        pending[idx] = gamma
+        progress += int(committed.sum())
+        active = [r for r in active if done[r] < out_len[r]]
+        steps += 1
+        gamma_steps[gamma] = gamma_steps.get(gamma, 0) + 1
+        timeline.append((round(clock.now, 4), b, gamma))
+    return SimResult(name, workload.name, progress, clock.now, steps, gamma_steps, timeline)
+
+
+# ------------------------------------------------------------------ compare
+def contenders(profile_path: str, profile: LatencyProfile, workload: Workload, max_gamma: int,
+               table: Sequence[Sequence[int]] | None, vspec: dict) -> list[tuple[str, Callable]]:
+    """(name, factory(clock, rates_holder) -> StepPolicy) for every policy
+    compared. fixed/online/profile are GammaController, as in the engine."""
+    def controller(**over):
+        cfg = VSpecConfig.from_dict({**vspec, **over}, max_gamma)
+        return lambda clock, rates: GammaController(cfg, max_gamma, clock=clock)
+    out = [(f"fixed-{g}", controller(policy="fixed", min_gamma=0, fixed_gamma=g))
+           for g in range(max_gamma + 1)]
+    schedule = table or tuned_table(workload, profile, max_gamma)
+    out.append(("table", lambda clock, rates: StaticTable(schedule, max_gamma)))
+    out.append(("online", controller(policy="online")))
+    out.append(("profile", controller(policy="profile", profile_path=profile_path)))
+    out.append(("oracle", lambda clock, rates: Oracle(profile, max_gamma, lambda: rates[0])))
+    return out
+
+
+def compare(workloads: Sequence[Workload], profile_path: str, max_gamma: int,
+            table: Sequence[Sequence[int]] | None = None, vspec: dict | None = None,
+            seed: int = 0, noise: float = 0.03) -> list[SimResult]:
+    profile = load_profile(profile_path)
+    results = []
+    for wl in workloads:
+        for name, factory in contenders(profile_path, profile, wl, max_gamma, table, vspec or {}):
+            clock, rates = SimClock(), [()]
+            policy = factory(clock, rates)
+            results.append(simulate(wl, profile, policy, clock, name=name, max_gamma=max_gamma,
+                                    seed=seed, noise=noise,
+                                    on_rates=lambda r, h=rates: h.__setitem__(0, r)))
+    return results
+
+
+def ratios(results: Sequence[SimResult]) -> dict[str, dict[str, float]]:
+    """Per workload: online / oracle, online / best fixed, oracle / best fixed."""
+    out: dict[str, dict[str, float]] = {}
+    for wl in dict.fromkeys(r.workload for r in results):
+        by = {r.policy: r.tok_s for r in results if r.workload == wl}
+        best_fixed = max(v for k, v in by.items() if k.startswith("fixed-"))
+        out[wl] = {"online/oracle": by["online"] / by["oracle"],
+                   "online/best_fixed": by["online"] / best_fixed,
+                   "profile/oracle": by["profile"] / by["oracle"],
+                   "table/oracle": by["table"] / by["oracle"]}
+    return out
+
+
+def controller_overhead_us(policy: str = "online", batch: int = 16, steps: int = 2000,
+                           max_gamma: int = 4, profile_path: str | None = None) -> float:
+    """Wall-clock microseconds of one decide() + observe() at this batch size
+    (benchmark helper: printed by the sim, never asserted on)."""
+    over = {"policy": policy, "min_gamma": 0}
+    if policy == "profile":
+        over["profile_path"] = profile_path
+    ctl = GammaController(VSpecConfig.from_dict(over, max_gamma), max_gamma)
+    t, state = 0.0, BatchState(batch, 8192, 300.0)
+    drafted = tuple([max_gamma] * batch)
+    accepted = tuple(i % (max_gamma + 1) for i in range(batch))
+    start = time.perf_counter()
+    for _ in range(steps):
+        g = ctl.decide(state).gamma
+        ctl.observe(StepFeedback(g, batch, drafted, accepted, batch * 2, t, t + 0.01))
+        t += 0.01
+    return (time.perf_counter() - start) / steps * 1e6
+
+
+# ------------------------------------------------------------------ report
+def table_text(results: Sequence[SimResult]) -> str:
+    names = list(dict.fromkeys(r.policy for r in results))
+    wls = list(dict.fromkeys(r.workload for r in results))
+    by = {(r.workload, r.policy): r for r in results}
+    head = f"{'workload':<18}" + "".join(f"{n:>10}" for n in names)
+    lines = ["tokens/s", head]
+    for wl in wls:
+        lines.append(f"{wl:<18}" + "".join(f"{by[wl, n].tok_s:>10.1f}" for n in names))
+    lines.append("")
+    rat = ratios(results)
+    keys = list(next(iter(rat.values())))
+    lines.append(f"{'workload':<18}" + "".join(f"{k:>20}" for k in keys))
+    for wl, r in rat.items():
+        lines.append(f"{wl:<18}" + "".join(f"{r[k]:>20.3f}" for k in keys))
+    return "\n".join(lines)
+
+
+def plot(results: Sequence[SimResult], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    wls = list(dict.fromkeys(r.workload for r in results))
+    names = list(dict.fromkeys(r.policy for r in results))
+    by = {(r.workload, r.policy): r for r in results}
+    fig, axes = plt.subplots(2, 1, figsize=(12, 8))
+    width = 0.8 / len(names)
+    for i, n in enumerate(names):
+        axes[0].bar([w + i * width for w in range(len(wls))],
+                    [by[wl, n].tok_s / by[wl, "oracle"].tok_s for wl in wls], width, label=n)
+    axes[0].set_xticks([w + 0.4 - width / 2 for w in range(len(wls))], wls)
+    axes[0].set_ylabel("tokens/s / oracle")
+    axes[0].set_ylim(0.5, 1.05)
+    axes[0].legend(ncol=len(names), fontsize=7)
+    # Timeline of the most dynamic workload: the one where gamma varies most for the oracle.
+    wl = max(wls, key=lambda w: len(set(g for _, _, g in by[w, "oracle"].timeline)))
+    ax = axes[1]
+    for n, style in (("oracle", "-"), ("online", "--"), ("table", ":")):
+        t, _, g = zip(*by[wl, n].timeline)
+        ax.step(t, g, style, where="post", label=f"gamma {n}", alpha=0.8)
+    t, b, _ = zip(*by[wl, "oracle"].timeline)
+    twin = ax.twinx()
+    twin.plot(t, b, color="grey", alpha=0.4, label="batch size")
+    twin.set_ylabel("batch size")
+    ax.set_xlabel("simulated seconds")
+    ax.set_ylabel("gamma")
+    ax.set_title(wl)
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------ CLI
+WORKLOADS: dict[str, Callable[[], Workload]] = {
+    "steady-b1": lambda: steady(1, tokens=8192),
+    "steady-b16": lambda: steady(16),
+    "steady-b128": lambda: steady(128, tokens=65536),
+    "phase-b16": lambda: phase_shift(16),
+    "bursty": bursty,
+}
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "sim", help="simulate gamma policies on acceptance traces and a latency profile",
+        description=__doc__.split("\n\n")[0])
+    p.add_argument("--profile", required=True, help="latency profile JSON (see profiles/)")
+    p.add_argument("--workloads", default=",".join(WORKLOADS),
+                   help=f"comma list from {', '.join(WORKLOADS)} (default: all)")
+    p.add_argument("--trace", action="append", default=[],
+                   help="replay a recorded vspec trace JSONL (repeatable)")
+    p.add_argument("--max-gamma", type=int, default=4, help="K: gammas 0..K are compared")
+    p.add_argument("--table", default=None,
+                   help="static table JSON [[start,end,k],...] (default: tuned per workload)")
+    p.add_argument("--vspec", default="{}", help="JSON of vspec settings for online/profile")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--noise", type=float, default=0.03, help="log-normal step-time noise sigma")
+    p.add_argument("--out", default="results/sim", help="directory for sim.json and sim.png")
+    p.set_defaults(func=_main)
+
+
+def _main(args: argparse.Namespace) -> int:
+    unknown = [w for w in args.workloads.split(",") if w and w not in WORKLOADS]
+    if unknown:
+        raise SystemExit(f"--workloads: unknown {unknown}; known: {', '.join(WORKLOADS)}")
+    workloads = [WORKLOADS[w]() for w in args.workloads.split(",") if w]
+    workloads += [from_trace(t) for t in args.trace]
+    table = json.loads(args.table) if args.table else None
+    results = compare(workloads, args.profile, args.max_gamma, table, json.loads(args.vspec),
+                      args.seed, args.noise)
+    profile = load_profile(args.profile)
+    print(f"profile: {profile.name} ({profile.source}) {profile.note}")
+    print(table_text(results))
+    overhead = {p: controller_overhead_us(p, 16, profile_path=args.profile)
+                for p in ("online", "profile")}
+    step_ms = profile.step_ms(2, 16, 16 * 384.0)
+    for p, us in overhead.items():
+        print(f"controller overhead ({p}, B16): {us:.1f} us/step = "
+              f"{100 * us / 1000 / step_ms:.3f}% of a {step_ms:.1f} ms gamma-2 step")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sim.json").write_text(json.dumps({
+        "profile": args.profile, "max_gamma": args.max_gamma, "seed": args.seed,
+        "results": [{"policy": r.policy, "workload": r.workload, "tokens": r.tokens,
+                     "seconds": r.seconds, "tok_s": r.tok_s, "steps": r.steps,
+                     "gamma_steps": r.gamma_steps} for r in results],
+        "ratios": ratios(results), "controller_overhead_us_b16": overhead}, indent=1))
+    plot(results, out / "sim.png")
+    print(f"wrote {out / 'sim.json'} and {out / 'sim.png'}")
+    return 0
