@@ -19,7 +19,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping
 
-POLICIES = ("online", "profile", "fixed")
+POLICIES = ("online", "profile", "fixed", "cycle")
 ACCEPTANCE_RULES = ("strict", "relaxed_topk", "margin")
 GAMMA0_MODES = ("sticky", "sync")
 WARMUP_RETURNS = ("best", "incumbent")
@@ -45,12 +45,14 @@ class VSpecConfig:
     """Turn dynamic gamma on. When false the engine drafts
     `num_speculative_tokens` every step, exactly as stock vLLM does."""
 
-    policy: Literal["online", "profile", "fixed"] = "online"
+    policy: Literal["online", "profile", "fixed", "cycle"] = "online"
     """How gamma is chosen each step. `online`: a UCB bandit over gamma arms per
     batch-size bucket, rewarded by measured committed tokens per second; needs
     no calibration. `profile`: goodput argmax from an offline latency profile
     (`profile_path`) and online per-position acceptance. `fixed`: always
-    `fixed_gamma`."""
+    `fixed_gamma`. `cycle`: diagnostics, not speed: a different gamma every
+    step (max_gamma, min_gamma, max_gamma-1, ...), to validate exactness and
+    every verify width on a new host."""
 
     min_gamma: int = 1
     """Smallest gamma the controller may choose. 0 lets it turn speculation off

@@ -28,6 +28,7 @@ REGISTRY: dict[str, str] = {
     "online": "vllm_vspec.policies.online:OnlinePolicy",
     "profile": "vllm_vspec.policies.profile:ProfilePolicy",
     "fixed": "vllm_vspec.policies.fixed:FixedPolicy",
+    "cycle": "vllm_vspec.policies.cycle:CyclePolicy",
 }
 
 
