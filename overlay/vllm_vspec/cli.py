@@ -14,8 +14,11 @@ import sys
 # when `--help` lists it, so `vllm-vspec --help` stays fast.
 SUBCOMMANDS: dict[str, str] = {
     "bench": "vllm_vspec.bench.command",
+    "doctor": "vllm_vspec.doctor",
     "serve": "vllm_vspec.serve",
     "models": "vllm_vspec.drafters",
+    "sim": "vllm_vspec.sim",
+    "fit-profile": "vllm_vspec.latency",
 }
 
 
