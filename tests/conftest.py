@@ -1,0 +1,132 @@
+"""Shared fixtures for the real-engine tests.
+
+Engines run in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0, uni executor): they
+start in seconds instead of a minute on 2 cores, and a test can read the
+scheduler's controller directly. Exactness tests use float32, where greedy
+speculative decoding and target-only decoding agree token for token (bf16
+near-ties are a host-numerics question; docs/models.md reports them).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+from pathlib import Path
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+MODELS = REPO / "models"
+TARGET = MODELS / "tiny-target"
+DEEP_TARGET = MODELS / "derived" / "tiny-target-deep"
+DRAFT = MODELS / "tiny-draft"
+EAGLE = MODELS / "tiny-eagle"
+SCHEDULER_CLS = "vllm_vspec.adapters.vllm.scheduler.VSpecScheduler"
+
+
+def load_prompts(family: str, n: int) -> list[str]:
+    lines = (MODELS / "prompts" / f"{family}.jsonl").read_text().splitlines()
+    return [json.loads(line)["prompt"] for line in lines if line.strip()][:n]
+
+
+def make_llm(model: Path = TARGET, *, speculative_config: dict | None = None,
+             vspec: dict | None = None, **overrides):
+    """A small in-process vLLM engine; `vspec` selects VSpecScheduler."""
+    from vllm import LLM
+
+    kwargs = dict(model=str(model), dtype="float32", max_model_len=512, seed=0,
+                  gpu_memory_utilization=0.3, kv_cache_memory_bytes=128 << 20,
+                  max_num_seqs=16, enforce_eager=True,
+                  distributed_executor_backend="uni", generation_config="vllm")
+    if speculative_config is not None:
+        kwargs["speculative_config"] = speculative_config
+    if vspec is not None:
+        kwargs["scheduler_cls"] = SCHEDULER_CLS
+        kwargs["additional_config"] = {"vspec": vspec}
+    kwargs.update(overrides)
+    return LLM(**kwargs)
+
+
+def close_llm(llm) -> None:
+    llm.llm_engine.engine_core.shutdown()
+    del llm
+    gc.collect()
+
+
+def scheduler_of(llm):
+    """The engine's scheduler (in-process engines only)."""
+    return llm.llm_engine.engine_core.engine_core.scheduler
+
+
+def greedy(llm, prompts: list[str], max_tokens: int = 48) -> list[list[int]]:
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+def assert_same_tokens(got: list[list[int]], want: list[list[int]], label: str) -> None:
+    """Fail with the first differing position of every differing request."""
+    diffs = []
+    for i, (g, w) in enumerate(zip(got, want)):
+        if g != w:
+            pos = next((j for j, (a, b) in enumerate(zip(g, w)) if a != b), min(len(g), len(w)))
+            diffs.append(f"  request {i}: first difference at token {pos}: "
+                         f"got {g[pos:pos + 8]} want {w[pos:pos + 8]}")
+    assert len(got) == len(want) and not diffs, (
+        f"{label}: {len(diffs)}/{len(want)} requests differ from target-only\n" + "\n".join(diffs))
+
+
+@pytest.fixture(scope="session")
+def code_prompts() -> list[str]:
+    return load_prompts("code", 16)
+
+
+@pytest.fixture(scope="session")
+def prose_prompts() -> list[str]:
+    return load_prompts("prose", 16)
+
+
+def counter(llm, name: str) -> float:
+    """Current value of a vLLM Prometheus counter (sum over labels). Counters
+    are process-global, so tests compare values before and after a run."""
+    return sum(getattr(m, "value", 0) for m in llm.get_metrics() if m.name == name)
+
+
+def per_position_acceptance(llm, run) -> list[float]:
+    """Run `run()` and return vLLM's per-position acceptance rates for it."""
+    def snapshot():
+        drafts, per_pos = 0, []
+        for m in llm.get_metrics():
+            if m.name == "vllm:spec_decode_num_drafts":
+                drafts += m.value
+            elif m.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
+                per_pos = list(m.values)
+        return drafts, per_pos
+    d0, p0 = snapshot()
+    run()
+    d1, p1 = snapshot()
+    p0 = p0 or [0] * len(p1)
+    return [(b - a) / max(d1 - d0, 1) for a, b in zip(p0, p1)]
+
+
+@pytest.fixture(scope="session")
+def random_draft(tmp_path_factory) -> Path:
+    """A freshly initialised draft with the bundled draft's shape and tokenizer."""
+    import shutil
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    out = tmp_path_factory.mktemp("random-draft")
+    torch.manual_seed(1234)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(DRAFT))
+    model.to(torch.bfloat16).save_pretrained(out)
+    for f in DRAFT.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "generation_config")):
+            shutil.copy(f, out / f.name)
+    return out

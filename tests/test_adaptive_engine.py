@@ -1,0 +1,176 @@
+"""vSpec Adaptive inside the real vLLM engine (VSpecScheduler on vLLM 0.32, CPU).
+
+Spec: whatever gamma the controller picks, and however often it changes
+(including gamma 0, i.e. target-only steps), greedy outputs are
+token-identical to target-only decoding: at batch 1 and 16, with prefix
+caching, across preemptions, for draft_model and ngram. The gamma decided in
+one step is the draft length verified in the next. Bad vspec settings stop
+the engine at start-up with the key named.
+
+The CPU platform disables async scheduling, so these tests run
+VSpecScheduler; VSpecAsyncScheduler (same overrides over vLLM's
+AsyncScheduler) only runs on GPU/NPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import (DRAFT, assert_same_tokens, close_llm, counter, greedy, make_llm,
+                      scheduler_of)
+from vllm_vspec.config import VSpecConfigError
+from vllm_vspec.trace import read_trace
+
+pytestmark = pytest.mark.engine
+
+DRAFT_MODEL = {"method": "draft_model", "model": str(DRAFT), "num_speculative_tokens": 4}
+CYCLE = {"policy": "cycle", "min_gamma": 0}
+
+
+@pytest.fixture(scope="module")
+def prompts(code_prompts, prose_prompts) -> list[str]:
+    return code_prompts[:8] + prose_prompts[:8]
+
+
+@pytest.fixture(scope="module")
+def reference(prompts) -> list[list[int]]:
+    llm = make_llm()
+    try:
+        return greedy(llm, prompts)
+    finally:
+        close_llm(llm)
+
+
+@pytest.fixture(scope="module")
+def cycling(tmp_path_factory):
+    """draft_model with a new gamma every step (4, 0, 3, 1, 2, ...), prefix caching on."""
+    trace = tmp_path_factory.mktemp("trace") / "cycle.jsonl"
+    llm = make_llm(speculative_config=DRAFT_MODEL, vspec={**CYCLE, "trace_path": str(trace)},
+                   enable_prefix_caching=True, disable_log_stats=False)
+    yield llm, trace
+    close_llm(llm)
+
+
+def test_gamma_changing_every_step_is_exact_at_batch_16(cycling, prompts, reference):
+    llm, _ = cycling
+    assert_same_tokens(greedy(llm, prompts), reference, "cycle gamma, batch 16")
+
+
+def test_gamma_changing_every_step_is_exact_at_batch_1(cycling, prompts, reference):
+    llm, _ = cycling
+    got = [greedy(llm, [p])[0] for p in prompts[:4]]
+    assert_same_tokens(got, reference[:4], "cycle gamma, batch 1")
+
+
+def test_prefix_cache_hits_keep_outputs_exact(cycling, prompts, reference):
+    llm, _ = cycling
+    hits_before = counter(llm, "vllm:prefix_cache_hits")
+    assert_same_tokens(greedy(llm, prompts), reference, "cycle gamma, prefix-cached prompts")
+    assert counter(llm, "vllm:prefix_cache_hits") > hits_before, "no prefix-cache hit happened"
+
+
+def test_each_decision_is_the_draft_length_verified_next_step(cycling, prompts):
+    llm, trace = cycling
+    greedy(llm, prompts[:4])
+    _, steps = read_trace(trace)  # line-buffered: complete after generate()
+    gammas = {s["gamma"] for s in steps}
+    assert gammas == {0, 1, 2, 3, 4}, f"cycle policy used gammas {gammas}"
+    checked = 0
+    for prev, cur in zip(steps, steps[1:]):
+        for drafted in cur["drafted"]:
+            # A request drafts the previous decision's gamma (fewer only when
+            # it is about to hit its length limit).
+            assert drafted <= prev["gamma"], (prev, cur)
+            checked += drafted == prev["gamma"]
+        if prev["gamma"] == 0 and cur["num_reqs"] > 0:
+            assert cur["drafted"] == [], f"gamma 0 step still drafted: {prev} -> {cur}"
+    assert checked > 0
+
+
+def test_preemption_with_changing_gamma_is_exact(prompts, reference):
+    # A KV cache smaller than the batch needs: requests are preempted and resumed.
+    llm = make_llm(speculative_config=DRAFT_MODEL, vspec=CYCLE,
+                   kv_cache_memory_bytes=5 << 20, max_model_len=256, disable_log_stats=False)
+    try:
+        preempted_before = counter(llm, "vllm:num_preemptions")
+        got = greedy(llm, prompts)
+        preempted = counter(llm, "vllm:num_preemptions") - preempted_before
+    finally:
+        close_llm(llm)
+    assert preempted > 0, "the tiny KV cache caused no preemption; shrink it"
+    assert_same_tokens(got, reference, "cycle gamma across preemptions")
+
+
+def test_ngram_with_changing_gamma_is_exact(prompts, reference):
+    llm = make_llm(speculative_config={"method": "ngram", "num_speculative_tokens": 4,
+                                       "prompt_lookup_min": 2, "prompt_lookup_max": 4},
+                   vspec=CYCLE)
+    try:
+        assert_same_tokens(greedy(llm, prompts), reference, "ngram, cycle gamma")
+    finally:
+        close_llm(llm)
+
+
+def test_online_with_random_draft_settles_on_gamma_0(prompts, random_draft):
+    spec = {**DRAFT_MODEL, "model": str(random_draft)}
+    llm = make_llm(speculative_config=spec, vspec={"policy": "online", "min_gamma": 0})
+    try:
+        greedy(llm, prompts, max_tokens=96)
+        summary = scheduler_of(llm).vspec.summary()
+    finally:
+        close_llm(llm)
+    steps = {int(g): n for g, n in summary["steps"].items()}
+    assert max(steps, key=steps.get) == 0, f"steps per gamma with a random draft: {steps}"
+
+
+@pytest.mark.parametrize("bad, key", [
+    ({"polcy": "online"}, "polcy"),
+    ({"max_gamma": 9}, "max_gamma"),
+    ({"policy": "bandit"}, "policy"),
+])
+def test_bad_vspec_settings_fail_at_startup_naming_the_key(bad, key):
+    with pytest.raises(VSpecConfigError, match=key):
+        make_llm(speculative_config=DRAFT_MODEL, vspec=bad)
+
+
+def test_online_at_concurrency_1_picks_within_one_of_best_fixed_gamma(code_prompts):
+    """Oracle measured in the same run on the same engine (deepened target,
+    where a step costs what a real target's step costs): tokens/s of every
+    fixed gamma at batch 1, interleaved over two rounds against drift, then
+    the online policy on the same prompts."""
+    import time
+
+    from conftest import DEEP_TARGET
+    from vllm_vspec.config import VSpecConfig
+    from vllm_vspec.controller import GammaController
+
+    llm = make_llm(DEEP_TARGET, speculative_config=DRAFT_MODEL,
+                   vspec={"policy": "fixed"}, max_num_seqs=1)
+    sched = scheduler_of(llm)
+    prompts = code_prompts[:3]
+
+    def use(**vspec) -> None:
+        sched.vspec = GammaController(VSpecConfig.from_dict(vspec, 4), 4)
+
+    def tokens_per_s() -> float:
+        start = time.perf_counter()
+        n = sum(len(greedy(llm, [p], max_tokens=64)[0]) for p in prompts)
+        return n / (time.perf_counter() - start)
+
+    try:
+        speed = {g: 0.0 for g in range(1, 5)}
+        for _ in range(2):
+            for g in speed:
+                use(policy="fixed", fixed_gamma=g)
+                speed[g] += tokens_per_s()
+        use(policy="online")
+        for p in code_prompts[:8]:
+            greedy(llm, [p], max_tokens=64)
+        steps = {int(g): n for g, n in sched.vspec.summary()["steps"].items()}
+    finally:
+        close_llm(llm)
+    best_fixed = max(speed, key=speed.get)
+    chosen = max(steps, key=steps.get)
+    assert abs(chosen - best_fixed) <= 1, (
+        f"online chose gamma {chosen} most (steps {steps}); best fixed gamma was "
+        f"{best_fixed} (tokens/s summed over 2 rounds: {speed})")

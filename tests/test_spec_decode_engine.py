@@ -1,0 +1,64 @@
+"""Speculative decoding on the bundled models in the real vLLM engine (CPU).
+
+Spec: with greedy sampling, draft-model speculative decoding at fixed gamma
+outputs exactly what target-only decoding outputs, at batch 1 and batch 16;
+the target used as its own draft is accepted (almost) always; a freshly
+initialised draft is (almost) never accepted.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import (DRAFT, TARGET, assert_same_tokens, close_llm, greedy, make_llm,
+                      per_position_acceptance)
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture(scope="module")
+def prompts(code_prompts, prose_prompts) -> list[str]:
+    return code_prompts[:8] + prose_prompts[:8]
+
+
+@pytest.fixture(scope="module")
+def reference(prompts) -> list[list[int]]:
+    llm = make_llm()
+    try:
+        return greedy(llm, prompts)
+    finally:
+        close_llm(llm)
+
+
+@pytest.mark.parametrize("gamma", [1, 4])
+def test_fixed_gamma_is_token_identical_at_batch_1_and_16(gamma, prompts, reference):
+    llm = make_llm(speculative_config={"method": "draft_model", "model": str(DRAFT),
+                                       "num_speculative_tokens": gamma})
+    try:
+        assert_same_tokens(greedy(llm, prompts), reference, f"gamma={gamma} batch 16")
+        batch1 = [greedy(llm, [p])[0] for p in prompts[:4]]
+        assert_same_tokens(batch1, reference[:4], f"gamma={gamma} batch 1")
+    finally:
+        close_llm(llm)
+
+
+def test_target_as_its_own_draft_is_accepted_almost_always(prompts):
+    llm = make_llm(speculative_config={"method": "draft_model", "model": str(TARGET),
+                                       "num_speculative_tokens": 4},
+                   disable_log_stats=False)
+    try:
+        rates = per_position_acceptance(llm, lambda: greedy(llm, prompts))
+    finally:
+        close_llm(llm)
+    assert min(rates) >= 0.95, f"per-position acceptance of target-as-draft: {rates}"
+
+
+def test_random_draft_is_almost_never_accepted(prompts, random_draft):
+    llm = make_llm(speculative_config={"method": "draft_model", "model": str(random_draft),
+                                       "num_speculative_tokens": 4},
+                   disable_log_stats=False)
+    try:
+        rates = per_position_acceptance(llm, lambda: greedy(llm, prompts))
+    finally:
+        close_llm(llm)
+    assert rates[0] <= 0.05, f"per-position acceptance of a random draft: {rates}"
