@@ -10,6 +10,12 @@ from __future__ import annotations
 from typing import Callable
 
 REGISTRATIONS: list[Callable[[], None]] = []
+
+# The Qwen2 EAGLE-1 head (vLLM 0.32 dropped Qwen2ForCausalLMEagle).
+from vllm_vspec.adapters.vllm.models import register_models  # noqa: E402
+
+REGISTRATIONS.append(register_models)
+
 _done = False
 
 
