@@ -458,8 +458,8 @@ def write_wheel(path: Path, files: dict[str, bytes], epoch: int) -> None:
     tmp.replace(path)
 
 
-def assemble(host_wheel: Path, tree: Path, pin: Pin, build_info: dict, epoch: int,
-             dist: Path) -> Path:
+def assemble(host_wheel: Path, tree: Path, overlay: list[str], pin: Pin, build_info: dict,
+             epoch: int, dist: Path) -> Path:
     """Repack the host wheel as ours: host files minus its dist-info, the
     overlay files as they are in the tree, our dist-info."""
     version = wheel_version(pin)
@@ -484,7 +484,7 @@ def assemble(host_wheel: Path, tree: Path, pin: Pin, build_info: dict, epoch: in
                     files[f"{WHEEL_DIST}-{version}.dist-info/{leaf}"] = zf.read(name)
             elif not name.endswith("/"):
                 files[name] = zf.read(name)
-    for _, rel in overlay_files():
+    for rel in overlay:
         files[rel] = (tree / rel).read_bytes()
     for rel in build_info["custom_kernels"]["vspec_libraries"]:
         files[rel] = (tree / rel).read_bytes()
@@ -549,7 +549,7 @@ def build(host_src: Path | None, cache: Path, work: Path, dist: Path,
         "custom_kernels": {"enabled": bool(cann), "reason": reason, "vspec_libraries": libs},
         "source_date_epoch": epoch,
     }
-    wheel = assemble(host_wheel, tree, pin, build_info, epoch, dist)
+    wheel = assemble(host_wheel, tree, copied, pin, build_info, epoch, dist)
     progress("assemble", f"{wheel} sha256 {sha256_of(wheel)[:16]}...")
     return wheel
 

