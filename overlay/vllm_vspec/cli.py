@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, str] = {
     "models": "vllm_vspec.drafters",
     "sim": "vllm_vspec.sim",
     "fit-profile": "vllm_vspec.latency",
+    "profile": "vllm_vspec.profile_collect",
 }
 
 
