@@ -125,6 +125,11 @@ def from_trace(path: str | Path, window: int = 64, output_len: int = 256) -> Wor
                     (output_len, output_len), Cycle(tuple(conc)), Cycle(tuple(rates)))
 
 
+def padded(rates: Sequence[float], width: int) -> tuple[float, ...]:
+    """Rates for `width` positions: positions past the given ones repeat the last."""
+    return (tuple(rates) + (rates[-1],) * width)[:width]
+
+
 # ------------------------------------------------------------------ policies
 class StepPolicy(Protocol):
     def decide(self, batch: BatchState) -> Decision: ...
@@ -184,7 +189,8 @@ def tuned_table(workload: Workload, profile: LatencyProfile, max_gamma: int,
     range, the best fixed gamma under the workload's average acceptance."""
     segs = workload.rates.segments
     total = sum(n for n, _ in segs)
-    mean = [sum(n * r[j] for n, r in segs) / total for j in range(max_gamma)]
+    mean = [sum(n * padded(r, max_gamma)[j] for n, r in segs) / total
+            for j in range(max_gamma)]
     e = expected_tokens_all(mean, max_gamma)
     table, start = [], 1
     while start <= max_batch:
@@ -243,7 +249,7 @@ def simulate(workload: Workload, profile: LatencyProfile, policy: StepPolicy, cl
         while len(active) < cap and next_req < n:
             active.append(next_req)
             next_req += 1
-        rates = workload.rates.at(progress)
+        rates = padded(workload.rates.at(progress), width)
         if on_rates is not None:
             on_rates(rates)
         idx = np.array(active)
@@ -252,7 +258,7 @@ def simulate(workload: Workload, profile: LatencyProfile, policy: StepPolicy, cl
         decision = policy.decide(BatchState(b, max_num_batched_tokens, ctx / b))
         gamma = decision.gamma
         verify = pending[idx]
-        trial = u[idx, done[idx], :] < np.asarray(rates[:width], dtype=np.float32)
+        trial = u[idx, done[idx], :] < np.asarray(rates, dtype=np.float32)
         ok = trial & (positions[None, :] < verify[:, None])
         accepted = np.cumprod(ok, axis=1).sum(axis=1)
         committed = np.minimum(accepted + 1, out_len[idx] - done[idx])
@@ -395,12 +401,14 @@ def plot(results: Sequence[SimResult], path: Path) -> None:
 
 
 # ------------------------------------------------------------------ CLI
-WORKLOADS: dict[str, Callable[[], Workload]] = {
-    "steady-b1": lambda: steady(1, tokens=8192),
-    "steady-b16": lambda: steady(16),
-    "steady-b128": lambda: steady(128, tokens=65536),
-    "phase-b16": lambda: phase_shift(16),
-    "bursty": bursty,
+# name -> factory(scale, rates): `scale` multiplies the workload's tokens,
+# `rates` are the steady acceptance (phase workloads alternate EASY/HARD).
+WORKLOADS: dict[str, Callable[[float, Sequence[float]], Workload]] = {
+    "steady-b1": lambda s, r: steady(1, r, tokens=int(8192 * s)),
+    "steady-b16": lambda s, r: steady(16, r, tokens=int(32768 * s)),
+    "steady-b128": lambda s, r: steady(128, r, tokens=int(65536 * s)),
+    "phase-b16": lambda s, r: phase_shift(16, tokens=int(65536 * s)),
+    "bursty": lambda s, r: bursty(rates=r, tokens=int(98304 * s)),
 }
 
 
@@ -414,6 +422,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--trace", action="append", default=[],
                    help="replay a recorded vspec trace JSONL (repeatable)")
     p.add_argument("--max-gamma", type=int, default=4, help="K: gammas 0..K are compared")
+    p.add_argument("--rates", default=",".join(map(str, DRAFT_RATES)),
+                   help="conditional acceptance per draft position for the steady and "
+                        "bursty workloads (later positions repeat the last value)")
+    p.add_argument("--scale", type=float, default=1.0,
+                   help="multiply every synthetic workload's length (tokens)")
     p.add_argument("--table", default=None,
                    help="static table JSON [[start,end,k],...] (default: tuned per workload)")
     p.add_argument("--vspec", default="{}", help="JSON of vspec settings for online/profile")
@@ -427,7 +440,10 @@ def _main(args: argparse.Namespace) -> int:
     unknown = [w for w in args.workloads.split(",") if w and w not in WORKLOADS]
     if unknown:
         raise SystemExit(f"--workloads: unknown {unknown}; known: {', '.join(WORKLOADS)}")
-    workloads = [WORKLOADS[w]() for w in args.workloads.split(",") if w]
+    rates = tuple(float(x) for x in args.rates.split(","))
+    if not all(0.0 <= x <= 1.0 for x in rates):
+        raise SystemExit(f"--rates={args.rates!r}: need comma-separated values in [0, 1]")
+    workloads = [WORKLOADS[w](args.scale, rates) for w in args.workloads.split(",") if w]
     workloads += [from_trace(t) for t in args.trace]
     table = json.loads(args.table) if args.table else None
     results = compare(workloads, args.profile, args.max_gamma, table, json.loads(args.vspec),

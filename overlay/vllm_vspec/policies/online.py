@@ -18,14 +18,17 @@ different time scales and with very different noise:
 
 UCB: score(g) = R(g) + c * R_max * sqrt(2 ln(N + 1) / n(g)), with n(g) the
 window size, N the bucket's total, R_max the best estimate (c is
-scale-free). An arm with no sample scores +inf. The arm just above the
-current one (gamma + 1) also scores +inf when its newest sample is older
-than `online_window` stable steps of the bucket AND it could win if the one
-draft position the current gamma cannot see were always accepted: probing it
-refreshes that position's acceptance, which a phase change may have moved.
+scale-free). An arm with no sample scores +inf. When the current arm is
+the best estimate, its neighbours are probed (+inf) in two cases: the arm
+below when its speed in this bucket is only a seed's guess, and the arm
+above when its newest sample is older than `online_window` stable steps of
+the bucket AND it could win if the one draft position the current gamma
+cannot see were always accepted (a phase change may have moved it).
 
-A new bucket copies the windows of the nearest bucket that has samples and
-starts where that bucket is (seeding, no warm-up); when none has, it sweeps
+A new bucket is seeded from the nearest bucket that has samples: it starts
+where that bucket is, without warm-up, and takes that bucket's RELATIVE arm
+speeds (scaled by its own measurement of the starting arm) for the arms it
+has not measured itself. When no bucket has samples it sweeps
 every feasible arm from max gamma downwards (`online_warmup_samples`
 stable steps each), then starts from the best (or the incumbent).
 """
@@ -41,7 +44,8 @@ from vllm_vspec.policies.governor import Governor
 
 
 class _Arms:
-    """Per-arm windows of one bucket: (bucket step index, requests/s) samples."""
+    """Per-arm windows of requests/s samples in one bucket, plus an optional
+    seed: the relative speed of each arm in the bucket it was seeded from."""
 
     def __init__(self, window: int, incumbent: int | None):
         self.window = window
@@ -50,22 +54,43 @@ class _Arms:
         self.steps = 0                        # stable steps observed in this bucket
         self.warmup: list[int] | None = []    # arms still to sweep; None once done
         self.incumbent = incumbent            # gamma in use anywhere when the bucket opened
+        self.seed_ref: int | None = None      # arm the seed speeds are relative to
+        self.seed: dict[int, tuple[float, int]] = {}   # arm -> (speed / speed of ref, samples)
 
     def add(self, gamma: int, requests_per_s: float) -> None:
         self.steps += 1
         self.rate.setdefault(gamma, deque(maxlen=self.window)).append(requests_per_s)
         self.last_seen[gamma] = self.steps
 
+    def own_means(self) -> dict[int, float]:
+        return {g: sum(r) / len(r) for g, r in self.rate.items() if r}
+
+    def means(self) -> dict[int, float]:
+        """Requests/s per arm: measured here, else the seed's relative speed
+        scaled by this bucket's own measurement of the reference arm (a
+        bigger batch runs every arm faster; the ranking is what carries)."""
+        own = self.own_means()
+        if self.seed_ref in own:
+            for g, (relative, _n) in self.seed.items():
+                own.setdefault(g, own[self.seed_ref] * relative)
+        return own
+
     def count(self, gamma: int) -> int:
-        return len(self.rate.get(gamma, ()))
+        n = len(self.rate.get(gamma, ()))
+        return n or self.seed.get(gamma, (0.0, 0))[1]
 
     def expired(self, gamma: int) -> bool:
-        return self.steps - self.last_seen.get(gamma, -self.window) > self.window
+        return self.steps - self.last_seen.get(gamma, 0) > self.window
 
-    def copy_from(self, other: "_Arms") -> None:
-        for g, r in other.rate.items():
-            self.rate[g] = deque(r, maxlen=self.window)
-            self.last_seen[g] = 0
+    def seed_from(self, other: "_Arms", gamma: int) -> int:
+        """Take the relative arm speeds of `other`, referenced to its measured
+        arm nearest to `gamma`; returns that arm (where this bucket starts)."""
+        means = other.own_means()
+        ref = min(means, key=lambda g: (abs(g - gamma), g))
+        self.seed_ref = ref
+        self.seed = {g: (m / means[ref], other.count(g)) for g, m in means.items()}
+        self.warmup = None
+        return ref
 
 
 class OnlinePolicy:
@@ -95,16 +120,15 @@ class OnlinePolicy:
         self.buckets[bucket] = arms
         source = self._nearest_measured(bucket)
         if source is not None:
-            arms.copy_from(self.buckets[source])
-            arms.warmup = None
-            seed = min(max(self.governor.gamma[source], lo), hi)
-            self.governor.start(bucket, seed)
-            return seed, "seed"
+            start = arms.seed_from(self.buckets[source], self.governor.gamma[source])
+            start = min(max(start, lo), hi)
+            self.governor.start(bucket, start)
+            return start, "seed"
         arms.warmup = list(range(hi, lo - 1, -1)) if self.config.online_warmup_samples else []
         return self._warmup(bucket, arms, lo, hi)
 
     def _nearest_measured(self, bucket: int) -> int | None:
-        measured = [b for b, a in self.buckets.items() if a.warmup is None and a.rate]
+        measured = [b for b, a in self.buckets.items() if a.warmup is None and a.own_means()]
         if not measured:
             return None
         # Buckets are powers of two: distance is the log ratio; ties prefer
@@ -136,8 +160,7 @@ class OnlinePolicy:
         have samples in this bucket."""
         arms = self.buckets[bucket]
         e = expected_tokens_all(self.acceptance.rates(), hi)
-        return {g: e[g] * sum(r) / len(r)
-                for g, r in arms.rate.items() if lo <= g <= hi and r}
+        return {g: e[g] * m for g, m in arms.means().items() if lo <= g <= hi}
 
     def scores(self, bucket: int, lo: int, hi: int) -> dict[int, float]:
         """UCB score of every arm in [lo, hi] (see the module docstring)."""
@@ -148,16 +171,20 @@ class OnlinePolicy:
         c = self.config.online_exploration
         out = {}
         for g in range(lo, hi + 1):
-            n = arms.count(g)
-            out[g] = (means[g] + c * r_max * math.sqrt(2 * math.log(total + 1) / n)
-                      if n else math.inf)
-        probe = self.governor.gamma[bucket] + 1
-        if lo <= probe <= hi and arms.count(probe) and arms.expired(probe):
-            e = expected_tokens_all(self.acceptance.rates(), probe)
-            # E(probe) if position probe-1 were always accepted.
-            e_best = e[probe - 1] + (e[probe - 1] - e[probe - 2] if probe >= 2 else 1.0)
-            if e_best / e[probe] * means[probe] > r_max * (1.0 + self.config.hysteresis):
-                out[probe] = math.inf
+            out[g] = (means[g] + c * r_max * math.sqrt(2 * math.log(total + 1) / arms.count(g))
+                      if g in means else math.inf)
+        cur = self.governor.gamma[bucket]
+        if means.get(cur) != r_max:
+            return out          # probe only from a settled arm, so probes never chain
+        below, above = cur - 1, cur + 1
+        if below in means and not arms.rate.get(below):
+            out[below] = math.inf          # its speed is only the seed's guess
+        if above in means and arms.expired(above):
+            e = expected_tokens_all(self.acceptance.rates(), above)
+            # E(above) if position above-1 were always accepted.
+            e_best = e[above - 1] + (e[above - 1] - e[above - 2] if above >= 2 else 1.0)
+            if e_best / e[above] * means[above] > r_max * (1.0 + self.config.hysteresis):
+                out[above] = math.inf
         return out
 
     # ------------------------------------------------------------ observe

@@ -1,0 +1,135 @@
+"""GammaController: what all policies share (ranges, buckets, rewards,
+stable-step attribution, FIFO matching of decisions, summary, trace)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from vllm_vspec.config import VSpecConfig
+from vllm_vspec.controller import (BatchState, GammaController, StepFeedback, bucket_of,
+                                   feasible_max_gamma)
+from vllm_vspec.trace import TraceError, read_trace
+
+BUDGET = 8192
+
+
+def fixed(gamma: int, **over) -> GammaController:
+    return GammaController(VSpecConfig(policy="fixed", fixed_gamma=gamma, min_gamma=0, **over), 4)
+
+
+def feedback(gamma: int, start: float, end: float, committed: int = 10,
+             num_reqs: int = 2, drafted: int = 0) -> StepFeedback:
+    return StepFeedback(gamma=gamma, num_reqs=num_reqs, drafted=(drafted,) * num_reqs,
+                        accepted=(0,) * num_reqs, committed=committed,
+                        scheduled_at=start, completed_at=end)
+
+
+def run_step(ctl: GammaController, start: float, end: float, committed: int = 10,
+             num_reqs: int = 2) -> int:
+    gamma = ctl.decide(BatchState(num_reqs, BUDGET)).gamma
+    ctl.observe(feedback(gamma, start, end, committed, num_reqs))
+    return gamma
+
+
+@pytest.mark.parametrize("num_reqs, bucket", [(0, 1), (1, 1), (2, 2), (3, 4), (16, 16),
+                                              (17, 32), (128, 128)])
+def test_bucket_is_next_power_of_two(num_reqs, bucket):
+    assert bucket_of(num_reqs) == bucket
+
+
+def test_feasible_gamma_respects_token_budget():
+    # 10 requests, 35 tokens: 10 * (g + 1) <= 35 holds up to g = 2.
+    assert feasible_max_gamma(BatchState(10, 35), max_gamma=4) == 2
+    assert feasible_max_gamma(BatchState(1, 8192), max_gamma=4) == 4
+    assert feasible_max_gamma(BatchState(40, 35), max_gamma=4) < 0
+
+
+def test_max_gamma_defaults_to_num_speculative_tokens():
+    ctl = GammaController(VSpecConfig(policy="fixed"), 3)
+    assert ctl.config.max_gamma == 3
+    assert ctl.decide(BatchState(1, BUDGET)).gamma == 3
+
+
+def test_gamma_is_capped_when_the_batch_outgrows_the_budget():
+    ctl = fixed(4)
+    d = ctl.decide(BatchState(10, 35))
+    assert (d.gamma, d.reason) == (2, "infeasible")
+
+
+def test_when_even_min_gamma_does_not_fit_the_controller_drafts_what_fits():
+    ctl = GammaController(VSpecConfig(min_gamma=2), 4)
+    d = ctl.decide(BatchState(10, 25))          # only gamma 1 fits
+    assert (d.gamma, d.reason) == (1, "infeasible")
+
+
+def test_first_step_and_gamma_changes_are_not_rewarded():
+    ctl = fixed(2)
+    run_step(ctl, 0.0, 1.0)                      # no previous step: unstable
+    assert ctl.summary()["reward_tok_s"] == {}
+    run_step(ctl, 1.0, 2.0, committed=30)        # same gamma as before: stable
+    assert ctl.summary()["reward_tok_s"] == {"2": 30.0}
+
+
+def test_a_step_after_a_gamma_change_is_unstable():
+    ctl = GammaController(VSpecConfig(min_gamma=0), 4)
+    ctl.decide(BatchState(2, BUDGET))
+    ctl.observe(feedback(3, 0.0, 1.0))
+    ctl.decide(BatchState(2, BUDGET))
+    ctl.observe(feedback(1, 1.0, 2.0))           # drafts verified were proposed at gamma 3
+    assert ctl.summary()["reward_tok_s"] == {}
+
+
+def test_reward_uses_the_non_overlapping_interval_under_async_scheduling():
+    ctl = fixed(2)
+    ctl.decide(BatchState(2, BUDGET))
+    ctl.decide(BatchState(2, BUDGET))            # step 2 scheduled before step 1 completes
+    ctl.observe(feedback(2, 0.0, 1.0))
+    ctl.observe(feedback(2, 0.5, 1.5, committed=10))
+    # Step 2 owns only 1.0 -> 1.5, not 0.5 -> 1.5.
+    assert ctl.summary()["reward_tok_s"] == {"2": 20.0}
+
+
+def test_idle_time_before_a_step_is_not_charged_to_it():
+    ctl = fixed(2)
+    run_step(ctl, 0.0, 1.0)
+    run_step(ctl, 5.0, 5.5, committed=10)        # engine idle from 1.0 to 5.0
+    assert ctl.summary()["reward_tok_s"] == {"2": 20.0}
+
+
+def test_observe_without_decide_is_an_adapter_bug():
+    with pytest.raises(RuntimeError, match="decide"):
+        fixed(2).observe(feedback(2, 0.0, 1.0))
+
+
+def test_summary_counts_steps_per_gamma_and_bucket_and_is_json():
+    ctl = fixed(1)
+    for i in range(3):
+        run_step(ctl, i, i + 1, num_reqs=2)
+    run_step(ctl, 3, 4, num_reqs=5)
+    s = json.loads(json.dumps(ctl.summary()))
+    assert s["steps"] == {"1": 4}
+    assert s["buckets"]["2"]["steps"] == {"1": 3}
+    assert s["buckets"]["8"]["steps"] == {"1": 1}
+    assert "steps_per_gamma" in ctl.summary_line()
+
+
+def test_trace_has_a_header_and_one_line_per_observed_step(tmp_path):
+    path = tmp_path / "trace.jsonl"
+    ctl = fixed(2, trace_path=str(path))
+    for i in range(3):
+        run_step(ctl, i, i + 1)
+    ctl.close()
+    header, records = read_trace(path)
+    assert header["policy"] == "fixed" and header["max_gamma"] == 4
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert [r["stable"] for r in records] == [False, True, True]
+    assert records[1]["reason"] == "fixed" and records[1]["interval_s"] == 1.0
+
+
+def test_reading_a_foreign_file_as_a_trace_fails_naming_the_line(tmp_path):
+    path = tmp_path / "x.jsonl"
+    path.write_text('{"schema": "vllm-vspec/trace", "version": 1}\n{"step": 1}\n')
+    with pytest.raises(TraceError, match=r"x.jsonl:2: missing key 'num_reqs'"):
+        read_trace(path)

@@ -1,0 +1,240 @@
+"""Policies on synthetic engines: convergence, switching rules, buckets,
+warm-up, min_gamma = 0, feasibility; and the acceptance statistics."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from vllm_vspec.acceptance_stats import PositionAcceptance, expected_tokens
+from vllm_vspec.config import VSpecConfig
+from vllm_vspec.controller import BatchState, GammaController, StepFeedback
+from vllm_vspec.latency import LatencyProfile, LinearLatency
+from vllm_vspec.policies.governor import Governor
+from vllm_vspec.policies.profile import ProfilePolicy
+
+K = 4
+BUDGET = 8192
+
+
+class Engine:
+    """Synthetic engine with the real pipelining: a step verifies the drafts
+    proposed one step earlier. Request acceptance is random with conditional
+    per-position `rates`; the step takes step_s(gamma, B) seconds."""
+
+    def __init__(self, rates, step_s: Callable[[int, int], float], seed: int = 0):
+        self.rates, self.step_s = rates, step_s
+        self.rng = random.Random(seed)
+        self.now = 0.0
+        self.prev_gamma = 0
+
+    def accepted(self, drafted: int) -> int:
+        a = 0
+        while a < drafted and self.rng.random() < self.rates[a]:
+            a += 1
+        return a
+
+    def run(self, ctl: GammaController, steps: int, num_reqs: int,
+            budget: int = BUDGET) -> list:
+        decisions = []
+        for _ in range(steps):
+            d = ctl.decide(BatchState(num_reqs, budget))
+            decisions.append(d)
+            drafted = (self.prev_gamma,) * num_reqs
+            accepted = tuple(self.accepted(x) for x in drafted)
+            start = self.now
+            self.now += self.step_s(d.gamma, num_reqs)
+            ctl.observe(StepFeedback(d.gamma, num_reqs, drafted, accepted,
+                                     sum(accepted) + num_reqs, start, self.now))
+            self.prev_gamma = d.gamma
+        return decisions
+
+
+def best_gamma(rates, step_s, num_reqs: int, lo: int = 0, hi: int = K) -> int:
+    return max(range(lo, hi + 1), key=lambda g: expected_tokens(rates, g) / step_s(g, num_reqs))
+
+
+def most_chosen(decisions) -> int:
+    return Counter(d.gamma for d in decisions).most_common(1)[0][0]
+
+
+def online(**over) -> GammaController:
+    return GammaController(VSpecConfig(**over), K)
+
+
+RATES = (0.8, 0.7, 0.6, 0.5)
+
+
+# ------------------------------------------------------------------ online
+# (rates, step cost per gamma, best gamma): the best beats its neighbours by
+# 9-12%, well beyond the 5% hysteresis.
+@pytest.mark.parametrize("rates, cost, best", [
+    ((0.6, 0.3, 0.2, 0.1), 0.3, 1),
+    ((0.9, 0.8, 0.3, 0.1), 0.3, 2),
+    ((0.95, 0.95, 0.95, 0.9), 0.1, 4),
+])
+def test_online_converges_to_the_best_arm(rates, cost, best):
+    step_s = lambda g, b: 1.0 + cost * g  # noqa: E731
+    assert best_gamma(rates, step_s, 8, lo=1) == best
+    decisions = Engine(rates, step_s).run(online(), 600, num_reqs=8)
+    assert most_chosen(decisions[-200:]) == best, Counter(d.gamma for d in decisions[-200:])
+
+
+def test_online_follows_a_phase_change_of_acceptance():
+    step_s = lambda g, b: 1.0 + 0.2 * g  # noqa: E731
+    hard, easy = (0.3, 0.2, 0.1, 0.1), (0.95, 0.95, 0.95, 0.95)
+    ctl, engine = online(), Engine(hard, step_s)
+    first = engine.run(ctl, 400, num_reqs=8)
+    engine.rates = easy
+    second = engine.run(ctl, 400, num_reqs=8)
+    assert most_chosen(first[-100:]) == best_gamma(hard, step_s, 8, lo=1) == 1
+    assert most_chosen(second[-100:]) == best_gamma(easy, step_s, 8, lo=1) == 4
+
+
+def test_online_settles_on_gamma_0_when_drafts_are_useless():
+    step_s = lambda g, b: 1.0 + 0.2 * g  # noqa: E731
+    decisions = Engine((0.0,) * K, step_s).run(online(min_gamma=0), 300, num_reqs=4)
+    assert most_chosen(decisions[-100:]) == 0
+
+
+def test_warmup_sweeps_from_max_gamma_downwards():
+    step_s = lambda g, b: 1.0 + 0.2 * g  # noqa: E731
+    decisions = Engine(RATES, step_s).run(online(min_gamma=0), 10, num_reqs=4)
+    sweep = [d.gamma for d in decisions if d.reason == "warmup"]
+    assert sweep[:9] == [4, 4, 3, 3, 2, 2, 1, 1, 0]
+
+
+def test_infeasible_gammas_are_never_chosen():
+    step_s = lambda g, b: 1.0 + 0.01 * g  # noqa: E731  (long drafts would win)
+    decisions = Engine(RATES, step_s).run(online(), 200, num_reqs=10, budget=30)
+    assert max(d.gamma for d in decisions) == 2      # 10 * (2 + 1) <= 30
+
+
+def test_buckets_learn_independently():
+    # Drafting is nearly free at batch 1 and expensive at batch 64.
+    step_s = lambda g, b: 1.0 + g * (0.05 if b == 1 else 0.9)  # noqa: E731
+    ctl, engine = online(), Engine(RATES, step_s)
+    small, large = [], []
+    for _ in range(6):
+        small += engine.run(ctl, 60, num_reqs=1)
+        large += engine.run(ctl, 60, num_reqs=64)
+    assert {d.bucket for d in small} == {1} and {d.bucket for d in large} == {64}
+    assert most_chosen(small[-120:]) == best_gamma(RATES, step_s, 1, lo=1) == 4
+    assert most_chosen(large[-120:]) == best_gamma(RATES, step_s, 64, lo=1) == 1
+
+
+def test_a_new_bucket_is_seeded_from_the_nearest_measured_one():
+    step_s = lambda g, b: 1.0 + 0.35 * g  # noqa: E731
+    ctl, engine = online(), Engine(RATES, step_s)
+    engine.run(ctl, 200, num_reqs=4)
+    learned = ctl.policy.governor.gamma[4]
+    first = engine.run(ctl, 1, num_reqs=8)[0]
+    assert (first.bucket, first.gamma, first.reason) == (8, learned, "seed")
+
+
+# ------------------------------------------------------------------ switching rules
+def governor(**over) -> Governor:
+    return Governor(VSpecConfig(**{"control_interval": 1, "hysteresis": 0.05,
+                                   "max_gamma_step": 4, **over}))
+
+
+def test_dwell_holds_gamma_for_control_interval_decisions():
+    gov = governor(control_interval=3)
+    gov.start(1, 2)
+    better = lambda: {2: 1.0, 3: 2.0}  # noqa: E731
+    got = [gov.step(1, 0, K, better, "ucb") for _ in range(3)]
+    assert got == [(2, "hold"), (2, "hold"), (3, "ucb")]
+
+
+def test_hysteresis_keeps_gamma_unless_the_gain_exceeds_it():
+    gov = governor()
+    gov.start(1, 2)
+    assert gov.step(1, 0, K, lambda: {2: 100.0, 3: 104.0}, "ucb") == (2, "hysteresis")
+    assert gov.step(1, 0, K, lambda: {2: 100.0, 3: 106.0}, "ucb") == (3, "ucb")
+
+
+def test_gamma_moves_at_most_max_gamma_step_per_decision():
+    gov = governor(max_gamma_step=1)
+    gov.start(1, 4)
+    to_zero = lambda: {0: 10.0, 1: 1.0, 2: 1.0, 3: 1.0, 4: 1.0}  # noqa: E731
+    assert [gov.step(1, 0, K, to_zero, "ucb")[0] for _ in range(4)] == [3, 2, 1, 0]
+
+
+def test_a_gamma_that_no_longer_fits_is_left_at_once():
+    gov = governor(control_interval=100)
+    gov.start(1, 4)
+    assert gov.step(1, 0, 2, lambda: {}, "ucb") == (2, "infeasible")
+
+
+# ------------------------------------------------------------------ fixed, profile
+def test_fixed_policy_uses_fixed_gamma_and_caps_it_to_what_fits():
+    ctl = GammaController(VSpecConfig(policy="fixed", fixed_gamma=3), K)
+    assert ctl.decide(BatchState(1, BUDGET)).gamma == 3
+    assert ctl.decide(BatchState(10, 30)).gamma == 2
+
+
+PROFILE = LatencyProfile(target=LinearLatency(0.0, 0.5, 20.0), draft=LinearLatency(0.0, 0.02, 4.0))
+
+
+def profile_policy(**over) -> ProfilePolicy:
+    cfg = VSpecConfig(policy="profile", profile_path="unused.json", **over).with_max_gamma(K)
+    return ProfilePolicy(cfg, profile=PROFILE)
+
+
+def test_profile_policy_takes_the_goodput_argmax():
+    policy = profile_policy(min_observations=1)
+    for _ in range(50):  # every request accepts 2 of 4: rates 1, 1, 0, (0)
+        policy.acceptance.update((4,) * 8, (2,) * 8)
+    batch = BatchState(8, BUDGET)
+    g = policy.goodput(batch, 0, K)
+    expected = {k: 1000 * 8 * expected_tokens((1, 1, 0, 0), k) / PROFILE.step_ms(k, 8, 0.0)
+                for k in range(K + 1)}
+    assert g == pytest.approx(expected)
+    assert policy.decide(batch, 8, 0, K) == (max(expected, key=expected.get), "profile")
+
+
+def test_profile_policy_calibrates_latency_per_gamma(tmp_path):
+    path = tmp_path / "p.json"
+    from vllm_vspec.latency import save_profile
+    save_profile(PROFILE, path)
+    ctl = GammaController(VSpecConfig(policy="profile", profile_path=str(path),
+                                      min_gamma=2, max_gamma=2), K)
+    step = PROFILE.step_ms(2, 4, 0.0) / 1000 * 2     # the host is twice as slow
+    Engine(RATES, lambda g, b: step).run(ctl, 60, num_reqs=4)
+    assert ctl.policy.calibration[2] == pytest.approx(2.0)
+
+
+def test_profile_policy_drops_to_min_gamma_when_every_draft_is_rejected(tmp_path):
+    path = Path(tmp_path) / "p.json"
+    from vllm_vspec.latency import save_profile
+    save_profile(PROFILE, path)
+    ctl = GammaController(VSpecConfig(policy="profile", profile_path=str(path), min_gamma=0), K)
+    decisions = Engine((0.0,) * K, lambda g, b: PROFILE.step_ms(g, b, 0) / 1000).run(
+        ctl, 200, num_reqs=4)
+    assert most_chosen(decisions[-50:]) == 0
+
+
+# ------------------------------------------------------------------ acceptance stats
+def test_expected_tokens_formula():
+    assert expected_tokens((0.5, 0.5), 0) == 1.0
+    assert expected_tokens((0.5, 0.5), 2) == pytest.approx(1 + 0.5 + 0.25)
+
+
+def test_feedback_marks_accepted_rejected_and_unseen_positions():
+    acc = PositionAcceptance(4, ewma_weight=0.5, min_observations=1)
+    acc.update(drafted=(3,), accepted=(1,))    # position 0 ok, 1 rejected, 2 and 3 unseen
+    assert acc.snapshot()["trials"] == [1, 1, 0, 0]
+    assert acc.rates() == [1.0, 0.0, 0.0, 0.0]  # unseen positions borrow the previous one
+
+
+def test_positions_below_min_observations_borrow_the_previous_estimate():
+    acc = PositionAcceptance(3, ewma_weight=0.5, min_observations=4)
+    acc.update(drafted=(1, 1, 1, 1), accepted=(1, 0, 1, 0))     # position 0: 4 trials, 0.5
+    acc.update(drafted=(2,), accepted=(2,))                      # position 1: 1 trial
+    rates = acc.rates()
+    assert rates[0] == pytest.approx((0.5 + 1.0) / 2)            # two plain-average updates
+    assert rates[1] == rates[0] and rates[2] == rates[0]
