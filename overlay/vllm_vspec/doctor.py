@@ -575,7 +575,11 @@ def _self_calls(fn: ast.AST) -> Iterator[tuple[ast.Call, str, bool]]:
 
 
 def _self_reads(fn: ast.AST) -> Iterator[tuple[str, ast.Attribute]]:
+    """`self.x` loads that are not method calls (those are checked as calls)."""
+    called = {id(n.func) for n in ast.walk(fn) if isinstance(n, ast.Call)}
     for node in ast.walk(fn):
+        if id(node) in called:
+            continue
         if (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load)
                 and isinstance(node.value, ast.Name) and node.value.id == "self"):
             yield node.attr, node
@@ -617,7 +621,9 @@ def _installed_root(package: str) -> Path | None:
         spec = importlib.util.find_spec(package)
     except (ImportError, ValueError):
         return None
-    if spec is None or not spec.submodule_search_locations:
+    # A namespace package (origin None) is not an install: in a checkout,
+    # overlay/vllm_ascend (our new modules only) is one.
+    if spec is None or spec.origin is None or not spec.submodule_search_locations:
         return None
     return Path(list(spec.submodule_search_locations)[0])
 
@@ -717,7 +723,7 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
     return {**cfg.to_dict(), "lossless": cfg.lossless}
 
 
-def summary(args: argparse.Namespace, hosts: list[tuple[str, dict[str, Path]]]) -> dict:
+def summary(hosts: list[tuple[str, dict[str, Path]]], in_effect: dict[str, Any]) -> dict:
     return {
         "versions": {
             "python": sys.version.split()[0],
@@ -732,15 +738,23 @@ def summary(args: argparse.Namespace, hosts: list[tuple[str, dict[str, Path]]]) 
         "cann": os.environ.get("ASCEND_HOME_PATH") or os.environ.get("ASCEND_TOOLKIT_HOME")
         or "not found",
         "features": features(hosts),
-        "vspec_settings": settings(args),
+        "vspec_settings": in_effect,
     }
 
 
 # ==================================================================== CLI
 def run(args: argparse.Namespace) -> int:
+    from vllm_vspec.config import VSpecConfigError
+
+    try:
+        in_effect = settings(args)
+    except (VSpecConfigError, json.JSONDecodeError) as e:
+        print(f"vllm-vspec doctor: {e}", file=sys.stderr)
+        return 2
     hosts = abi_hosts(args)
     reports = [check_host(label, roots) for label, roots in hosts]
-    result = {"summary": summary(args, hosts), "abi": [dataclasses.asdict(r) for r in reports],
+    result = {"summary": summary(hosts, in_effect),
+              "abi": [dataclasses.asdict(r) for r in reports],
               "ok": all(r.ok for r in reports)}
     if args.json:
         print(json.dumps(result, indent=2, sort_keys=True, default=str))
