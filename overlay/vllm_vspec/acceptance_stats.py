@@ -29,8 +29,9 @@ class PositionAcceptance:
     One EWMA update per position per step, from that step's batch-wide
     success fraction at the position; the first updates average plainly
     (weight max(w, 1/n)) so that early estimates are not biased to the start
-    value. A position's estimate is used once `min_observations` drafted
-    tokens reached it; before that the previous position's estimate stands in.
+    value, and ewma_weight 0 gives the plain mean of all steps. A position's
+    estimate is used once `min_observations` drafted tokens reached it;
+    before that the previous position's estimate stands in.
     """
 
     def __init__(self, num_positions: int, ewma_weight: float, min_observations: int):

@@ -110,7 +110,7 @@ def from_trace(path: str | Path, window: int = 64, output_len: int = 256) -> Wor
     for i in range(0, len(records), window):
         chunk = records[i:i + window]
         tokens = max(1, sum(r["committed"] for r in chunk))
-        est = PositionAcceptance(k, 1.0, 1)
+        est = PositionAcceptance(k, ewma_weight=0.0, min_observations=1)  # window mean
         for r in chunk:
             est.update(r["drafted"], r["accepted"])
         # Positions this window never judged keep the previous window's rate.

@@ -1,0 +1,100 @@
+"""The simulator: it drives the engine's own controller, its baselines are
+right, and the oracle bounds every fixed gamma."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from vllm_vspec import sim
+from vllm_vspec.cli import main as cli_main
+from vllm_vspec.controller import GammaController
+from vllm_vspec.latency import load_profile
+from vllm_vspec.policies.online import OnlinePolicy
+from vllm_vspec.policies.profile import ProfilePolicy
+
+REPO = Path(__file__).resolve().parents[1]
+ASCEND = str(REPO / "profiles" / "ascend-910b-qwen25-14b-draft.json")
+K = 4
+
+
+@pytest.fixture(scope="module")
+def results():
+    """Phase-shifting and bursty workloads (where the best gamma moves), all
+    contenders, on the Ascend-figure model."""
+    workloads = [sim.phase_shift(16, tokens=24576), sim.bursty(tokens=49152)]
+    return sim.compare(workloads, ASCEND, K)
+
+
+def by_policy(results, workload_prefix: str) -> dict[str, float]:
+    return {r.policy: r.tok_s for r in results if r.workload.startswith(workload_prefix)}
+
+
+def test_fixed_online_and_profile_are_the_engine_controller():
+    profile = load_profile(ASCEND)
+    wl = sim.steady(4, tokens=1024)
+    built = {name: factory(sim.SimClock(), [()])
+             for name, factory in sim.contenders(ASCEND, profile, wl, K, None, {})}
+    assert all(isinstance(built[f"fixed-{g}"], GammaController) for g in range(K + 1))
+    assert isinstance(built["online"].policy, OnlinePolicy)
+    assert isinstance(built["profile"].policy, ProfilePolicy)
+
+
+@pytest.mark.parametrize("workload", ["phase", "bursty"])
+def test_oracle_beats_every_fixed_gamma(results, workload):
+    tok_s = by_policy(results, workload)
+    fixed = {k: v for k, v in tok_s.items() if k.startswith("fixed-")}
+    assert len(fixed) == K + 1
+    assert all(tok_s["oracle"] >= v for v in fixed.values()), tok_s
+
+
+@pytest.mark.parametrize("workload", ["phase", "bursty"])
+def test_online_stays_within_5_percent_of_the_oracle(results, workload):
+    tok_s = by_policy(results, workload)
+    assert tok_s["online"] >= 0.95 * tok_s["oracle"], tok_s
+
+
+def test_every_contender_commits_the_whole_workload(results):
+    for wl in {r.workload for r in results}:
+        assert len({r.tokens for r in results if r.workload == wl}) == 1
+
+
+def test_static_table_follows_vllm_semantics():
+    # Gaps keep the previous range's k; sizes past the last range keep its k.
+    table = sim.StaticTable([[1, 1, 4], [4, 8, 2], [32, 64, 1]], max_gamma=3)
+    got = {b: table.lookup(b) for b in (1, 2, 3, 4, 8, 9, 31, 32, 64, 500)}
+    assert got == {1: 3, 2: 3, 3: 3, 4: 2, 8: 2, 9: 2, 31: 2, 32: 1, 64: 1, 500: 1}
+    with pytest.raises(ValueError, match="must start at batch size 1"):
+        sim.StaticTable([[2, 8, 2]], max_gamma=3)
+
+
+def test_a_recorded_trace_replays_with_its_batch_size_and_acceptance(tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    profile = load_profile(ASCEND)
+    rates = (0.9, 0.5, 0.5, 0.5)
+    clock = sim.SimClock()
+    from vllm_vspec.config import VSpecConfig
+    ctl = GammaController(VSpecConfig(policy="fixed", trace_path=str(trace)), K, clock=clock)
+    sim.simulate(sim.steady(8, rates, tokens=8192), profile, ctl, clock, name="rec", max_gamma=K)
+    ctl.close()
+    replay = sim.from_trace(trace)
+    assert replay.concurrency.at(100) == 8
+    assert replay.rates.at(100)[0] == pytest.approx(0.9, abs=0.1)
+    assert replay.rates.at(100)[2] == pytest.approx(0.5, abs=0.15)
+    out = sim.simulate(replay, profile, sim.Oracle(profile, K, lambda: replay.rates.at(0)),
+                       sim.SimClock(), name="oracle", max_gamma=K)
+    assert out.tokens > 0
+
+
+def test_sim_command_prints_a_table_and_writes_json_and_plot(tmp_path, capsys):
+    code = cli_main(["sim", "--profile", ASCEND, "--workloads", "steady-b16",
+                     "--scale", "0.05", "--out", str(tmp_path)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "online/oracle" in printed and "controller overhead" in printed
+    data = json.loads((tmp_path / "sim.json").read_text())
+    assert {r["policy"] for r in data["results"]} == {
+        *(f"fixed-{g}" for g in range(K + 1)), "table", "online", "profile", "oracle"}
+    assert (tmp_path / "sim.png").stat().st_size > 0
