@@ -15,6 +15,7 @@ Plain Python on short lists: this runs once per engine step.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Sequence
 
 # A position nobody has measured yet borrows the estimate of the position
@@ -48,13 +49,14 @@ class PositionAcceptance:
         # reached[i]: requests whose position i was judged; ok[i]: ... and accepted.
         reached_hist = [0] * (n + 1)
         ok_hist = [0] * (n + 1)
-        for d, a in zip(drafted, accepted):
+        # Few distinct (d, a) pairs per step: count them in C, loop over those.
+        for (d, a), count in Counter(zip(drafted, accepted)).items():
             if d <= 0:
                 continue
             d = min(d, n)
             a = min(a, d)
-            reached_hist[min(a + 1, d)] += 1   # positions 0..min(a, d-1) were judged
-            ok_hist[a] += 1                    # positions 0..a-1 were accepted
+            reached_hist[min(a + 1, d)] += count   # positions 0..min(a, d-1) were judged
+            ok_hist[a] += count                    # positions 0..a-1 were accepted
         reached = ok = 0
         for i in range(n - 1, -1, -1):        # suffix sums turn histograms into counts
             reached += reached_hist[i + 1]
