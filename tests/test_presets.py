@@ -1,0 +1,208 @@
+"""Launch presets: every preset renders a command vLLM's own `vllm serve`
+parser accepts; overrides win over the file; bad values name their key."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+
+from vllm_vspec import cli, presets, serve
+from vllm_vspec.config import VSpecConfig
+
+REPO = Path(__file__).resolve().parents[1]
+PRESETS = presets.list_presets()
+PLATFORMS = sorted(presets.PLATFORMS)
+
+
+@pytest.fixture(scope="module")
+def vllm_serve_parser():
+    """`vllm serve`'s parser, built the way vLLM's CLI main builds it."""
+    top, command = serve.vllm_serve_command()
+
+    def parse(argv: list[str]):
+        assert argv[:2] == ["vllm", "serve"], argv
+        args = top.parse_args(argv[1:])
+        command.validate(args)
+        return args
+    return parse
+
+
+def dry_run(capsys, *argv: str) -> tuple[list[str], dict[str, str]]:
+    """Run `vllm-vspec serve --dry-run ...`; return (vllm argv, exported env).
+    `--dry-run` goes first: after a `--` it would be a vLLM argument."""
+    assert cli.main(["serve", "--dry-run", *argv]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    env = dict(shlex.split(line)[1].split("=", 1) for line in lines[:-1]
+               if line.startswith("export "))
+    return shlex.split(lines[-1]), env
+
+
+def test_the_seed_presets_and_the_tiny_presets_exist():
+    assert set(PRESETS) >= {"draft", "eagle", "eagle-relaxed", "draft-arc-easy",
+                            "eagle-arc-easy", "draft-adaptive", "tiny-draft", "tiny-eagle"}
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("name", PRESETS)
+def test_every_preset_renders_a_command_vllm_serve_accepts(name, platform, capsys,
+                                                           vllm_serve_parser):
+    argv, _ = dry_run(capsys, "--preset", name, "--platform", platform)
+    args = vllm_serve_parser(argv)
+    preset = presets.load(presets.preset_path(name))
+    assert args.model_tag == preset.launch.target_model
+    assert args.speculative_config["method"] == presets.METHODS[preset.launch.method]
+    assert args.speculative_config["num_speculative_tokens"] == preset.launch.gamma
+    assert args.scheduler_cls.startswith("vllm_vspec.adapters.vllm.scheduler.VSpec")
+    # What the engine will read back must validate as the same vspec settings.
+    assert VSpecConfig.from_dict(args.additional_config["vspec"], preset.launch.gamma) == preset.vspec
+
+
+def test_seed_values_of_the_14b_presets():
+    draft = presets.load(presets.preset_path("draft")).launch
+    assert (draft.target_model, draft.draft_model) == ("Qwen/Qwen2.5-14B-Instruct",
+                                                       "Qwen/Qwen2.5-0.5B-Instruct")
+    assert (draft.gamma, draft.max_num_seqs, draft.dtype, draft.graph_mode) == (
+        4, 128, "bfloat16", "full-decode-only")
+    arc = presets.load(presets.preset_path("eagle-arc-easy")).launch
+    assert (arc.method, arc.max_num_seqs, arc.dtype, arc.graph_mode, arc.port) == (
+        "eagle", 16, "float16", "full-decode-only", 18180)
+
+
+def test_lossy_presets_say_so_and_strict_ones_are_lossless():
+    lossy = {n for n in PRESETS if not presets.load(presets.preset_path(n)).vspec.lossless}
+    assert lossy == {"eagle-relaxed", "draft-adaptive"}
+    for name in lossy:
+        assert "LOSSY" in presets.load(presets.preset_path(name)).description
+
+
+def test_extends_inherits_the_base_and_overrides_key_by_key():
+    relaxed = presets.load(presets.preset_path("eagle-relaxed"))
+    eagle = presets.load(presets.preset_path("eagle"))
+    assert relaxed.launch == eagle.launch
+    assert relaxed.vspec.acceptance == "relaxed_topk"
+
+
+def test_command_line_overrides_win_over_the_file(capsys, vllm_serve_parser):
+    argv, _ = dry_run(capsys, "--preset", "eagle", "--platform", "cuda", "--gamma", "3",
+                      "--max-num-seqs", "64", "--no-prefix-caching", "--graph-mode", "piecewise",
+                      "--vspec-min-gamma", "0", "--vspec-protected-token-ids", "1,2")
+    args = vllm_serve_parser(argv)
+    assert args.speculative_config["num_speculative_tokens"] == 3
+    assert args.max_num_seqs == 64
+    assert args.enable_prefix_caching is False
+    assert args.compilation_config.cudagraph_mode.name == "PIECEWISE"
+    assert args.additional_config["vspec"] == {"min_gamma": 0, "protected_token_ids": [1, 2]}
+
+
+def test_every_config_field_has_a_generated_override_flag():
+    help_text = cli.build_parser()._subparsers._group_actions[0].choices["serve"].format_help()
+    for table, cls in (("launch", presets.LaunchConfig), ("vspec", VSpecConfig)):
+        for f in dataclasses.fields(cls):
+            flag = "--" + ("vspec-" if table == "vspec" else "") + f.name.replace("_", "-")
+            assert flag in help_text, f"no flag {flag} for {table}.{f.name}"
+
+
+def test_extra_vllm_args_after_double_dash_come_last(capsys, vllm_serve_parser):
+    argv, _ = dry_run(capsys, "--preset", "draft", "--", "--max-model-len", "512", "--seed", "7")
+    assert argv[-4:] == ["--max-model-len", "512", "--seed", "7"]
+    args = vllm_serve_parser(argv)
+    assert (args.max_model_len, args.seed) == (512, 7)  # vLLM: the last one wins
+
+
+@pytest.mark.parametrize("flags, key, value", [
+    (["--gamma", "16"], "launch.gamma", "16"),
+    (["--dtype", "int3"], "launch.dtype", "int3"),
+    (["--port", "0"], "launch.port", "0"),
+    (["--gpu-memory-utilization", "1.5"], "launch.gpu_memory_utilization", "1.5"),
+    (["--vspec-policy", "bandit"], "vspec.policy", "bandit"),
+    (["--vspec-min-gamma", "7"], "vspec.min_gamma", "7"),
+    (["--vspec-hysteresis", "fast"], "vspec.hysteresis", "fast"),
+])
+def test_bad_values_fail_naming_the_key_and_the_value(flags, key, value, capsys):
+    assert cli.main(["serve", "--dry-run", "--preset", "draft", *flags]) == 2
+    err = capsys.readouterr().err
+    assert key in err and value in err and "the command line" in err, err
+
+
+def write_preset(directory: Path, name: str, text: str) -> Path:
+    path = directory / f"{name}.toml"
+    path.write_text(text)
+    return path
+
+
+MINIMAL = '[launch]\ntarget_model = "t"\ndraft_model = "d"\n'
+
+
+@pytest.mark.parametrize("text, key", [
+    (MINIMAL + "gama = 4\n", "launch.gama"),
+    (MINIMAL + "[vspec]\nmin_gama = 1\n", "vspec.min_gama"),
+    (MINIMAL + "[vllm]\nseed = 1\n", "vllm"),
+    (MINIMAL + "[env]\nFLAG = true\n", "env.FLAG"),
+    ('[launch]\ntarget_model = "t"\n', "launch.draft_model"),
+])
+def test_a_bad_custom_file_fails_naming_the_key_and_the_file(tmp_path, capsys, text, key):
+    path = write_preset(tmp_path, "custom", text)
+    assert cli.main(["serve", "--dry-run", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert key in err and str(path) in err, err
+
+
+def test_paths_in_a_preset_are_relative_to_its_file(tmp_path):
+    sub = tmp_path / "presets"
+    sub.mkdir()
+    path = write_preset(sub, "local", '[launch]\ntarget_model = "../models/t"\n'
+                        'draft_model = "org/hub-id"\n[vspec]\ntrace_path = "./trace.jsonl"\n')
+    preset = presets.load(path)
+    assert preset.launch.target_model == str(tmp_path / "models" / "t")
+    assert preset.launch.draft_model == "org/hub-id"
+    assert preset.vspec.trace_path == str(sub / "trace.jsonl")
+
+
+def test_an_extends_cycle_is_refused(tmp_path):
+    write_preset(tmp_path, "a", 'extends = "b"\n' + MINIMAL)
+    write_preset(tmp_path, "b", 'extends = "a"\n')
+    with pytest.raises(presets.PresetError, match="extends.*a -> b -> a"):
+        presets.load(tmp_path / "a.toml")
+
+
+def test_env_table_and_device_become_the_exported_environment(tmp_path, capsys):
+    path = write_preset(tmp_path, "e", MINIMAL + '[env]\nVLLM_LOGGING_LEVEL = "DEBUG"\n')
+    _, env = dry_run(capsys, "--config", str(path), "--platform", "npu", "--device", "2,3",
+                     "--env", "OMP_NUM_THREADS=2")
+    assert env == {"VLLM_LOGGING_LEVEL": "DEBUG", "ASCEND_RT_VISIBLE_DEVICES": "2,3",
+                   "OMP_NUM_THREADS": "2"}
+
+
+def test_graph_modes_map_per_platform(capsys, vllm_serve_parser):
+    for platform, expected in (("cuda", "FULL_DECODE_ONLY"), ("npu", "FULL_DECODE_ONLY")):
+        argv, _ = dry_run(capsys, "--preset", "draft", "--platform", platform)
+        assert vllm_serve_parser(argv).compilation_config.cudagraph_mode.name == expected
+    argv, _ = dry_run(capsys, "--preset", "draft", "--platform", "cpu")
+    assert "--compilation-config" not in argv and "--enforce-eager" not in argv
+    argv, _ = dry_run(capsys, "--preset", "draft", "--graph-mode", "eager")
+    assert vllm_serve_parser(argv).enforce_eager is True
+
+
+def test_async_scheduling_selects_the_async_scheduler_except_on_cpu(capsys):
+    argv, _ = dry_run(capsys, "--preset", "draft-adaptive", "--platform", "cuda")
+    assert argv[argv.index("--scheduler-cls") + 1].endswith(".VSpecAsyncScheduler")
+    argv, _ = dry_run(capsys, "--preset", "draft-adaptive", "--platform", "cpu")
+    assert argv[argv.index("--scheduler-cls") + 1].endswith(".VSpecScheduler")
+    assert "--no-async-scheduling" in argv
+
+
+def test_the_additional_config_carries_only_the_keys_the_preset_sets(capsys):
+    argv, _ = dry_run(capsys, "--preset", "draft-adaptive")
+    vspec = json.loads(argv[argv.index("--additional-config") + 1])["vspec"]
+    assert vspec == {"acceptance": "margin", "margin": 5.25}
+
+
+def test_committed_configuration_docs_are_up_to_date():
+    committed = (REPO / "docs" / "configuration.md").read_text()
+    assert committed == presets.config_docs(), (
+        "docs/configuration.md is stale: run "
+        "`vllm-vspec serve --print-config-docs > docs/configuration.md`")
