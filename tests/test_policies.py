@@ -219,6 +219,25 @@ def test_profile_policy_drops_to_min_gamma_when_every_draft_is_rejected(tmp_path
 
 
 # ------------------------------------------------------------------ acceptance stats
+def test_a_position_left_unreached_by_short_drafts_is_replaced_not_nudged():
+    acc = PositionAcceptance(2, ewma_weight=0.1, min_observations=1)
+    for _ in range(50):
+        acc.update(drafted=(2,) * 8, accepted=(1,) * 8)     # position 1 always rejected
+    for _ in range(100):
+        acc.update(drafted=(1,) * 8, accepted=(1,) * 8)     # gamma 1: position 1 unseen
+    acc.update(drafted=(2,) * 8, accepted=(2,) * 8)         # it is accepted now
+    assert acc.rates()[1] > 0.99
+
+
+def test_rejection_at_an_earlier_position_does_not_age_a_later_one():
+    acc = PositionAcceptance(2, ewma_weight=0.5, min_observations=1)
+    acc.update(drafted=(2,), accepted=(2,))                 # position 1: 1.0
+    for _ in range(20):
+        acc.update(drafted=(2,), accepted=(0,))             # position 1 not reached
+    acc.update(drafted=(2,), accepted=(1,))                 # position 1: 0.0
+    assert acc.rates()[1] == pytest.approx(1 / 3)           # (0.5 * 1 + 0) / 1.5
+
+
 def test_expected_tokens_formula():
     assert expected_tokens((0.5, 0.5), 0) == 1.0
     assert expected_tokens((0.5, 0.5), 2) == pytest.approx(1 + 0.5 + 0.25)
@@ -236,5 +255,5 @@ def test_positions_below_min_observations_borrow_the_previous_estimate():
     acc.update(drafted=(1, 1, 1, 1), accepted=(1, 0, 1, 0))     # position 0: 4 trials, 0.5
     acc.update(drafted=(2,), accepted=(2,))                      # position 1: 1 trial
     rates = acc.rates()
-    assert rates[0] == pytest.approx((0.5 + 1.0) / 2)            # two plain-average updates
+    assert rates[0] == pytest.approx((0.5 * 0.5 + 1.0) / (0.5 + 1))   # newest weighs 1, older 0.5
     assert rates[1] == rates[0] and rates[2] == rates[0]

@@ -27,25 +27,34 @@ _UNMEASURED_FIRST_POSITION = 1.0
 class PositionAcceptance:
     """EWMA of the conditional acceptance rate at each draft position.
 
-    One EWMA update per position per step, from that step's batch-wide
-    success fraction at the position; the first updates average plainly
-    (weight max(w, 1/n)) so that early estimates are not biased to the start
-    value, and ewma_weight 0 gives the plain mean of all steps. A position's
-    estimate is used once `min_observations` drafted tokens reached it;
-    before that the previous position's estimate stands in.
+    One measurement per position per step that judged it: that step's
+    batch-wide success fraction there. The estimate is the weighted mean of
+    the measurements, the newest weighing 1 and each older one (1 -
+    ewma_weight) times the next newer one, so the first measurements average
+    plainly (no pull towards a start value) and later it is the usual EWMA.
+    A step whose drafts were all too short to reach a position (gamma was
+    lower) ages that position's measurements once more: after a long
+    absence the first new measurements replace the stale estimate instead of
+    nudging it. (A position not reached because an earlier one was rejected
+    is not absent: the draft was long enough.) ewma_weight 0 gives the plain
+    mean. A position's estimate is used once `min_observations` drafted
+    tokens reached it; before that the previous position's estimate stands in.
     """
 
     def __init__(self, num_positions: int, ewma_weight: float, min_observations: int):
         self.num_positions = num_positions
-        self.ewma_weight = ewma_weight
+        self.keep = 1.0 - ewma_weight           # decay of old weight per measurement
         self.min_observations = min_observations
-        self._rate = [0.0] * num_positions
-        self._updates = [0] * num_positions     # EWMA updates applied per position
-        self._trials = [0] * num_positions      # drafted tokens that reached the position
+        self._sum = [0.0] * num_positions        # decayed sum of fractions
+        self._weight = [0.0] * num_positions     # decayed count of fractions
+        self._absent = [0] * num_positions       # steps too short to reach it, since its last
+        self._trials = [0] * num_positions       # drafted tokens that reached the position
 
     def update(self, drafted: Sequence[int], accepted: Sequence[int]) -> None:
         """Fold in one step: per request, drafts verified and drafts accepted."""
         n = self.num_positions
+        for i in range(min(max(drafted, default=0), n), n):
+            self._absent[i] += 1
         # reached[i]: requests whose position i was judged; ok[i]: ... and accepted.
         reached_hist = [0] * (n + 1)
         ok_hist = [0] * (n + 1)
@@ -65,18 +74,19 @@ class PositionAcceptance:
                 self._fold(i, ok / reached, reached)
 
     def _fold(self, i: int, fraction: float, trials: int) -> None:
-        self._updates[i] += 1
+        decay = self.keep ** (1 + self._absent[i])
+        self._absent[i] = 0
+        self._sum[i] = self._sum[i] * decay + fraction
+        self._weight[i] = self._weight[i] * decay + 1.0
         self._trials[i] += trials
-        w = max(self.ewma_weight, 1.0 / self._updates[i])
-        self._rate[i] += w * (fraction - self._rate[i])
 
     def rates(self) -> list[float]:
         """The conditional acceptance estimate at every position."""
         out: list[float] = []
         prev = _UNMEASURED_FIRST_POSITION
         for i in range(self.num_positions):
-            measured = self._updates[i] and self._trials[i] >= self.min_observations
-            prev = self._rate[i] if measured else prev
+            measured = self._weight[i] > 0 and self._trials[i] >= self.min_observations
+            prev = self._sum[i] / self._weight[i] if measured else prev
             out.append(prev)
         return out
 

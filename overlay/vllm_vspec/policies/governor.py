@@ -1,10 +1,16 @@
 """The switching rules shared by adaptive policies, per batch-size bucket:
 dwell (reconsider only every `control_interval` decisions), hysteresis
 (switch only for a gain above `hysteresis`), and at most `max_gamma_step`
-change per decision."""
+change per decision.
+
+A move to an arm scored +inf (never measured, or a probe) is exploration,
+not a verdict: the arm it left stays the incumbent, so the next decision
+compares against it and goes back without having to beat the hysteresis.
+"""
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Mapping
 
 from vllm_vspec.config import VSpecConfig
@@ -15,13 +21,15 @@ class Governor:
         self.control_interval = config.control_interval
         self.hysteresis = config.hysteresis
         self.max_step = config.max_gamma_step
-        self.gamma: dict[int, int] = {}     # bucket -> current gamma
-        self._dwell: dict[int, int] = {}    # bucket -> decisions since last reconsidered
+        self.gamma: dict[int, int] = {}      # bucket -> current gamma
+        self._dwell: dict[int, int] = {}     # bucket -> decisions since last reconsidered
+        self._incumbent: dict[int, int] = {}  # bucket -> arm left for an exploring move
 
     def start(self, bucket: int, gamma: int) -> None:
         """Put a bucket on gamma and restart its dwell."""
         self.gamma[bucket] = gamma
         self._dwell[bucket] = 0
+        self._incumbent.pop(bucket, None)
 
     def step(self, bucket: int, lo: int, hi: int,
              scores: Callable[[], Mapping[int, float]], word: str) -> tuple[int, str]:
@@ -38,12 +46,17 @@ class Governor:
             return cur, "hold"
         self._dwell[bucket] = 0
         s = scores()
-        # Ties favour the current gamma, then the smaller one (cheaper).
-        best = max(s, key=lambda g: (s[g], g == cur, -g))
+        ref = self._incumbent.pop(bucket, cur)
+        ref = ref if ref in s else cur
+        # Ties favour the reference arm, then the smaller gamma (cheaper).
+        best = max(s, key=lambda g: (s[g], g == ref, -g))
+        reason = word
+        if best != ref and s[best] <= s[ref] * (1.0 + self.hysteresis):
+            best, reason = ref, "hysteresis"
         if best == cur:
-            return cur, word
-        if s[best] <= s.get(cur, float("-inf")) * (1.0 + self.hysteresis):
-            return cur, "hysteresis"
+            return cur, reason
         move = max(-self.max_step, min(self.max_step, best - cur))
         self.gamma[bucket] = cur + move
-        return cur + move, word
+        if s[best] == math.inf:
+            self._incumbent[bucket] = ref
+        return cur + move, reason
