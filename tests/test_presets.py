@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shlex
+import typing
 from pathlib import Path
 
 import pytest
@@ -185,6 +186,12 @@ def test_graph_modes_map_per_platform(capsys, vllm_serve_parser):
     assert "--compilation-config" not in argv and "--enforce-eager" not in argv
     argv, _ = dry_run(capsys, "--preset", "draft", "--graph-mode", "eager")
     assert vllm_serve_parser(argv).enforce_eager is True
+
+
+def test_every_platform_maps_every_graph_mode():
+    modes = set(typing.get_args(typing.get_type_hints(presets.LaunchConfig)["graph_mode"]))
+    for name, platform in presets.PLATFORMS.items():
+        assert set(platform.graph_args) == modes, name
 
 
 def test_async_scheduling_selects_the_async_scheduler_except_on_cpu(capsys):

@@ -45,9 +45,6 @@ SCHEDULERS = {
     True: "vllm_vspec.adapters.vllm.scheduler.VSpecAsyncScheduler",
 }
 
-GRAPH_MODES = ("eager", "piecewise", "full-decode-only", "full")
-
-
 @dataclass(frozen=True)
 class Platform:
     """What a graph mode and a device index become on one kind of host."""
@@ -392,7 +389,7 @@ def config_docs() -> str:
         out.append("")
     out += ["## Graph modes", "", "| graph_mode | " + " | ".join(PLATFORMS) + " |",
             "|---|" + "---|" * len(PLATFORMS)]
-    for mode in GRAPH_MODES:
+    for mode in _GRAPH_ARGS:
         cells = [" ".join(p.graph_args[mode]) or "(no flag)" for p in PLATFORMS.values()]
         out.append(f"| `{mode}` | " + " | ".join(f"`{c}`" if c != "(no flag)" else c
                                                  for c in cells) + " |")

@@ -53,7 +53,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                 group.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction,
                                    default=None, help=docs[f.name])
             else:  # a string: the preset loader coerces and range-checks it
-                group.add_argument(flag, dest=dest, default=None, metavar="VALUE",
+                choices = typing.get_args(types[f.name])
+                metavar = ("{" + ",".join(choices) + "}"
+                           if typing.get_origin(types[f.name]) is typing.Literal else "VALUE")
+                group.add_argument(flag, dest=dest, default=None, metavar=metavar,
                                    help=docs[f.name])
     p.add_argument("vllm_args", nargs="*", metavar="-- VLLM_ARGS",
                    help="extra `vllm serve` arguments (after `--`)")
@@ -79,7 +82,10 @@ def overrides_from(args: argparse.Namespace) -> dict[str, dict[str, object]]:
 def run(args: argparse.Namespace) -> int:
     if args.list:
         for name in presets.list_presets():
-            print(f"{name:16s} {presets.load(presets.preset_path(name)).description}")
+            try:
+                print(f"{name:16s} {presets.load(presets.preset_path(name)).description}")
+            except presets.PresetError as exc:
+                print(f"{name:16s} INVALID: {exc}")
         return 0
     if args.print_config_docs:
         sys.stdout.write(presets.config_docs())
