@@ -135,26 +135,25 @@ def sha256_of(path: Path) -> str:
     return h.hexdigest()
 
 
-def pip_download(requirement: str, dest: Path, sdist: bool) -> Path:
+def pip_download(name: str, version: str, dest: Path, sdist: bool) -> Path:
     """Download one distribution (no dependencies) into dest; return its file.
     vLLM-Ascend's setup.py runs to produce metadata even for a download: it
     needs SOC_VERSION (or npu-smi) and setuptools_scm, and no kernel build."""
     dest.mkdir(parents=True, exist_ok=True)
-    before = set(dest.iterdir())
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(dest)]
     if sdist:
         cmd += ["--no-binary", ":all:", "--no-build-isolation"]
     env = dict(os.environ, SOC_VERSION=os.environ.get("SOC_VERSION", "ascend910b1"),
                COMPILE_CUSTOM_KERNELS="0")
-    run = subprocess.run(cmd + [requirement], env=env, capture_output=True, text=True)
+    run = subprocess.run(cmd + [f"{name}=={version}"], env=env, capture_output=True, text=True)
     if run.returncode:
-        raise BuildError(f"pip download {requirement} failed:\n{run.stdout}{run.stderr}")
-    new = sorted(set(dest.iterdir()) - before)
-    name = re.split(r"[=<>!~ ]", requirement, maxsplit=1)[0].replace("-", "_").lower()
-    found = new or sorted(p for p in dest.iterdir() if p.name.lower().startswith(name))
+        raise BuildError(f"pip download {name}=={version} failed:\n{run.stdout}{run.stderr}")
+    stem = f"{re.sub(r'[-_.]+', '_', name).lower()}-{version}"
+    found = sorted(p for p in dest.iterdir()
+                   if p.name.lower().startswith(stem + ".tar") or p.name.lower().startswith(stem + "-"))
     if not found:
-        raise BuildError(f"pip download {requirement} produced no file in {dest}")
-    return found[-1]
+        raise BuildError(f"pip download {name}=={version} left no {stem}* file in {dest}")
+    return found[0]
 
 
 def fetch_verified(cache: Path, file_name: str, sha256: str, requirement: str,
@@ -162,7 +161,8 @@ def fetch_verified(cache: Path, file_name: str, sha256: str, requirement: str,
     """The cached file if its SHA-256 matches, else a fresh download, verified."""
     path = cache / file_name
     if not path.exists():
-        got = pip_download(requirement, cache, sdist)
+        name, _, version = requirement.partition("==")
+        got = pip_download(name, version, cache, sdist)
         if got.name != file_name:
             raise BuildError(f"pip download {requirement} gave {got.name}, pin says {file_name}")
     actual = sha256_of(path)
@@ -196,30 +196,48 @@ def git(tree: Path, *args: str, check: bool = True,
     return run
 
 
-def unpack(source: Path, dest: Path, repo: bool = False) -> Path:
-    """Unpack an sdist (or copy a source dir) to dest; with `repo`, commit it
-    as the pristine host in a scratch git repo (re-targeting needs one for
-    3-way merges and to rewrite the patches). Returns dest."""
+# What re-targeting reads besides the patched files: version and host stack.
+HOST_METADATA = ("PKG-INFO", "requirements.txt", "Dockerfile")
+
+
+def unpack(source: Path, dest: Path, track: Iterable[str] | None = None) -> Path:
+    """Unpack an sdist (or copy a source dir) to dest. With `track` (the
+    paths the patches touch), unpack only those and HOST_METADATA, and commit
+    them as the pristine host in a scratch git repo: re-targeting needs one
+    for 3-way merges and to rewrite the patches. Returns dest."""
+    track = None if track is None else set(track)
+    wanted = None if track is None else track | set(HOST_METADATA)
     if dest.exists():
         shutil.rmtree(dest)
     if source.is_dir():
-        shutil.copytree(source, dest, ignore=shutil.ignore_patterns(".git", "build", "dist", *JUNK))
+        if wanted is None:
+            shutil.copytree(source, dest,
+                            ignore=shutil.ignore_patterns(".git", "build", "dist", *JUNK))
+        for rel in sorted(wanted or ()):
+            if (source / rel).is_file():
+                (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(source / rel, dest / rel)
     else:
         staging = dest.with_name(dest.name + ".unpack")
         shutil.rmtree(staging, ignore_errors=True)
         with tarfile.open(source) as tar:
-            tar.extractall(staging, filter="data")  # drops owners, refuses unsafe paths
+            members = [m for m in tar.getmembers()
+                       if wanted is None or m.name.partition("/")[2] in wanted]
+            tar.extractall(staging, members=members, filter="data")  # no owners, safe paths
         (top,) = staging.iterdir()
         top.rename(dest)
         staging.rmdir()
-    if repo:
+    if track is not None:
         git(dest, "init", "--quiet")
-        commit_all(dest, "pristine host")
+        present = sorted(p for p in set(track) if (dest / p).is_file())
+        if present:
+            git(dest, "add", "--force", "--", *present)
+        commit(dest, "pristine host")
     return dest
 
 
-def commit_all(tree: Path, message: str) -> str:
-    git(tree, "add", "--all", "--force", ".")
+def commit(tree: Path, message: str) -> str:
+    """Commit what is staged (`git apply --index` stages what it changes)."""
     git(tree, "commit", "--quiet", "--allow-empty", "--no-verify", "-m", message)
     return git(tree, "rev-parse", "HEAD").stdout.strip()
 
@@ -260,6 +278,15 @@ def parse_hunks(patch_text: str) -> list[Hunk]:
     return hunks
 
 
+def touched_paths(patches: Iterable[Path]) -> set[str]:
+    """Every host path a patch reads or writes."""
+    out = set()
+    for patch in patches:
+        for m in re.finditer(r"(?m)^diff --git a/(\S+) b/(\S+)$", patch.read_text()):
+            out |= {m.group(1), m.group(2)}
+    return out
+
+
 def read_series(patch_dir: Path) -> list[Path]:
     series = patch_dir / "series"
     if not series.exists():
@@ -296,7 +323,7 @@ def apply_patch(tree: Path, patch: Path, three_way: bool = False) -> str:
         bad = failing_hunks(tree, patch)
         raise PatchError(patch, bad[0] if bad else None, run.stderr + run.stdout)
     if three_way:
-        commit_all(tree, patch.name)
+        commit(tree, patch.name)
     return how
 
 
@@ -510,6 +537,7 @@ def build(host_src: Path | None, cache: Path, work: Path, dist: Path,
           pins_file: Path = PINS_FILE, patch_dir: Path | None = None) -> Path:
     """The whole build; returns the wheel path."""
     progress = Progress(BUILD_STAGES)
+    cache, work, dist = cache.resolve(), work.resolve(), dist.resolve()
     default, pins = load_pins(pins_file)
     pin = pins[default]
     epoch = int(os.environ.get("SOURCE_DATE_EPOCH", DEFAULT_EPOCH))
@@ -573,7 +601,7 @@ def host_source(host: str, cache: Path) -> Path:
     if not re.fullmatch(r"[0-9][0-9A-Za-z.+!-]*", host):
         raise BuildError(f"HOST={host!r} is not allowed: a vLLM-Ascend version "
                          "(e.g. 0.23.0.post1), an sdist file or a source directory")
-    return pip_download(f"{HOST_DIST}=={host}", cache / "sdist", sdist=True)
+    return pip_download(HOST_DIST, host, cache / "sdist", sdist=True)
 
 
 def retarget(host: str, cache: Path, work: Path, pins_file: Path = PINS_FILE,
@@ -581,17 +609,23 @@ def retarget(host: str, cache: Path, work: Path, pins_file: Path = PINS_FILE,
     """Try every patch of the default pin against a new host tree.
     Returns the per-patch report and what was written (or why nothing was)."""
     progress = Progress(RETARGET_STAGES)
+    cache, work = cache.resolve(), work.resolve()
     default, pins = load_pins(pins_file)
     cur = pins[default]
     source = host_source(host, cache)
+    if source.is_file() and source.parent != cache / "sdist":
+        # `make wheel` looks for a pinned sdist in the cache: keep it there.
+        (cache / "sdist").mkdir(parents=True, exist_ok=True)
+        source = Path(shutil.copy2(source, cache / "sdist" / source.name))
     progress("fetch", str(source))
     # The pinned pristine tree supplies the blobs `git apply --3way` merges from.
-    old = unpack(fetch_sdist(cur, cache), work / "retarget" / "old", repo=True)
-    new = unpack(source, work / "retarget" / "new", repo=True)
+    patches = read_series(patches_root / cur.version)
+    track = touched_paths(patches)
+    old = pristine_repo(fetch_sdist(cur, cache), cur, work, track)
+    new = unpack(source, work / "retarget" / "new", track)
     version = host_version(new)
     git(new, "fetch", "--quiet", str(old), "HEAD")
     progress("unpack", f"vLLM-Ascend {version} (pinned: {cur.version})")
-    patches = read_series(patches_root / cur.version)
     reports, commits = [], [git(new, "rev-parse", "HEAD").stdout.strip()]
     for patch in patches:
         try:
@@ -620,6 +654,17 @@ def retarget(host: str, cache: Path, work: Path, pins_file: Path = PINS_FILE,
         outcome = f"wrote {out_dir} and the {version} pin in {pins_file.name}"
     progress("write", outcome)
     return reports, outcome
+
+
+def pristine_repo(sdist: Path, pin: Pin, work: Path, track: set[str]) -> Path:
+    """The pinned sdist unpacked, the tracked paths committed; reused while
+    the SHA and the tracked paths match."""
+    dest = work / "retarget" / f"pristine-{pin.version}-{pin.sha256[:12]}"
+    if (dest / ".git").is_dir():
+        tracked = set(git(dest, "ls-files").stdout.split())
+        if tracked == {p for p in track if (dest / p).is_file()}:
+            return dest
+    return unpack(sdist, dest, track)
 
 
 def new_pin(cur: Pin, version: str, sdist: Path, sha: str, tree: Path) -> Pin:
