@@ -365,6 +365,9 @@ def table_text(results: Sequence[SimResult]) -> str:
 
 
 def plot(results: Sequence[SimResult], path: Path) -> None:
+    """Top: throughput relative to the oracle per workload and policy. Below:
+    gamma over time (online, oracle, table) and batch size for the (up to
+    two) workloads where the oracle's gamma changes most often."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -372,29 +375,36 @@ def plot(results: Sequence[SimResult], path: Path) -> None:
     wls = list(dict.fromkeys(r.workload for r in results))
     names = list(dict.fromkeys(r.policy for r in results))
     by = {(r.workload, r.policy): r for r in results}
-    fig, axes = plt.subplots(2, 1, figsize=(12, 8))
+
+    def switches(wl: str) -> int:
+        gammas = [g for _, _, g in by[wl, "oracle"].timeline]
+        return sum(a != b for a, b in zip(gammas, gammas[1:]))
+
+    dynamic = sorted(wls, key=switches, reverse=True)[:2]
+    fig, axes = plt.subplots(1 + len(dynamic), 1, figsize=(12, 4 + 3.5 * len(dynamic)),
+                             squeeze=False)
+    ax = axes[0][0]
     width = 0.8 / len(names)
     for i, n in enumerate(names):
-        axes[0].bar([w + i * width for w in range(len(wls))],
-                    [by[wl, n].tok_s / by[wl, "oracle"].tok_s for wl in wls], width, label=n)
-    axes[0].set_xticks([w + 0.4 - width / 2 for w in range(len(wls))], wls)
-    axes[0].set_ylabel("tokens/s / oracle")
-    axes[0].set_ylim(0.5, 1.05)
-    axes[0].legend(ncol=len(names), fontsize=7)
-    # Timeline of the most dynamic workload: the one where gamma varies most for the oracle.
-    wl = max(wls, key=lambda w: len(set(g for _, _, g in by[w, "oracle"].timeline)))
-    ax = axes[1]
-    for n, style in (("oracle", "-"), ("online", "--"), ("table", ":")):
-        t, _, g = zip(*by[wl, n].timeline)
-        ax.step(t, g, style, where="post", label=f"gamma {n}", alpha=0.8)
-    t, b, _ = zip(*by[wl, "oracle"].timeline)
-    twin = ax.twinx()
-    twin.plot(t, b, color="grey", alpha=0.4, label="batch size")
-    twin.set_ylabel("batch size")
-    ax.set_xlabel("simulated seconds")
-    ax.set_ylabel("gamma")
-    ax.set_title(wl)
-    ax.legend(loc="upper left", fontsize=8)
+        ax.bar([w + i * width for w in range(len(wls))],
+               [by[wl, n].tok_s / by[wl, "oracle"].tok_s for wl in wls], width, label=n)
+    ax.set_xticks([w + 0.4 - width / 2 for w in range(len(wls))], wls)
+    ax.set_ylabel("tokens/s / oracle")
+    ax.set_ylim(0.5, 1.05)
+    ax.legend(ncol=len(names), fontsize=7)
+    for row, wl in enumerate(dynamic, start=1):
+        ax = axes[row][0]
+        for n, style in (("oracle", "-"), ("online", "--"), ("table", ":")):
+            t, _, g = zip(*by[wl, n].timeline)
+            ax.step(t, g, style, where="post", label=f"gamma {n}", alpha=0.8)
+        t, b, _ = zip(*by[wl, "oracle"].timeline)
+        twin = ax.twinx()
+        twin.plot(t, b, color="grey", alpha=0.4)
+        twin.set_ylabel("batch size (grey)")
+        ax.set_xlabel("simulated seconds")
+        ax.set_ylabel("gamma")
+        ax.set_title(wl)
+        ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
