@@ -1,0 +1,59 @@
+"""VSpecRejectionSampler: vLLM's rejection sampler with a lossy greedy rule.
+
+Greedy requests are verified by the host's greedy kernel, which accepts a
+draft token iff it equals the target's argmax. This subclass keeps that kernel
+and everything else (bonus tokens, logprobs, standard rejection sampling of
+sampled requests) and only changes what the kernel sees: after the host's
+logits processors, every draft token the configured rule accepts
+(acceptance.accept_mask) is promoted to its row's unique argmax
+(acceptance.promote_accepted). The verifier then accepts the rule's prefix, and
+at the first rejected position emits the target's real argmax.
+
+Used only for the LOSSY rules (`relaxed_topk`, `margin`); with `strict` the
+host's sampler is already exactly the rule. Greedy rows only: requests with
+temperature > 0 keep vLLM's standard rejection sampling untouched. In
+`processed_logprobs` / `processed_logits` modes, a relaxed token's reported
+logprob reflects its promotion (one ulp above the row maximum).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vllm.logger import init_logger
+from vllm.v1.sample.rejection_sampler import RejectionSampler
+
+from vllm_vspec.acceptance import AcceptanceRule, accept_mask, draft_positions, promote_accepted
+
+logger = init_logger(__name__)
+
+
+class VSpecRejectionSampler(RejectionSampler):
+    """RejectionSampler whose greedy verification follows a lossy AcceptanceRule.
+
+    Before each verification the model runner sets `generated`: per request
+    of the batch (int64 [B], on device), the tokens it had generated before
+    this step's drafts; the rule's strict prefix is counted from it."""
+
+    # extends RejectionSampler.__init__: keeps the frozen rule, announces the loss.
+    def __init__(self, sampler, spec_config, device, rule: AcceptanceRule) -> None:
+        super().__init__(sampler, spec_config, device)
+        self.rule = rule
+        self.generated: torch.Tensor | None = None
+        logger.warning(
+            "vspec acceptance=%s is LOSSY: greedy outputs may differ from "
+            "target-only decoding after %d generated tokens (rule %s)",
+            rule.name, rule.after_tokens, rule)
+
+    # extends RejectionSampler.apply_logits_processors: after the host's
+    # processors, promote the draft tokens the rule accepts (greedy rows only).
+    def apply_logits_processors(self, logits, sampling_metadata, metadata):
+        logits = super().apply_logits_processors(logits, sampling_metadata, metadata)
+        if sampling_metadata.all_random or logits.shape[0] == 0:
+            return logits
+        req, pos = draft_positions(metadata.cu_num_draft_tokens, logits.shape[0])
+        accept = accept_mask(self.rule, logits, metadata.draft_token_ids, pos,
+                             self.generated[req])
+        if not sampling_metadata.all_greedy:
+            accept &= (sampling_metadata.temperature == 0)[req]
+        return promote_accepted(logits, metadata.draft_token_ids, accept)

@@ -1,0 +1,40 @@
+"""Workers that build vspec's model runners (model_runner.py).
+
+Select with vLLM's `worker_cls`, e.g. `--worker-cls
+vllm_vspec.adapters.vllm.worker.VSpecCPUWorker` (CPU_WORKER_CLS). Needed only
+for a lossy acceptance rule or the entropy stop; dynamic gamma itself comes
+from the scheduler (scheduler.py).
+"""
+
+from __future__ import annotations
+
+from vllm.v1.worker.cpu_worker import CPUWorker
+from vllm.v1.worker.gpu_worker import Worker
+
+from vllm_vspec.adapters.vllm.model_runner import VSpecCPUModelRunner, VSpecGPUModelRunner
+from vllm_vspec.config import VSpecConfigError
+
+CPU_WORKER_CLS = f"{__name__}.VSpecCPUWorker"
+GPU_WORKER_CLS = f"{__name__}.VSpecGPUWorker"
+
+
+class VSpecCPUWorker(CPUWorker):
+    """vLLM's CPU worker running VSpecCPUModelRunner."""
+
+    # extends CPUWorker.init_device: it builds the stock runner as its last
+    # step, before any weights or KV cache exist; replace that runner with ours.
+    def init_device(self) -> None:
+        super().init_device()
+        self.model_runner = VSpecCPUModelRunner(self.vllm_config, self.device)
+
+
+class VSpecGPUWorker(Worker):
+    """vLLM's GPU worker running VSpecGPUModelRunner (V1 runner only)."""
+
+    # extends Worker._make_model_runner (the host's hook for this): our V1 runner.
+    def _make_model_runner(self):
+        if self.use_v2_model_runner:
+            raise VSpecConfigError(
+                "worker_cls", GPU_WORKER_CLS,
+                "the V1 model runner: set VLLM_USE_V2_MODEL_RUNNER=0")
+        return VSpecGPUModelRunner(self.vllm_config, self.device)
