@@ -174,15 +174,16 @@ class Preset:
 
 
 # ------------------------------------------------------------------ loading
-def preset_path(name: str, directory: Path = PRESET_DIR) -> Path:
+def preset_path(name: str, directory: Path | None = None) -> Path:
+    directory = directory or PRESET_DIR
     path = directory / f"{name}.toml"
     if not path.is_file():
         raise PresetError("preset", name, "one of " + ", ".join(list_presets(directory)))
     return path
 
 
-def list_presets(directory: Path = PRESET_DIR) -> list[str]:
-    return sorted(p.stem for p in directory.glob("*.toml"))
+def list_presets(directory: Path | None = None) -> list[str]:
+    return sorted(p.stem for p in (directory or PRESET_DIR).glob("*.toml"))
 
 
 def load(path: Path | str, overrides: Mapping[str, Mapping[str, Any]] | None = None) -> Preset:
