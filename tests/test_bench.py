@@ -233,14 +233,14 @@ def test_unknown_workload_is_named(bench_inputs):
 
 
 def test_every_variant_command_parses_with_vllm_serve_arguments(tmp_path):
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    from vllm_vspec.serve import vllm_serve_command
 
-    parser = make_arg_parser(FlexibleArgumentParser())
+    parser, _ = vllm_serve_command()
     for v in variants.all_variants({"draft_model": tmp_path, "eagle": tmp_path}).values():
         argv = serve_argv(ServerSpec(model=tmp_path), v.serve_args(tmp_path / "t.jsonl"), 1234)
-        args = parser.parse_args(argv[argv.index("serve") + 1:])
-        assert args.port == 1234, v.name
+        assert argv[1:3] == ["-m", "vllm_vspec.serve"]
+        args = parser.parse_args(["serve", *argv[3:]])
+        assert (args.model_tag, args.port) == (str(tmp_path), 1234), v.name
 
 
 # ------------------------------------------------- load generator, stand-in

@@ -13,6 +13,7 @@ import argparse
 import json
 import platform
 import shlex
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -144,7 +145,8 @@ def _serving_main(args: argparse.Namespace) -> int:
 
     from vllm_vspec.bench import plot, report
 
-    console = Console()
+    # Wide enough for the gamma column when the output is a file or a pipe.
+    console = Console(width=max(160, shutil.get_terminal_size().columns))
     started = time.time()
     with Progress(console=console) as progress:
         task = progress.add_task("bench", total=plan.total_requests)

@@ -40,16 +40,17 @@ def plot_timelines(timelines: list[Timeline], path: Path, title: str) -> Path:
         if pts:
             ax_g.step([x for x, _ in pts], [g for _, g in pts], where="post",
                       label=tl.variant, linewidth=0.8)
-        ax_b.plot(tl.x, tl.batch, label=tl.variant, linewidth=0.8)
+        ax_b.step(tl.x, tl.batch, where="post", label=tl.variant, linewidth=0.8)
     if timelines:
         for i, (name, a, b) in enumerate(timelines[0].spans):
             for ax in (ax_g, ax_b):
                 ax.axvspan(a, b, alpha=0.08 if i % 2 else 0.16, color="grey")
-            ax_b.text((a + b) / 2, 0, name, ha="center", va="bottom", fontsize=7, rotation=90)
+            ax_g.text((a + b) / 2, 1.01, name, ha="center", va="bottom", fontsize=7,
+                      transform=ax_g.get_xaxis_transform())
         ax_b.set_xlabel(X_LABELS[timelines[0].x_unit])
     ax_g.set_ylabel("gamma (draft tokens / step)")
     ax_b.set_ylabel("batch size (requests)")
-    ax_g.set_title(title)
+    fig.suptitle(title)
     for ax in (ax_g, ax_b):
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7, loc="upper right")
