@@ -8,12 +8,14 @@ the per-step oracle (knows the true acceptance rates and latency model and
 takes the goodput argmax every step).
 
 Simulated engine (closed loop, synchronous scheduling):
-- Requests run with a concurrency cap; a finished request is replaced while
-  the cap allows. The cap and the acceptance rates follow schedules keyed on
-  the workload's committed-token progress, so every policy meets the same
-  workload at the same point of it.
+- The batch size is a concurrency cap: a finished request is replaced while
+  the cap allows, and when the cap drops the requests above it wait
+  (preempted) until it rises again, so the batch follows the cap exactly.
+  The cap and the acceptance rates follow schedules keyed on the workload's
+  committed tokens: every policy meets the same batch sizes and acceptance
+  for the same tokens, and only the time they take differs.
 - Acceptance: for request r at output position t, draft position j is
-  accepted iff u[r, t, j] < p_j(progress) (conditional rates p; u uniform,
+  accepted iff u[r, t, j] < p_j(tokens) (conditional rates p; u uniform,
   drawn once per workload, so policies share their luck). A request verifies
   the drafts proposed one step earlier: accepted = leading accepted
   positions among them, committed = accepted + 1.
@@ -52,14 +54,14 @@ HARD_RATES = (0.55, 0.42, 0.32, 0.25)
 # ------------------------------------------------------------------ workloads
 @dataclass(frozen=True)
 class Cycle:
-    """A value that changes with progress (committed tokens): segments of
-    (length in tokens, value), repeated."""
+    """A value that changes with the schedule position (committed tokens):
+    segments of (length in tokens, value), repeated."""
 
     segments: tuple[tuple[int, object], ...]
 
-    def at(self, progress: int):
+    def at(self, position: int):
         period = sum(n for n, _ in self.segments)
-        pos = progress % period
+        pos = position % period
         for n, value in self.segments:
             if pos < n:
                 return value
@@ -91,11 +93,13 @@ def phase_shift(batch: int, segment: int = 4096, tokens: int = 65536) -> Workloa
 
 def bursty(low: int = 2, high: int = 128, rates: Sequence[float] = DRAFT_RATES,
            tokens: int = 98304) -> Workload:
-    # Short, varied outputs so that a high-concurrency burst drains through
-    # every batch size before the low phase; the low phase is long enough
-    # (in tokens) to matter in time.
+    # Bursts of `high`, each followed by a quiet spell at `low` and a
+    # middling one; a token at batch 2 costs ~20x the time of one at batch
+    # 128, so the quiet spells take about as long as the bursts.
+    mid = max(low, min(high, 16))
     return Workload(f"bursty-b{low}-b{high}", tokens // 96, 256, (32, 160),
-                    Cycle(((16384, high), (4096, low))), Cycle(((1, tuple(rates)),)))
+                    Cycle(((16384, high), (1024, low), (4096, mid), (1024, low))),
+                    Cycle(((1, tuple(rates)),)))
 
 
 def from_trace(path: str | Path, window: int = 64, output_len: int = 256) -> Workload:
@@ -114,8 +118,8 @@ def from_trace(path: str | Path, window: int = 64, output_len: int = 256) -> Wor
         for r in chunk:
             est.update(r["drafted"], r["accepted"])
         # Positions this window never judged keep the previous window's rate.
-        measured = est.snapshot()["trials"]
-        window_rates = tuple(round(est.rates()[j], 4) if measured[j] else prev_rates[j]
+        measured, estimate = est.snapshot()["trials"], est.rates()
+        window_rates = tuple(round(estimate[j], 4) if measured[j] else prev_rates[j]
                              for j in range(k))
         prev_rates = window_rates
         conc.append((tokens, max(1, round(sum(r["num_reqs"] for r in chunk) / len(chunk)))))
@@ -239,16 +243,17 @@ def simulate(workload: Workload, profile: LatencyProfile, policy: StepPolicy, cl
     noise_rng = np.random.default_rng(seed + 1)
     done = np.zeros(n, dtype=np.int64)             # tokens generated per request
     pending = np.zeros(n, dtype=np.int64)          # drafts awaiting verification
-    active: list[int] = []
+    started: list[int] = []                        # admitted, unfinished, in arrival order
     next_req = progress = steps = 0
     gamma_steps: dict[int, int] = {}
     timeline: list[tuple[float, int, int]] = []
     positions = np.arange(width)
-    while next_req < n or active:
+    while next_req < n or started:
         cap = workload.concurrency.at(progress)
-        while len(active) < cap and next_req < n:
-            active.append(next_req)
+        while len(started) < cap and next_req < n:
+            started.append(next_req)
             next_req += 1
+        active = started[:cap]                     # the rest wait (preempted) until the cap allows
         rates = padded(workload.rates.at(progress), width)
         if on_rates is not None:
             on_rates(rates)
@@ -274,7 +279,7 @@ def simulate(workload: Workload, profile: LatencyProfile, policy: StepPolicy, cl
         done[idx] += committed
         pending[idx] = gamma
         progress += int(committed.sum())
-        active = [r for r in active if done[r] < out_len[r]]
+        started = [r for r in started if done[r] < out_len[r]]
         steps += 1
         gamma_steps[gamma] = gamma_steps.get(gamma, 0) + 1
         timeline.append((round(clock.now, 4), b, gamma))

@@ -19,11 +19,12 @@ different time scales and with very different noise:
 UCB: score(g) = R(g) + c * R_max * sqrt(2 ln(N + 1) / n(g)), with n(g) the
 window size, N the bucket's total, R_max the best estimate (c is
 scale-free). An arm with no sample scores +inf. When the current arm is
-the best estimate, its neighbours are probed (+inf) in two cases: the arm
-below when its speed in this bucket is only a seed's guess, and the arm
-above when its newest sample is older than `online_window` stable steps of
-the bucket AND it could win if the one draft position the current gamma
-cannot see were always accepted (a phase change may have moved it).
+the best estimate and the bucket has run `online_window` stable steps since
+a neighbour's newest sample, that neighbour is probed (+inf): the arm below
+if its speed here is only a seed's guess (short-lived buckets, such as the
+batch sizes a burst drains through, trust the seed), and the arm above if it
+could win were the one draft position the current gamma cannot see always
+accepted (a phase change may have moved that position's acceptance).
 
 A new bucket is seeded from the nearest bucket that has samples: it starts
 where that bucket is, without warm-up, and takes that bucket's RELATIVE arm
@@ -83,9 +84,10 @@ class _Arms:
         return self.steps - self.last_seen.get(gamma, 0) > self.window
 
     def seed_from(self, other: "_Arms", gamma: int) -> int:
-        """Take the relative arm speeds of `other`, referenced to its measured
-        arm nearest to `gamma`; returns that arm (where this bucket starts)."""
-        means = other.own_means()
+        """Take the relative arm speeds of `other` (its own measurements and
+        what it was seeded with), referenced to its arm nearest to `gamma`;
+        returns that arm (where this bucket starts)."""
+        means = other.means()
         ref = min(means, key=lambda g: (abs(g - gamma), g))
         self.seed_ref = ref
         self.seed = {g: (m / means[ref], other.count(g)) for g, m in means.items()}
@@ -176,10 +178,11 @@ class OnlinePolicy:
         cur = self.governor.gamma[bucket]
         if means.get(cur) != r_max:
             return out          # probe only from a settled arm, so probes never chain
-        below, above = cur - 1, cur + 1
-        if below in means and not arms.rate.get(below):
-            out[below] = math.inf          # its speed is only the seed's guess
-        if above in means and arms.expired(above):
+        for g in (cur - 1, cur + 1):
+            if g in means and not arms.rate.get(g) and arms.expired(g):
+                out[g] = math.inf          # a long-lived bucket checks the seed's guess
+        above = cur + 1
+        if out.get(above, 0.0) < math.inf and above in means and arms.expired(above):
             e = expected_tokens_all(self.acceptance.rates(), above)
             # E(above) if position above-1 were always accepted.
             e_best = e[above - 1] + (e[above - 1] - e[above - 2] if above >= 2 else 1.0)
