@@ -11,7 +11,7 @@ different time scales and with very different noise:
   a step at gamma g measures positions < g for every arm at once, so a
   phase change of acceptance moves every arm's estimate immediately, and the
   +-30% per-step noise of realised tokens at small batch sizes stays out of
-  the comparison of arms. Its expectation is exactly the realised reward's.
+  the comparison of arms. In expectation it equals the realised reward.
 - B_i / interval_i, requests completed per second, is measured per
   (bucket, arm) in a sliding window of `online_window` stable steps. It
   depends on latency only, which is smooth and slow.
@@ -20,10 +20,10 @@ UCB: score(g) = R(g) + c * R_max * sqrt(2 ln(N + 1) / n(g)), with n(g) the
 window size, N the bucket's total, R_max the best estimate (c is
 scale-free). An arm with no sample scores +inf. When the current arm is
 the best estimate and the bucket has run `online_window` stable steps since
-a neighbour's newest sample, that neighbour is probed (+inf): the arm below
-if its speed here is only a seed's guess (short-lived buckets, such as the
-batch sizes a burst drains through, trust the seed), and the arm above if it
-could win were the one draft position the current gamma cannot see always
+a neighbour's newest sample, that neighbour is probed (+inf) if its speed
+here is only a seed's guess (short-lived buckets, such as the batch sizes a
+burst passes through, trust the seed), and the arm above also if it could
+win were the one draft position the current gamma cannot see always
 accepted (a phase change may have moved that position's acceptance).
 
 A new bucket is seeded from the nearest bucket that has samples: it starts
