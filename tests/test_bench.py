@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shlex
+import sys
 import threading
 import time
 from collections import Counter
@@ -331,3 +332,15 @@ def test_one_variant_serves_every_workload_with_gamma_counts_from_its_trace(stan
     # nothing is invented.
     assert all(r.gamma_source is None and not r.gamma_counts for r in runs)
     assert tl.x_unit == "s" and [s[0] for s in tl.spans] == list(ws)
+
+
+def test_a_variant_whose_server_dies_is_reported_and_the_rest_still_run(tmp_path, monkeypatch):
+    ws = workloads.build_workloads(families=("code",))
+    plan = runner.Plan(ServerSpec(model=tmp_path), [variants.Variant("target", "target")],
+                       [ws["bursty"]], {"bursty": ws["bursty"].requests({"code": ["a"]})},
+                       output_len=3, out_dir=tmp_path)
+    monkeypatch.setattr(runner, "serve_argv", lambda spec, args, port: [
+        sys.executable, "-c", "print('model not found'); raise SystemExit(3)"])
+    runs, timelines, failures = runner.run_plan(plan, lambda what: None)
+    assert (runs, timelines) == ([], [])
+    assert "exited with 3" in failures["target"] and "model not found" in failures["target"]

@@ -150,17 +150,20 @@ def _serving_main(args: argparse.Namespace) -> int:
     started = time.time()
     with Progress(console=console) as progress:
         task = progress.add_task("bench", total=plan.total_requests)
-        runs, timelines = runner.run_plan(
+        runs, timelines, failures = runner.run_plan(
             plan, lambda what: progress.update(task, advance=1, description=what))
     table_rows = report.rows(runs)
     console.print(report.render_table(table_rows))
+    for name, error in failures.items():
+        console.print(f"[red]variant {name} did not run:[/red] {error}")
     meta = {"command": "vllm-vspec " + shlex.join(sys.argv[1:]) if sys.argv else "",
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
             "duration_s": time.time() - started, "host": platform.node(),
             "server": {k: str(v) for k, v in plan.spec.__dict__.items()},
             "output_len": plan.output_len,
             "variants": {v.name: v.serve_args(plan.trace_path(v)) for v in plan.variants},
-            "workloads": {w.name: [p.__dict__ for p in w.phases] for w in plan.workloads}}
+            "workloads": {w.name: [p.__dict__ for p in w.phases] for w in plan.workloads},
+            "failed_variants": failures}
     plan.out_dir.mkdir(parents=True, exist_ok=True)
     results = plan.out_dir / "results.json"
     results.write_text(json.dumps(report.results_json(runs, meta), indent=2) + "\n")
@@ -170,7 +173,7 @@ def _serving_main(args: argparse.Namespace) -> int:
     png = plot.plot_timelines(traced or timelines, plan.out_dir / "gamma_batch.png",
                               "gamma and batch size over time")
     console.print(f"results: {results}\ntable: {plan.out_dir / 'table.md'}\nplot: {png}")
-    return 0 if not any(r.errors for r in runs) else 1
+    return 0 if not failures and not any(r.errors for r in runs) else 1
 
 
 def _print_plan(plan: runner.Plan) -> None:

@@ -16,7 +16,8 @@ from vllm_vspec.bench import scrape
 from vllm_vspec.bench.loadgen import client_for, run_phase
 from vllm_vspec.bench.plot import Timeline
 from vllm_vspec.bench.report import Run
-from vllm_vspec.bench.server import SERVED_MODEL_NAME, Server, ServerSpec, free_port, serve_argv
+from vllm_vspec.bench.server import (SERVED_MODEL_NAME, Server, ServerError, ServerSpec,
+                                     free_port, serve_argv)
 from vllm_vspec.bench.variants import Variant
 from vllm_vspec.bench.workloads import Request, Workload
 
@@ -46,21 +47,31 @@ class Plan:
         return per_variant * len(self.variants)
 
 
-def run_plan(plan: Plan, on_progress: Callable[[str], None]) -> tuple[list[Run], list[Timeline]]:
-    """Serve each variant in turn and replay every workload against it."""
+def run_plan(plan: Plan, on_progress: Callable[[str], None]
+             ) -> tuple[list[Run], list[Timeline], dict[str, str]]:
+    """Serve each variant in turn and replay every workload against it.
+    A variant whose server does not come up is reported in the returned
+    {variant: error} and skipped; the others still run."""
     runs: list[Run] = []
     timelines: list[Timeline] = []
+    failures: dict[str, str] = {}
     for v in plan.variants:
         trace = plan.trace_path(v)
         if trace is not None:
             trace.parent.mkdir(parents=True, exist_ok=True)
             trace.unlink(missing_ok=True)
         port = free_port()
-        with Server(plan.argv(v, port), port, plan.out_dir / "logs" / f"{v.name}.log") as srv:
-            v_runs, tl = asyncio.run(_serve_workloads(plan, v, srv.base_url, trace, on_progress))
+        try:
+            with Server(plan.argv(v, port), port,
+                        plan.out_dir / "logs" / f"{v.name}.log") as srv:
+                v_runs, tl = asyncio.run(
+                    _serve_workloads(plan, v, srv.base_url, trace, on_progress))
+        except ServerError as e:
+            failures[v.name] = str(e)
+            continue
         runs += v_runs
         timelines.append(tl)
-    return runs, timelines
+    return runs, timelines, failures
 
 
 async def _serve_workloads(plan: Plan, v: Variant, base_url: str, trace: Path | None,
