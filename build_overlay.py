@@ -242,13 +242,19 @@ def commit(tree: Path, message: str) -> str:
     return git(tree, "rev-parse", "HEAD").stdout.strip()
 
 
-def host_version(tree: Path) -> str:
-    """Version of an unpacked sdist (PKG-INFO) or a git checkout (its tag)."""
+def host_version(source: Path, tree: Path) -> str:
+    """The host version: PKG-INFO of the unpacked tree (an sdist), else the
+    exact tag of a git checkout given as the source (`v0.23.0.post1`)."""
     pkg_info = tree / "PKG-INFO"
     if pkg_info.exists():
         return email.parser.Parser().parsestr(pkg_info.read_text())["Version"]
-    raise BuildError(f"{tree}: no PKG-INFO; pass an sdist or a version, or a tree "
-                     "made from one (a bare git checkout carries no version)")
+    if (source / ".git").exists():
+        run = subprocess.run(["git", "-C", str(source), "describe", "--tags", "--exact-match"],
+                             capture_output=True, text=True)
+        if run.returncode == 0:
+            return run.stdout.strip().removeprefix("v")
+    raise BuildError(f"{source}: no PKG-INFO and no release tag checked out, so its "
+                     "vLLM-Ascend version is unknown; pass an sdist or a version")
 
 
 # ----------------------------------------------------------------- patches
@@ -533,12 +539,11 @@ def assemble(host_wheel: Path, tree: Path, overlay: list[str], pin: Pin, build_i
 BUILD_STAGES = ("fetch", "unpack", "patch", "overlay", "kernels", "host", "assemble")
 
 
-def build(host_src: Path | None, cache: Path, work: Path, dist: Path,
-          pins_file: Path = PINS_FILE, patch_dir: Path | None = None) -> Path:
-    """The whole build; returns the wheel path."""
+def build(host_src: Path | None, cache: Path, work: Path, dist: Path) -> Path:
+    """The whole build of the default pin; returns the wheel path."""
     progress = Progress(BUILD_STAGES)
     cache, work, dist = cache.resolve(), work.resolve(), dist.resolve()
-    default, pins = load_pins(pins_file)
+    default, pins = load_pins()
     pin = pins[default]
     epoch = int(os.environ.get("SOURCE_DATE_EPOCH", DEFAULT_EPOCH))
     if host_src is None:
@@ -551,11 +556,12 @@ def build(host_src: Path | None, cache: Path, work: Path, dist: Path,
         origin = {"local_tree": True}
     base = work / f"vllm-ascend-{pin.version}"
     tree = unpack(source, base / "tree")
-    if host_version(tree) != pin.version:
-        raise BuildError(f"{source} is vLLM-Ascend {host_version(tree)}, the pin is {pin.version}; "
+    version = host_version(source, tree)
+    if version != pin.version:
+        raise BuildError(f"{source} is vLLM-Ascend {version}, the pin is {pin.version}; "
                          f"use --retarget {source} to make a pin for it")
-    progress("unpack", f"{tree.relative_to(work.parent) if tree.is_relative_to(work.parent) else tree}")
-    patches = read_series(patch_dir or pin.patch_dir)
+    progress("unpack", str(tree))
+    patches = read_series(pin.patch_dir)
     apply_series(tree, patches)
     progress("patch", f"{len(patches)} applied: " + ", ".join(p.name for p in patches))
     copied = copy_overlay(tree)
@@ -623,7 +629,7 @@ def retarget(host: str, cache: Path, work: Path, pins_file: Path = PINS_FILE,
     track = touched_paths(patches)
     old = pristine_repo(fetch_sdist(cur, cache), cur, work, track)
     new = unpack(source, work / "retarget" / "new", track)
-    version = host_version(new)
+    version = host_version(source, new)
     git(new, "fetch", "--quiet", str(old), "HEAD")
     progress("unpack", f"vLLM-Ascend {version} (pinned: {cur.version})")
     reports, commits = [], [git(new, "rev-parse", "HEAD").stdout.strip()]
