@@ -318,3 +318,71 @@ def test_ops_refuse_a_verify_width_over_16(vspec_ops):
     with pytest.raises(RuntimeError, match="gamma=16 is not allowed"):
         vspec_ops.commit_accepted(torch.zeros((1, 17), dtype=torch.int64),
                                   torch.zeros(1, dtype=torch.int32))
+
+
+# ------------------------------------------------------------------------------
+# The NPU-side decisions that need no NPU: the step's gamma and the routing.
+# (vllm_ascend.vspec resolves to overlay/vllm_ascend/vspec in a checkout.)
+def _engine_config(method="eagle", k=4, vspec=None, async_scheduling=False, scheduler_cls=None):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        speculative_config=SimpleNamespace(method=method, num_speculative_tokens=k),
+        additional_config={} if vspec is None else {"vspec": vspec},
+        scheduler_config=SimpleNamespace(async_scheduling=async_scheduling,
+                                         scheduler_cls=scheduler_cls))
+
+
+def test_step_gamma_defaults_to_k_and_enforces_the_verify_width():
+    from types import SimpleNamespace
+
+    from vllm_ascend.vspec.gamma import step_gamma
+    from vllm_vspec.config import VSpecConfigError
+
+    assert step_gamma(SimpleNamespace(), 4) == 4  # vLLM 0.23 output without the field
+    assert step_gamma(SimpleNamespace(num_spec_tokens_to_schedule=0), 4) == 0
+    with pytest.raises(VSpecConfigError, match=r"num_spec_tokens_to_schedule=5 .* \[0, 4\]"):
+        step_gamma(SimpleNamespace(num_spec_tokens_to_schedule=5), 4)
+    with pytest.raises(VSpecConfigError, match=r"=16 .*1 \+ gamma <= 16"):
+        step_gamma(SimpleNamespace(num_spec_tokens_to_schedule=16), 20)
+
+
+def test_vspec_is_on_by_default_for_eagle_and_draft_model_only():
+    from vllm_ascend.vspec import routing
+
+    assert routing.vspec_settings(_engine_config("eagle")).policy == "online"
+    assert routing.vspec_settings(_engine_config("draft_model")).max_gamma == 4
+    assert routing.vspec_settings(_engine_config("ngram")) is None
+    assert routing.vspec_settings(_engine_config(vspec={"enabled": False})) is None
+    assert routing.proposer_cls_for("eagle", _engine_config(vspec={"enabled": False})) is None
+
+
+def test_bad_vspec_settings_fail_at_startup_naming_the_key():
+    from vllm_ascend.vspec import routing
+    from vllm_vspec.config import VSpecConfigError
+
+    with pytest.raises(VSpecConfigError, match="vspec.max_gamma=9"):
+        routing.scheduler_cls_for(_engine_config(vspec={"max_gamma": 9}))
+
+
+def test_scheduler_follows_async_scheduling_and_refuses_a_competing_scheduler():
+    from vllm_ascend.vspec import routing
+
+    assert routing.scheduler_cls_for(_engine_config()) == routing.SCHEDULERS[False]
+    assert routing.scheduler_cls_for(_engine_config(async_scheduling=True)) == \
+        routing.SCHEDULERS[True]
+    assert routing.scheduler_cls_for(_engine_config(vspec={"enabled": False})) is None
+    chunk = "vllm_ascend.core.scheduler_profiling_chunk.ProfilingChunkScheduler"
+    with pytest.raises(ValueError, match=f"scheduler_cls='{chunk}' conflicts with vspec"):
+        routing.scheduler_cls_for(_engine_config(scheduler_cls=chunk))
+
+
+def test_strict_acceptance_keeps_the_hosts_rejection_sampler():
+    from vllm_ascend.vspec import routing
+
+    class HostSampler:
+        pass
+
+    assert routing.rejection_sampler_factory(_engine_config(), HostSampler) is HostSampler
+    off = _engine_config(vspec={"enabled": False, "acceptance": "margin"})
+    assert routing.rejection_sampler_factory(off, HostSampler) is HostSampler
