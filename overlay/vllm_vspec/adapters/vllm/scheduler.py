@@ -93,9 +93,12 @@ class VSpecScheduler(Scheduler):
     # the host (AsyncScheduler) derives its draft placeholders from it.
     def _update_after_schedule(self, scheduler_output: SchedulerOutput) -> None:
         if self.vspec is not None and scheduler_output.num_scheduled_tokens:
+            scheduled = scheduler_output.num_scheduled_tokens
+            context = sum(self.requests[r].num_computed_tokens for r in scheduled)
             batch = BatchState(
-                num_reqs=len(scheduler_output.num_scheduled_tokens),
-                max_num_batched_tokens=self.scheduler_config.max_num_batched_tokens)
+                num_reqs=len(scheduled),
+                max_num_batched_tokens=self.scheduler_config.max_num_batched_tokens,
+                mean_context_len=context / len(scheduled))
             decision = self.vspec.decide(batch)
             scheduler_output.num_spec_tokens_to_schedule = decision.gamma
             self._scheduled_at[id(scheduler_output)] = time.perf_counter()
