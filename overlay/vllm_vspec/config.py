@@ -21,7 +21,7 @@ from typing import Any, Literal, Mapping
 
 POLICIES = ("online", "profile", "fixed", "cycle")
 ACCEPTANCE_RULES = ("strict", "relaxed_topk", "margin")
-GAMMA0_MODES = ("sticky", "sync")
+GAMMA0_MODES = ("sync", "sticky")
 WARMUP_RETURNS = ("best", "incumbent")
 
 # FIA attention on Ascend verifies at most 16 query tokens per request per step.
@@ -109,11 +109,15 @@ class VSpecConfig:
     profile_path: str | None = None
     """`profile` policy: path of a latency profile JSON (see profiles/)."""
 
-    gamma0_mode: Literal["sticky", "sync"] = "sticky"
-    """What gamma 0 means when `min_gamma` is 0. `sticky`: true target-only
-    steps; speculation resumes when the controller picks gamma >= 1 again.
-    `sync`: also keep the draft's KV cache aligned during target-only steps
-    so a request can resume speculation at once."""
+    gamma0_mode: Literal["sync", "sticky"] = "sync"
+    """What a gamma-0 (target-only) step does to the drafter when `min_gamma`
+    is 0. `sync`: the drafter still reads the step's new tokens (drafting
+    nothing), so its KV cache stays aligned and speculation can resume at the
+    next step. `sticky`: no draft forward at all; the requests in flight (and
+    those admitted meanwhile) then lack draft KV, so gamma stays 0 until all
+    of them have finished. Saves the draft forward, but under continuous load
+    speculation may stay off. `sticky` needs the vspec worker (`worker_cls`),
+    which skips the draft forward."""
 
     entropy_stop: bool = False
     """Per request, cut the current draft at the first position whose top-k

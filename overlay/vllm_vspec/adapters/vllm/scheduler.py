@@ -73,9 +73,18 @@ class VSpecScheduler(Scheduler):
         super().__init__(vllm_config, *args, **kwargs)
         self.vspec_config = vspec_config_from(vllm_config)
         self.vspec: GammaController | None = None
+        self._sticky = False
         if self.vspec_config is None or not self.vspec_config.enabled:
             return
         k = vllm_config.speculative_config.num_speculative_tokens
+        self._sticky = self.vspec_config.gamma0_mode == "sticky" and self.vspec_config.min_gamma == 0
+        if self._sticky and not str(vllm_config.parallel_config.worker_cls).startswith("vllm_vspec."):
+            raise VSpecConfigError(
+                "gamma0_mode", "sticky", "'sync', or 'sticky' together with --worker-cls "
+                "vllm_vspec.adapters.vllm.worker.VSpecCPUWorker (VSpecGPUWorker on CUDA), "
+                "whose model runner skips the draft forward in target-only steps")
+        # Requests whose draft KV missed a target-only step (sticky mode only).
+        self._stale: set[str] = set()
         self.vspec = GammaController(self.vspec_config, k)
         # The host pads every decode to a uniform 1+K verify width unless it
         # has a per-batch-size K table (dynamic_sd_lookup). A per-step gamma
@@ -92,6 +101,15 @@ class VSpecScheduler(Scheduler):
     # extends Scheduler._update_after_schedule: choose this step's gamma before
     # the host (AsyncScheduler) derives its draft placeholders from it.
     def _update_after_schedule(self, scheduler_output: SchedulerOutput) -> None:
+        if self._sticky and self._stale:
+            # Sticky gamma 0: the drafter skipped these requests' tokens, so
+            # no speculation until they have all finished (the controller does
+            # not see these steps; its next decision starts from there).
+            self._stale.intersection_update(self.requests)
+            if self._stale:
+                self._stale.update(scheduler_output.num_scheduled_tokens)
+                scheduler_output.num_spec_tokens_to_schedule = 0
+                return super()._update_after_schedule(scheduler_output)
         if self.vspec is not None and scheduler_output.num_scheduled_tokens:
             scheduled = scheduler_output.num_scheduled_tokens
             context = sum(self.requests[r].num_computed_tokens for r in scheduled)
@@ -102,6 +120,8 @@ class VSpecScheduler(Scheduler):
             decision = self.vspec.decide(batch)
             scheduler_output.num_spec_tokens_to_schedule = decision.gamma
             self._scheduled_at[id(scheduler_output)] = time.perf_counter()
+            if self._sticky and decision.gamma == 0:
+                self._stale.update(scheduled)
         super()._update_after_schedule(scheduler_output)
 
     # extends Scheduler.update_from_output: report each step's verified drafts
