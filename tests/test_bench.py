@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from pathlib import Path
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -344,3 +345,21 @@ def test_a_variant_whose_server_dies_is_reported_and_the_rest_still_run(tmp_path
     runs, timelines, failures = runner.run_plan(plan, lambda what: None)
     assert (runs, timelines) == ([], [])
     assert "exited with 3" in failures["target"] and "model not found" in failures["target"]
+
+
+# ------------------------------------------------------------ real server
+@pytest.mark.engine
+def test_protocol_against_a_real_tiny_server_completes_every_request(tmp_path):
+    from vllm_vspec.bench.server import Server, free_port
+
+    repo = Path(__file__).resolve().parents[1]
+    spec = ServerSpec(model=repo / "models/tiny-target", max_num_seqs=4,
+                      kv_cache_memory_bytes=64 << 20)
+    prompts = workloads.load_prompts(repo / "models/prompts/code.jsonl")
+    port = free_port()
+    with Server(serve_argv(spec, [], port), port, tmp_path / "server.log") as srv:
+        result = protocols.run_protocol_sync(protocols.PROTOCOLS["arc-easy"], srv.base_url,
+                                             protocols.fixed_count(prompts, 4), 8, 2)
+        proc = srv.proc
+    assert proc.poll() is not None  # stopped with its process group
+    assert (result["completed"], result["failed"], result["total_output_tokens"]) == (4, 0, 32)
