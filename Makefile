@@ -48,10 +48,11 @@ test: install
 bench: install
 	$(BIN)/vllm-vspec bench
 
-wheel: install
+# The overlay needs the venv (setuptools-scm), not the bundled models.
+wheel: $(PROJECT_STAMP)
 	$(PYTHON) build_overlay.py
 
-overlay: install
+overlay: $(PROJECT_STAMP)
 	$(PYTHON) build_overlay.py --retarget $(HOST)
 
 clean:
