@@ -40,7 +40,6 @@ from typing import Any, Iterator
 
 OURS = ("vllm_vspec", "vllm_ascend.vspec")  # module prefixes of our code
 ADAPTER_PACKAGES = ("vllm_vspec.adapters", "vllm_ascend.vspec")
-HOST_PACKAGES = ("vllm", "vllm_ascend")
 
 
 def _ours(module: str) -> bool:
@@ -68,11 +67,18 @@ class Sources:
         self._zips: dict[Path, zipfile.ZipFile] = {}
 
     def _locate(self, module: str) -> tuple[Path, str] | None:
+        """(root, path of the module relative to the root, without suffix).
+        Inside a wheel the path starts at the package's own directory."""
         best = max((p for p in self.roots if module == p or module.startswith(p + ".")),
                    key=len, default=None)
         if best is None:
             return None
-        return self.roots[best], module[len(best):].lstrip(".").replace(".", "/")
+        root = self.roots[best]
+        rel = module if root.is_file() else module[len(best):].lstrip(".")
+        return root, rel.replace(".", "/")
+
+    def _zip(self, root: Path) -> zipfile.ZipFile:
+        return self._zips.setdefault(root, zipfile.ZipFile(root))
 
     def read(self, module: str) -> tuple[str, str, bool] | None:
         """(display path, text, is_package) of a module, or None."""
@@ -82,14 +88,11 @@ class Sources:
         root, rel = loc
         candidates = [(f"{rel}.py", False), (f"{rel}/__init__.py", True)] if rel else \
             [("__init__.py", True)]
-        if root.is_file():  # a wheel: members are under the top-level package
-            zf = self._zips.setdefault(root, zipfile.ZipFile(root))
-            prefix = _prefix_path(module, rel)
-            names = set(zf.namelist())
-            for cand, pkg in candidates:
-                member = f"{prefix}{cand}" if prefix else cand
+        if root.is_file():
+            names = set(self._zip(root).namelist())
+            for member, pkg in candidates:
                 if member in names:
-                    return f"{root.name}!{member}", zf.read(member).decode(), pkg
+                    return f"{root.name}!{member}", self._zip(root).read(member).decode(), pkg
             return None
         for cand, pkg in candidates:
             path = root / cand
@@ -110,9 +113,8 @@ class Sources:
             return
         root, rel = loc
         if root.is_file():
-            zf = self._zips.setdefault(root, zipfile.ZipFile(root))
-            prefix = _prefix_path(package, rel) + (rel + "/" if rel else "")
-            files = sorted(n[len(prefix):] for n in zf.namelist()
+            prefix = rel + "/" if rel else ""
+            files = sorted(n[len(prefix):] for n in self._zip(root).namelist()
                            if n.startswith(prefix) and n.endswith(".py"))
         else:
             base = root / rel if rel else root
@@ -123,12 +125,6 @@ class Sources:
             if parts[-1] == "__init__":
                 parts = parts[:-1]
             yield ".".join([package, *parts]) if parts else package
-
-
-def _prefix_path(module: str, rel: str) -> str:
-    """Inside a wheel, the member path of the root package prefix."""
-    top = module[: len(module) - len(rel)].strip(".") if rel else module
-    return top.replace(".", "/") + "/"
 
 
 def _parse(name: str, path: str, text: str, is_pkg: bool) -> Module:
@@ -354,9 +350,6 @@ def call_problems(call: ast.Call, host: list[Param]) -> list[str]:
 
 
 # =============================================================== members
-Member = Any  # ast.FunctionDef | ast.AsyncFunctionDef | ast.Assign | "attribute"
-
-
 def _is_property(fn: ast.AST) -> bool:
     return isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
         _dotted(d) == "property" for d in fn.decorator_list)

@@ -13,7 +13,8 @@ Invariants:
 - With full ACL graphs there is one graph wrapper per gamma (a graph bucket per
   gamma): a captured merged-draft graph bakes its loop length in, so gamma g
   replays only graphs captured with g.
-- gamma 0 drafts nothing and returns a [batch, 0] tensor (target-only step).
+- gamma 0 returns a [batch, 0] draft (a target-only next step) after the
+  first draft pass has kept the draft model's KV cache aligned.
 """
 
 from __future__ import annotations
@@ -82,13 +83,14 @@ class VSpecProposerMixin:
     # NPUModelRunner.propose_draft_token_ids passes every argument by keyword.
     def _propose(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         gamma = step_gamma(kwargs.get("scheduler_output"), self.max_num_speculative_tokens)
-        if gamma == 0:
-            batch = kwargs["common_attn_metadata"].batch_size()
-            return torch.empty((batch, 0), dtype=torch.int64, device=self.device)
-        with self._drafting(gamma):
+        # Gamma 0 still runs the first draft pass (as gamma 1), which writes the
+        # draft model's KV for this step's tokens, and drops its one draft: the
+        # drafter stays aligned for when speculation resumes (vLLM 0.32 does the same).
+        with self._drafting(max(gamma, 1)):
             draft = super()._propose(*args, **kwargs)
         tap = getattr(self, "_entropy_tap", None)
-        return draft if tap is None else tap.cut(draft)
+        draft = draft if tap is None else tap.cut(draft)
+        return draft[:, :gamma]
 
     # Extends AscendSpecDecodeBaseProposer.dummy_run: graph capture runs once
     # per gamma so every gamma has its own graph bucket; other dummy runs
