@@ -1,0 +1,223 @@
+"""EAGLE-1 for Qwen2, the lossy acceptance rules and the entropy stop, in the
+real vLLM engine (CPU) on the bundled models.
+
+Spec:
+- The bundled Qwen2 EAGLE-1 head (models/tiny-eagle, no q/k/v biases in the
+  file) loads with zero biases, and loading it again over garbage gives the
+  same weights.
+- With strict acceptance, eagle's greedy output is token-identical to
+  target-only decoding at batch 1 and 16 while gamma changes every step.
+- The entropy stop (eagle and draft_model) only shortens drafts: outputs stay
+  exact, and fewer tokens are drafted than gamma asked for.
+- relaxed_topk / margin outputs equal strict ones for the first
+  `*_after_tokens` tokens; afterwards every non-argmax token is an accepted
+  draft token within the rule's bound (top-K rank / logit margin), and never
+  a protected id. Read from vLLM's raw logprobs, which score every output
+  token under the target's unmodified logits.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import (DRAFT, EAGLE, TARGET, assert_same_tokens, close_llm, counter, greedy,
+                      make_llm)
+from vllm_vspec.adapters.vllm.worker import CPU_WORKER_CLS
+
+pytestmark = pytest.mark.engine
+
+K = 4
+EAGLE_SPEC = {"method": "eagle", "model": str(EAGLE), "num_speculative_tokens": K}
+DRAFT_SPEC = {"method": "draft_model", "model": str(DRAFT), "num_speculative_tokens": K}
+AFTER = 8       # strict prefix of the lossy rules
+MAX_TOKENS = 48
+
+
+@pytest.fixture(scope="module")
+def prompts(code_prompts, prose_prompts) -> list[str]:
+    return code_prompts[:8] + prose_prompts[:8]
+
+
+@pytest.fixture(scope="module")
+def reference(prompts) -> list[list[int]]:
+    llm = make_llm()
+    try:
+        return greedy(llm, prompts, MAX_TOKENS)
+    finally:
+        close_llm(llm)
+
+
+def runner_of(llm):
+    """The model runner of an in-process (uni executor) engine."""
+    return llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
+
+
+def drafted_and_drafts(llm, run) -> tuple[float, float, float]:
+    """(draft tokens, drafts, accepted tokens) vLLM counted during `run()`."""
+    names = ("vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_drafts",
+             "vllm:spec_decode_num_accepted_tokens")
+    before = [counter(llm, n) for n in names]
+    run()
+    return tuple(counter(llm, n) - b for n, b in zip(names, before))
+
+
+# --------------------------------------------------------------- the head
+@pytest.fixture(scope="module")
+def eagle_cycling(reference):
+    """eagle with a new gamma every step (VSpecScheduler, cycle policy).
+    In-process engines share vLLM's global distributed state, and closing one
+    tears it down: the reference engine must be done before this one starts."""
+    llm = make_llm(speculative_config=EAGLE_SPEC, vspec={"policy": "cycle", "min_gamma": 0})
+    yield llm
+    close_llm(llm)
+
+
+def test_bundled_head_file_has_no_qkv_biases():
+    names = set(load_file(str(EAGLE / "model.safetensors")))
+    assert not {n for n in names if n.endswith(("q_proj.bias", "k_proj.bias", "v_proj.bias"))}
+    assert "fc.weight" in names and "layers.0.post_attention_layernorm.weight" in names
+
+
+def load_head_outside_the_engine(llm):
+    """A fresh Qwen2ForCausalLMEagle loaded from the bundled file, as
+    load_weights leaves it (the engine's own copy is repacked for CPU GEMMs
+    after loading, so its linear weights cannot be compared). Built with the
+    engine's config but a fresh compilation config (its own layer registry)."""
+    from vllm.config import set_current_vllm_config
+    from vllm.config.utils import replace
+    from vllm.utils.torch_utils import set_default_torch_dtype
+
+    from vllm_vspec.adapters.vllm.models.qwen2_eagle import Qwen2ForCausalLMEagle
+
+    config = runner_of(llm).vllm_config
+    config = replace(config, compilation_config=replace(config.compilation_config))
+    with set_current_vllm_config(config), set_default_torch_dtype(torch.float32):
+        model = Qwen2ForCausalLMEagle(vllm_config=config)
+    model.load_weights(load_file(str(EAGLE / "model.safetensors")).items())
+    # embed_tokens and lm_head are absent from the file: the target's are used.
+    return {n: p.detach() for n, p in model.named_parameters()
+            if not n.startswith(("model.embed_tokens.", "lm_head."))}
+
+
+def test_missing_biases_load_as_zero_and_loading_twice_gives_identical_weights(eagle_cycling):
+    assert type(runner_of(eagle_cycling).drafter.model).__name__ == "Qwen2ForCausalLMEagle"
+    first = load_head_outside_the_engine(eagle_cycling)
+    second = load_head_outside_the_engine(eagle_cycling)
+    bias = first["model.layers.0.self_attn.qkv_proj.bias"]
+    assert torch.count_nonzero(bias) == 0, "absent q/k/v biases must load as zeros"
+    differ = [n for n in first if not torch.equal(first[n], second[n])]
+    assert not differ, f"the second load differs in {differ}"
+
+
+def test_eagle_with_changing_gamma_is_exact_at_batch_16(eagle_cycling, prompts, reference):
+    assert_same_tokens(greedy(eagle_cycling, prompts, MAX_TOKENS), reference,
+                       "eagle, cycle gamma, batch 16")
+
+
+def test_eagle_with_changing_gamma_is_exact_at_batch_1(eagle_cycling, prompts, reference):
+    got = [greedy(eagle_cycling, [p], MAX_TOKENS)[0] for p in prompts[:4]]
+    assert_same_tokens(got, reference[:4], "eagle, cycle gamma, batch 1")
+
+
+# --------------------------------------------------------------- entropy stop
+# tau = 0.9: cuts where the top-8 draft entropy exceeds 0.81 nats, which the
+# bundled drafts cross often but not always.
+ENTROPY = {"policy": "online", "entropy_stop": True, "entropy_topk": 8,
+           "entropy_threshold": 0.9}
+
+
+@pytest.mark.parametrize("spec", [EAGLE_SPEC, DRAFT_SPEC], ids=["eagle", "draft_model"])
+def test_entropy_stop_shortens_drafts_and_keeps_outputs_exact(spec, prompts, reference):
+    llm = make_llm(speculative_config=spec, vspec=ENTROPY, worker_cls=CPU_WORKER_CLS,
+                   disable_log_stats=False)
+    try:
+        got: list[list[int]] = []
+        tokens, drafts, accepted = drafted_and_drafts(
+            llm, lambda: got.extend(greedy(llm, prompts, MAX_TOKENS)))
+        unstopped = [greedy(llm, [p], MAX_TOKENS)[0] for p in prompts[:2]]
+    finally:
+        close_llm(llm)
+    assert_same_tokens(got, reference, f"{spec['method']} + entropy stop, batch 16")
+    assert_same_tokens(unstopped, reference[:2], f"{spec['method']} + entropy stop, batch 1")
+    assert accepted > 0, "no draft token was ever accepted: the stop cut everything"
+    assert tokens < K * drafts, (
+        f"{tokens} draft tokens in {drafts} drafts: the stop never shortened one below {K}")
+
+
+# --------------------------------------------------------------- lossy rules
+def lossy_outputs(rule: dict, prompts: list[str]):
+    """Greedy outputs of eagle under a lossy rule, with each token's raw
+    logprob, its rank under the target, and the target's top logprob."""
+    from vllm import SamplingParams
+
+    llm = make_llm(speculative_config=EAGLE_SPEC, worker_cls=CPU_WORKER_CLS,
+                   additional_config={"vspec": rule})
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=1)
+    try:
+        outs = llm.generate(prompts, params, use_tqdm=False)
+    finally:
+        close_llm(llm)
+    result = []
+    for o in outs:
+        seq = o.outputs[0]
+        rows = []
+        for tok, lp in zip(seq.token_ids, seq.logprobs):
+            top = max(v.logprob for v in lp.values())
+            rows.append((tok, lp[tok].rank, top - lp[tok].logprob))
+        result.append(rows)
+    return result
+
+
+def frequent_ids(reference: list[list[int]], n: int) -> list[int]:
+    counts: dict[int, int] = {}
+    for seq in reference:
+        for t in seq:
+            counts[t] = counts.get(t, 0) + 1
+    return sorted(counts, key=lambda t: (-counts[t], t))[:n]
+
+
+def check_lossy(outputs, reference, protected: set[int], within, label: str) -> None:
+    relaxed = 0
+    for i, (rows, ref) in enumerate(zip(outputs, reference)):
+        tokens = [t for t, _, _ in rows]
+        assert tokens[:AFTER] == ref[:AFTER], (
+            f"{label} request {i}: strict prefix differs: {tokens[:AFTER]} vs {ref[:AFTER]}")
+        for j, (tok, rank, gap) in enumerate(rows):
+            if rank == 1:
+                continue
+            relaxed += 1
+            assert j >= AFTER, f"{label} request {i}: relaxed token {tok} at {j} < {AFTER}"
+            assert tok not in protected, f"{label} request {i}: protected {tok} relaxed at {j}"
+            assert within(rank, gap), f"{label} request {i}: token {tok} rank {rank} gap {gap}"
+    assert relaxed > 0, f"{label}: no token was accepted by relaxation; the test is vacuous"
+
+
+def test_margin_rule_keeps_strict_prefix_bound_and_protected_ids(prompts, reference):
+    protected = frequent_ids(reference, 12)
+    margin = 2.0
+    outputs = lossy_outputs({"acceptance": "margin", "margin": margin,
+                             "margin_after_tokens": AFTER,
+                             "protected_token_ids": protected}, prompts)
+    check_lossy(outputs, reference, set(protected),
+                lambda rank, gap: gap <= margin + 1e-4, "margin")
+
+
+def test_relaxed_topk_rule_keeps_strict_prefix_bound_and_protected_ids(prompts, reference):
+    protected = frequent_ids(reference, 12)
+    outputs = lossy_outputs({"acceptance": "relaxed_topk", "relaxed_topk": 3,
+                             "relaxed_after_tokens": AFTER,
+                             "protected_token_ids": protected}, prompts)
+    check_lossy(outputs, reference, set(protected), lambda rank, gap: rank <= 3,
+                "relaxed_topk")
+
+
+def test_every_vocab_id_protected_makes_a_lossy_rule_exact(prompts, reference):
+    from transformers import AutoConfig
+
+    vocab = AutoConfig.from_pretrained(TARGET).vocab_size
+    outputs = lossy_outputs({"acceptance": "margin", "margin": 1e9, "margin_after_tokens": 0,
+                             "protected_token_ids": list(range(vocab))}, prompts[:4])
+    assert_same_tokens([[t for t, _, _ in rows] for rows in outputs], reference[:4],
+                       "margin 1e9 with every id protected")
