@@ -33,7 +33,8 @@ class VSpecRejectionSampler(RejectionSampler):
 
     Before each verification the model runner sets `generated`: per request
     of the batch (int64 [B], on device), the tokens it had generated before
-    this step's drafts; the rule's strict prefix is counted from it."""
+    this step's drafts; the rule's strict prefix is counted from it. It is
+    consumed by that verification."""
 
     # extends RejectionSampler.__init__: keeps the frozen rule, announces the loss.
     def __init__(self, sampler, spec_config, device, rule: AcceptanceRule) -> None:
@@ -52,8 +53,11 @@ class VSpecRejectionSampler(RejectionSampler):
         if sampling_metadata.all_random or logits.shape[0] == 0:
             return logits
         req, pos = draft_positions(metadata.cu_num_draft_tokens, logits.shape[0])
-        accept = accept_mask(self.rule, logits, metadata.draft_token_ids, pos,
-                             self.generated[req])
+        # One value per step: the host's warm-up runs call the sampler without
+        # the runner's _sample, and then every request counts as fresh (strict).
+        generated, self.generated = self.generated, None
+        generated = torch.zeros_like(req) if generated is None else generated[req]
+        accept = accept_mask(self.rule, logits, metadata.draft_token_ids, pos, generated)
         if not sampling_metadata.all_greedy:
             accept &= (sampling_metadata.temperature == 0)[req]
         return promote_accepted(logits, metadata.draft_token_ids, accept)
