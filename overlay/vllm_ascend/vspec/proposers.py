@@ -20,7 +20,8 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from types import MappingProxyType
+from typing import Any, Iterator, Mapping
 
 import torch
 from vllm.config import CUDAGraphMode
@@ -37,7 +38,9 @@ class VSpecProposerMixin:
     """Per-step gamma on top of AscendSpecDecodeBaseProposer. Mixed in before
     the host proposer so its attributes shadow the host's."""
 
-    _vspec_active_gamma: int | None = None
+    _vspec_active_gamma: int | None = None  # set only inside _drafting
+    _vspec_runnables: Mapping[int, Any] = MappingProxyType({})  # gamma < K -> graph wrapper
+    _entropy_tap: EntropyTap | None = None
 
     # The host assigns `self.num_speculative_tokens = K` in its __init__; the
     # setter records that K as the maximum, the getter answers the step's gamma.
@@ -54,24 +57,21 @@ class VSpecProposerMixin:
     # to one ACLGraphWrapper around it; reads pick the wrapper of the step's gamma.
     @property
     def _runnable(self) -> Any:
-        by_gamma = self.__dict__.get("_vspec_runnables", {})
-        return by_gamma.get(self.num_speculative_tokens, self.__dict__["_vspec_max_runnable"])
+        return self._vspec_runnables.get(self.num_speculative_tokens, self._vspec_max_runnable)
 
     @_runnable.setter
     def _runnable(self, runnable: Any) -> None:
-        self.__dict__["_vspec_max_runnable"] = runnable
+        self._vspec_max_runnable = runnable
 
     # Extends AscendSpecDecodeBaseProposer.load_model: after the host wraps the
     # merged draft in a full graph, add one wrapper per smaller gamma.
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         super().load_model(*args, **kwargs)
-        settings = vspec_settings(self.vllm_config)
-        self.vspec = settings
-        self._entropy_tap = EntropyTap.maybe_install(self, settings)
-        host = self.__dict__["_vspec_max_runnable"]
+        self._entropy_tap = EntropyTap.maybe_install(self, vspec_settings(self.vllm_config))
+        host = self._vspec_max_runnable
         if not isinstance(host, ACLGraphWrapper):
             return
-        self.__dict__["_vspec_runnables"] = {
+        self._vspec_runnables = {
             g: ACLGraphWrapper(self._run_merged_draft, self.vllm_config,
                                runtime_mode=host.runtime_mode,
                                use_eagle=host.use_eagle, enable_enpu=host.enable_enpu)
@@ -88,8 +88,8 @@ class VSpecProposerMixin:
         # drafter stays aligned for when speculation resumes (vLLM 0.32 does the same).
         with self._drafting(max(gamma, 1)):
             draft = super()._propose(*args, **kwargs)
-        tap = getattr(self, "_entropy_tap", None)
-        draft = draft if tap is None else tap.cut(draft)
+        if self._entropy_tap is not None:
+            draft = self._entropy_tap.cut(draft)
         return draft[:, :gamma]
 
     # Extends AscendSpecDecodeBaseProposer.dummy_run: graph capture runs once
@@ -109,9 +109,8 @@ class VSpecProposerMixin:
     def _drafting(self, gamma: int | None) -> Iterator[None]:
         """Bind the step's gamma; the maximum again afterwards, even on error."""
         self._vspec_active_gamma = gamma
-        tap = getattr(self, "_entropy_tap", None)
-        if tap is not None:
-            tap.reset()
+        if self._entropy_tap is not None:
+            self._entropy_tap.reset()
         try:
             yield
         finally:
