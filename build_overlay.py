@@ -647,6 +647,9 @@ def retarget(host: str, cache: Path, work: Path, pins_file: Path = PINS_FILE,
         outcome = "nothing written: rebase the patches marked 'needs rebase' first"
     elif version in pins and (sha is None or sha == pins[version].sha256):
         outcome = f"no-op: {version} is already pinned and every patch applies"
+    elif version in pins:
+        outcome = (f"nothing written: {version} is pinned with SHA-256 {pins[version].sha256}, "
+                   f"but {source.name} has {sha}")
     elif sha is None:
         outcome = (f"nothing written: {source} is a directory; pass the sdist or the "
                    "version so the pin can record its SHA-256")

@@ -116,8 +116,11 @@ def test_build_info_records_host_patches_and_kernels_off(members, pin):
     assert info["host_expects"]["vllm"] == pin.vllm
 
 
-def test_same_inputs_give_the_same_wheel_bytes(built, tmp_path):
+def test_a_rebuild_shows_each_stage_and_gives_the_same_bytes(built, tmp_path, capfd):
     again = build_overlay.build(None, CACHE, tmp_path / "work", tmp_path / "dist")
+    stages = [line.split()[:2] for line in capfd.readouterr().err.splitlines()
+              if line.startswith("[")]
+    assert stages == [[f"[{i}/7]", s] for i, s in enumerate(build_overlay.BUILD_STAGES, 1)]
     assert again.name == built[0].name
     assert build_overlay.sha256_of(again) == build_overlay.sha256_of(built[0])
 
