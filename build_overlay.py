@@ -65,9 +65,12 @@ class BuildError(RuntimeError):
 
 
 class PatchError(BuildError):
-    def __init__(self, patch: Path, hunk: "Hunk | None", detail: str):
-        self.patch, self.hunk = patch, hunk
-        where = f"hunk {hunk.label}" if hunk else "its file headers"
+    """A patch does not apply; `hunks` are the ones that fail on their own
+    (empty when the file headers themselves fail, e.g. a missing file)."""
+
+    def __init__(self, patch: Path, hunks: "list[Hunk]", detail: str):
+        self.patch, self.hunks = patch, hunks
+        where = f"hunk {hunks[0].label}" if hunks else "its file headers"
         super().__init__(f"patch {patch.name} does not apply: {where}\n{detail.strip()}")
 
 
@@ -326,8 +329,7 @@ def apply_patch(tree: Path, patch: Path, three_way: bool = False) -> str:
             git(tree, "reset", "--quiet", "--hard", "HEAD")
             run = subprocess.CompletedProcess(run.args, 1, run.stdout, run.stderr)
     if run.returncode:
-        bad = failing_hunks(tree, patch)
-        raise PatchError(patch, bad[0] if bad else None, run.stderr + run.stdout)
+        raise PatchError(patch, failing_hunks(tree, patch), run.stderr + run.stdout)
     if three_way:
         commit(tree, patch.name)
     return how
@@ -638,9 +640,8 @@ def retarget(host: str, cache: Path, work: Path, pins_file: Path = PINS_FILE,
             status = apply_patch(new, patch, three_way=True)
             reports.append(PatchReport(patch.name, status, []))
             commits.append(git(new, "rev-parse", "HEAD").stdout.strip())
-        except PatchError:
-            bad = failing_hunks(new, patch)
-            reports.append(PatchReport(patch.name, "needs rebase", [h.label for h in bad]))
+        except PatchError as e:
+            reports.append(PatchReport(patch.name, "needs rebase", [h.label for h in e.hunks]))
     progress("patch", ", ".join(f"{r.patch}: {r.status}" for r in reports))
     sha = sha256_of(source) if source.is_file() else None
     if any(r.status == "needs rebase" for r in reports):
