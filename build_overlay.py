@@ -401,7 +401,8 @@ def build_host_wheel(tree: Path, pin: Pin, kernels: bool, epoch: int, out: Path)
     """vLLM-Ascend's own setup.py builds the patched tree (its package list,
     package data and entry points stay the host's business)."""
     shutil.rmtree(out, ignore_errors=True)
-    # setuptools_scm would read a version off our scratch git repo: pin it.
+    # setuptools_scm would take a version from whatever git repository encloses
+    # the tree (build/ sits inside our checkout): give it the pinned one.
     env = dict(os.environ, SOC_VERSION=soc_version(pin), SOURCE_DATE_EPOCH=str(epoch),
                COMPILE_CUSTOM_KERNELS="1" if kernels else "0",
                SETUPTOOLS_SCM_PRETEND_VERSION=pin.version)
