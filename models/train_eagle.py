@@ -43,7 +43,7 @@ import corpus  # noqa: E402
 MODELS_DIR = Path(__file__).resolve().parent
 SEED = 0
 BATCH = 8
-STEPS = 600
+STEPS = 400
 WARMUP_STEPS = 40
 LR = 2e-3
 MIN_LR_FRACTION = 0.1

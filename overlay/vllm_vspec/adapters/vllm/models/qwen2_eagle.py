@@ -1,7 +1,7 @@
 """Qwen2ForCausalLMEagle: an EAGLE-1 draft head for Qwen2 targets on vLLM 0.32.
 
-vLLM 0.32 no longer ships this architecture; `register()` in this package adds
-it to vLLM's ModelRegistry under the names listed in MODELS there.
+vLLM 0.32 no longer ships this architecture; `register_models()` (this
+package's __init__) adds it to vLLM's ModelRegistry under the names in MODELS.
 Checkpoint layout (as Eagle-Qwen2.5-14B-Instruct ships it), tensor names
 without a `model.` prefix:
 
@@ -62,17 +62,21 @@ class _EagleQwen2Body(nn.Module):
                  start_layer_id: int = 0) -> None:
         super().__init__()
         config = vllm_config.speculative_config.draft_model_config.hf_config
+        if config.num_hidden_layers != 1:
+            raise ValueError(
+                f"EAGLE head config num_hidden_layers={config.num_hidden_layers} is not "
+                "allowed: Qwen2ForCausalLMEagle (EAGLE-1) has exactly 1 decoder layer")
         quant_config = get_draft_quant_config(vllm_config)
         self.config = config
         self.embed_tokens = VocabParallelEmbedding(
             config.vocab_size, config.hidden_size, prefix=maybe_prefix(prefix, "embed_tokens"))
-        # Layers are named after the target's so the draft's attention layer
-        # gets its own KV-cache slot in vLLM's forward context.
+        # The layer is numbered after the target's layers so that the draft's
+        # attention gets its own KV-cache slot in vLLM's forward context; its
+        # weights are still `layers.0.*` (module index 0).
         self.layers = nn.ModuleList([
             _EagleDecoderLayer(config=config, cache_config=vllm_config.cache_config,
                                quant_config=quant_config,
-                               prefix=maybe_prefix(prefix, f"layers.{start_layer_id + i}"))
-            for i in range(config.num_hidden_layers)
+                               prefix=maybe_prefix(prefix, f"layers.{start_layer_id}"))
         ])
         self.fc = ReplicatedLinear(2 * config.hidden_size, config.hidden_size, bias=True,
                                    quant_config=quant_config, return_bias=False,
@@ -84,9 +88,7 @@ class _EagleQwen2Body(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 hidden_states: torch.Tensor) -> torch.Tensor:
         x = self.fc(torch.cat((self.embed_tokens(input_ids), hidden_states), dim=-1))
-        residual = None
-        for layer in self.layers:
-            x, residual = layer(positions, x, residual)
+        x, residual = self.layers[0](positions, x, None)
         return x + residual
 
 
