@@ -18,6 +18,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -282,8 +283,6 @@ def vspec_ops():
     the build dir persists under build/ so unchanged sources do not recompile."""
     import subprocess
 
-    import torch
-
     if shutil.which("cmake") is None or shutil.which("c++") is None:
         pytest.skip("cmake and a C++ compiler are needed to build csrc/ (CPU reference)")
     out = REPO / "build" / "csrc-cpu"
@@ -297,16 +296,12 @@ def vspec_ops():
 
 
 def test_uniform_spec_metadata_reference(vspec_ops):
-    import torch
-
     qsl, positions = vspec_ops.uniform_spec_metadata(torch.tensor([5, 9], dtype=torch.int32), 2)
     assert qsl.tolist() == [0, 3, 6]
     assert positions.tolist() == [5, 6, 7, 9, 10, 11]
 
 
 def test_commit_accepted_reference(vspec_ops):
-    import torch
-
     sampled = torch.tensor([[3, 4, -1], [7, -1, -1], [1, 2, 3]])
     accepted, next_token, new_lens = vspec_ops.commit_accepted(
         sampled, torch.tensor([10, 20, 30], dtype=torch.int32))
@@ -316,8 +311,6 @@ def test_commit_accepted_reference(vspec_ops):
 
 
 def test_ops_refuse_a_verify_width_over_16(vspec_ops):
-    import torch
-
     with pytest.raises(RuntimeError, match=r"gamma=16 is not allowed: an integer in \[0, 15\]"):
         vspec_ops.uniform_spec_metadata(torch.tensor([1], dtype=torch.int32), 16)
     with pytest.raises(RuntimeError, match="gamma=16 is not allowed"):
@@ -391,3 +384,51 @@ def test_strict_acceptance_keeps_the_hosts_rejection_sampler():
     assert routing.rejection_sampler_factory(_engine_config(), HostSampler) is HostSampler
     off = _engine_config(vspec={"enabled": False, "acceptance": "margin"})
     assert routing.rejection_sampler_factory(off, HostSampler) is HostSampler
+
+
+class _DraftModel(torch.nn.Module):
+    """Stands in for a draft model: compute_logits returns what it is given."""
+
+    def __init__(self):
+        super().__init__()
+        self.lm_head = torch.nn.Linear(2, 2)
+
+    def forward(self, x):
+        return x + 1
+
+    def compute_logits(self, hidden_states):
+        return hidden_states
+
+
+def _proposer_with_entropy_stop(**vspec):
+    from types import SimpleNamespace
+
+    from vllm_ascend.vspec.entropy_tap import EntropyTap
+    from vllm_vspec.config import VSpecConfig
+
+    proposer = SimpleNamespace(model=_DraftModel(), max_num_speculative_tokens=3,
+                               runner=SimpleNamespace(max_num_reqs=4),
+                               device=torch.device("cpu"))
+    settings = VSpecConfig.from_dict({"entropy_stop": True, **vspec}, 3)
+    return proposer, EntropyTap.maybe_install(proposer, settings)
+
+
+def test_entropy_tap_is_transparent_and_installed_only_when_on():
+    from vllm_ascend.vspec.entropy_tap import EntropyTap
+    from vllm_vspec.config import VSpecConfig
+
+    proposer, tap = _proposer_with_entropy_stop()
+    assert proposer.model is tap
+    assert proposer.model(torch.zeros(1)).item() == 1.0  # forward reaches the draft model
+    assert proposer.model.lm_head is tap.inner.lm_head  # so do its attributes
+    assert EntropyTap.maybe_install(proposer, VSpecConfig()) is None  # entropy_stop off
+
+
+def test_entropy_tap_invalidates_drafts_from_the_first_uncertain_position():
+    _, tap = _proposer_with_entropy_stop(entropy_topk=2, entropy_threshold=0.5)
+    sure, unsure = [20.0, 0.0], [0.0, 0.0]  # entropy ~0 and ln 2 > 0.5 ** 2
+    tap.reset()
+    for row in ([sure, sure], [sure, unsure], [unsure, sure]):  # draft positions 0, 1, 2
+        tap.compute_logits(torch.tensor(row))
+    draft = torch.tensor([[11, 12, 13], [21, 22, 23]])
+    assert tap.cut(draft).tolist() == [[11, 12, -1], [21, -1, -1]]
