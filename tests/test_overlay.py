@@ -432,3 +432,137 @@ def test_entropy_tap_invalidates_drafts_from_the_first_uncertain_position():
         tap.compute_logits(torch.tensor(row))
     draft = torch.tensor([[11, 12, 13], [21, 22, 23]])
     assert tap.cut(draft).tolist() == [[11, 12, -1], [21, -1, -1]]
+
+
+# ------------------------------------------------------------------------------
+# The NPU proposer mixin over a stand-in host. The real AscendSpecDecodeBaseProposer
+# needs torch_npu; the stand-in keeps only what the mixin relies on (checked
+# against the real host by the ABI test above): K assigned in __init__ and
+# sizing buffers, `_runnable` set to the merged draft loop and wrapped for full
+# graphs in load_model, a loop that drafts `num_speculative_tokens` tokens.
+class _Wrapper:
+    def __init__(self, runnable, vllm_config, runtime_mode, cudagraph_options=None, *,
+                 use_eagle=False, enable_enpu=False):
+        self.runnable, self.runtime_mode = runnable, runtime_mode
+        self.use_eagle, self.enable_enpu = use_eagle, enable_enpu
+        self.replays = 0
+
+    def __call__(self, **kwargs):
+        self.replays += 1
+        return self.runnable(**kwargs)
+
+
+class _HostProposer:
+    def __init__(self, vllm_config, device, runner=None):
+        self.vllm_config, self.device, self.runner = vllm_config, device, runner
+        self.num_speculative_tokens = vllm_config.speculative_config.num_speculative_tokens
+        self.slot_mapping_group = [None] * self.num_speculative_tokens
+        self._runnable = self._run_merged_draft
+        self.draft_passes, self.dummy_runs = [], []
+
+    def load_model(self, model):
+        from vllm.config import CUDAGraphMode
+
+        if self.vllm_config.full_graphs:
+            self._runnable = _Wrapper(self._run_merged_draft, self.vllm_config,
+                                      runtime_mode=CUDAGraphMode.FULL)
+
+    def _run_merged_draft(self, batch_size):
+        self.draft_passes.append(self.num_speculative_tokens)
+        return torch.arange(self.num_speculative_tokens).repeat(batch_size, 1)
+
+    def _propose(self, target_token_ids=None, common_attn_metadata=None, scheduler_output=None):
+        return self._runnable(batch_size=common_attn_metadata.batch_size())
+
+    def dummy_run(self, num_tokens, in_graph_capturing=False, aclgraph_runtime_mode=None,
+                  is_profile=False):
+        self.dummy_runs.append((self.num_speculative_tokens, self._runnable))
+
+
+@pytest.fixture
+def proposers(monkeypatch):
+    """vllm_ascend.vspec.proposers imported over the stand-in host modules."""
+    import types
+
+    host = {"vllm_ascend.compilation": {}, "vllm_ascend.compilation.acl_graph":
+            {"ACLGraphWrapper": _Wrapper}, "vllm_ascend.spec_decode": {},
+            "vllm_ascend.spec_decode.draft_proposer": {"AscendDraftModelProposer": _HostProposer},
+            "vllm_ascend.spec_decode.eagle_proposer": {"AscendEagleProposer": _HostProposer}}
+    for name, attrs in host.items():
+        module = types.ModuleType(name)
+        module.__dict__.update(attrs)
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.delitem(sys.modules, "vllm_ascend.vspec.proposers", raising=False)
+    import vllm_ascend.vspec.proposers as module
+
+    yield module
+    sys.modules.pop("vllm_ascend.vspec.proposers", None)
+
+
+def _make(proposers, k=4, full_graphs=False):
+    config = _engine_config("eagle", k)
+    config.full_graphs = full_graphs
+    proposer = proposers.VSpecEagleProposer(config, torch.device("cpu"))
+    proposer.load_model(model=None)
+    return proposer
+
+
+def _step(gamma=None, batch=2):
+    from types import SimpleNamespace
+
+    out = SimpleNamespace() if gamma is None else SimpleNamespace(num_spec_tokens_to_schedule=gamma)
+    meta = SimpleNamespace(batch_size=lambda: batch)
+    return dict(target_token_ids=None, common_attn_metadata=meta, scheduler_output=out)
+
+
+def test_buffers_are_sized_by_k_and_k_is_read_outside_a_step(proposers):
+    proposer = _make(proposers, k=4)
+    assert len(proposer.slot_mapping_group) == 4
+    assert proposer.num_speculative_tokens == proposer.max_num_speculative_tokens == 4
+
+
+def test_a_step_drafts_the_schedulers_gamma_then_k_is_back(proposers):
+    proposer = _make(proposers, k=4)
+    assert proposer._propose(**_step(gamma=2)).shape == (2, 2)
+    assert proposer._propose(**_step()).shape == (2, 4)  # vLLM 0.23 output: no field
+    assert proposer.draft_passes == [2, 4]
+    assert proposer.num_speculative_tokens == 4
+
+
+def test_gamma_zero_runs_the_first_draft_pass_and_returns_no_drafts(proposers):
+    proposer = _make(proposers, k=4)
+    assert proposer._propose(**_step(gamma=0)).shape == (2, 0)
+    assert proposer.draft_passes == [1]  # the draft KV cache saw this step's tokens
+
+
+def test_a_gamma_over_k_is_refused_and_leaves_k_in_place(proposers):
+    from vllm_vspec.config import VSpecConfigError
+
+    proposer = _make(proposers, k=4)
+    with pytest.raises(VSpecConfigError, match="num_spec_tokens_to_schedule=5"):
+        proposer._propose(**_step(gamma=5))
+    assert proposer.num_speculative_tokens == 4 and proposer.draft_passes == []
+
+
+def test_full_graphs_get_one_captured_graph_per_gamma(proposers):
+    from vllm.config import CUDAGraphMode
+
+    proposer = _make(proposers, k=3, full_graphs=True)
+    proposer.dummy_run(num_tokens=8, in_graph_capturing=True,
+                       aclgraph_runtime_mode=CUDAGraphMode.FULL, is_profile=False)
+    gammas = [g for g, _ in proposer.dummy_runs]
+    wrappers = [w for _, w in proposer.dummy_runs]
+    assert gammas == [1, 2, 3]
+    assert len({id(w) for w in wrappers}) == 3 and all(isinstance(w, _Wrapper) for w in wrappers)
+    proposer._propose(**_step(gamma=2))
+    assert [w.replays for w in wrappers] == [0, 1, 0]  # the gamma-2 graph
+    assert proposer.draft_passes == [2]
+
+
+def test_profiling_dummy_runs_use_k_once(proposers):
+    from vllm.config import CUDAGraphMode
+
+    proposer = _make(proposers, k=3, full_graphs=True)
+    proposer.dummy_run(num_tokens=8, in_graph_capturing=True,
+                       aclgraph_runtime_mode=CUDAGraphMode.FULL, is_profile=True)
+    assert [g for g, _ in proposer.dummy_runs] == [3]
