@@ -198,6 +198,32 @@ def test_methods_resolve_through_the_c3_mro_not_depth_first(tmp_path):
         "vllm.tree.Both", "vllm.tree.Left", "vllm.tree.Right", "vllm.tree.Root"]
 
 
+def test_host_names_we_import_and_subclass_must_exist(tmp_path):
+    report = check(tmp_path, HOST, """
+        from vllm.base import Base, Gone
+        from vllm.missing import Thing
+        import vllm.base
+
+        try:
+            from vllm.base import Optional
+        except ImportError:
+            Optional = None
+
+        class Mine(Base):
+            pass
+
+        class Orphan(Gone):
+            pass
+        """)
+    found = sorted((f.kind, f.member, f.problem) for f in report.findings)
+    assert found == [
+        ("base", "vllm.base.Gone", "base class not found in this host"),
+        ("import", "vllm.base.Gone", "not defined in this host"),
+        ("import", "vllm.missing", "module not found in this host"),
+    ]
+    assert all(f.ours.startswith(str(tmp_path)) for f in report.findings)
+
+
 @pytest.fixture(scope="module")
 def vllm_023_wheel() -> Path:
     default, pins = build_overlay.load_pins()

@@ -12,6 +12,8 @@ adapter classes (every class under `vllm_vspec/adapters/` and
   `**kwargs` must be host parameter names);
 - call: each `super().m(...)` / `self.m(...)` we make binds to the host's
   signature of `m`;
+- import / base: every host module and name our adapter modules import
+  (outside `try:`), and every host base class they name, exists;
 - attribute: each `self.x` we read and do not set ourselves exists in the host
   (a method, a class attribute, or a `self.x = ...` in some host method), and
   a host attribute we shadow with a property has a setter when the host
@@ -432,7 +434,7 @@ class Finding:
     host: str
     cls: str
     member: str
-    kind: str  # override | call | attribute
+    kind: str  # override | call | attribute | import | base
     ours: str  # file:line
     theirs: str  # file:line, or "" when the host lacks it
     problem: str
@@ -592,9 +594,84 @@ def _kwargs_keys(fn: ast.AST, varkw: str) -> Iterator[tuple[str, ast.AST]]:
             yield node.args[0].value, node
 
 
+def _module_names(mod: Module) -> set[str] | None:
+    """Names a module defines at top level (also inside top-level if/try);
+    None when a module-level __getattr__ makes any name possible."""
+    names: set[str] = set(mod.imports)
+    pending = list(mod.tree.body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            if node.name == "__getattr__":
+                return None
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+        elif isinstance(node, (ast.If, ast.Try)):
+            pending += node.body + node.orelse + getattr(node, "finalbody", [])
+            pending += [s for h in getattr(node, "handlers", []) for s in h.body]
+    return names
+
+
+def _guarded_imports(tree: ast.AST) -> set[int]:
+    """ids of imports inside a `try` body: optional by design, not checked."""
+    return {id(n) for t in ast.walk(tree) if isinstance(t, ast.Try)
+            for stmt in t.body for n in ast.walk(stmt)}
+
+
+def check_imports(host_name: str, sources: Sources, roots: dict[str, Path]) -> tuple[int, list[Finding]]:
+    """Every host module and name our adapter modules import, and every host
+    base class they name, exists in this host."""
+    hosts = {r.split(".")[0] for r in roots if not _ours(r)}
+
+    def is_host(module: str) -> bool:
+        return module.split(".")[0] in hosts and not _ours(module)
+
+    checked, findings = 0, []
+    for package in ADAPTER_PACKAGES:
+        for mod_name in sources.modules_under(package):
+            mod = sources.module(mod_name)
+            if mod is None:
+                continue
+            guarded = _guarded_imports(mod.tree)
+            for node in ast.walk(mod.tree):
+                if id(node) in guarded:
+                    continue
+                wanted: list[tuple[str, str | None]] = []
+                if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                    wanted = [(node.module, a.name) for a in node.names]
+                elif isinstance(node, ast.Import):
+                    wanted = [(a.name, None) for a in node.names]
+                for module, name in wanted:
+                    if not is_host(module):
+                        continue
+                    checked += 1
+                    where = f"{mod.path}:{node.lineno}"
+                    target = sources.module(module)
+                    if target is None:
+                        findings.append(Finding(host_name, mod_name, module, "import", where, "",
+                                                "module not found in this host"))
+                        continue
+                    defined = _module_names(target)
+                    if name and defined is not None and name not in defined \
+                            and sources.module(f"{module}.{name}") is None:
+                        findings.append(Finding(host_name, mod_name, f"{module}.{name}", "import",
+                                                where, target.path, "not defined in this host"))
+            for cls in mod.classes.values():
+                ref = ClassRef(f"{mod_name}.{cls.name}", mod, cls)
+                for base in _base_names(ref):
+                    if is_host(base) and resolve(sources, base) is None:
+                        findings.append(Finding(host_name, ref.qualname, base, "base",
+                                                ref.where(), "", "base class not found in this host"))
+    return checked, findings
+
+
 def check_host(name: str, roots: dict[str, Path]) -> HostReport:
     sources = Sources(roots)
     report = HostReport(name, {k: str(v) for k, v in sorted(roots.items())})
+    report.checked, report.findings = check_imports(name, sources, roots)
     for ref in adapter_classes(sources):
         if not any(not c.ours and c.module.name.split(".")[0] in roots for c in mro(sources, ref)):
             continue
@@ -602,7 +679,7 @@ def check_host(name: str, roots: dict[str, Path]) -> HostReport:
         checked, findings = check_class(name, sources, ref)
         report.checked += checked
         report.findings += findings
-    if not report.classes:
+    if not report.classes and not report.findings:
         report.skipped = "no adapter class subclasses this host"
     return report
 
