@@ -14,6 +14,7 @@ import sys
 # when `--help` lists it, so `vllm-vspec --help` stays fast.
 SUBCOMMANDS: dict[str, str] = {
     "bench": "vllm_vspec.bench.command",
+    "demo": "vllm_vspec.demo",
     "doctor": "vllm_vspec.doctor",
     "serve": "vllm_vspec.serve",
     "models": "vllm_vspec.drafters",
