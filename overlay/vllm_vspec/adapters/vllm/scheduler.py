@@ -108,7 +108,7 @@ class VSpecScheduler(Scheduler):
             self._stale.intersection_update(self.requests)
             if self._stale:
                 self._stale.update(scheduler_output.num_scheduled_tokens)
-                scheduler_output.num_spec_tokens_to_schedule = 0
+                self._set_gamma(scheduler_output, 0)
                 return super()._update_after_schedule(scheduler_output)
         if self.vspec is not None and scheduler_output.num_scheduled_tokens:
             scheduled = scheduler_output.num_scheduled_tokens
@@ -118,11 +118,17 @@ class VSpecScheduler(Scheduler):
                 max_num_batched_tokens=self.scheduler_config.max_num_batched_tokens,
                 mean_context_len=context / len(scheduled))
             decision = self.vspec.decide(batch)
-            scheduler_output.num_spec_tokens_to_schedule = decision.gamma
+            self._set_gamma(scheduler_output, decision.gamma)
             self._scheduled_at[id(scheduler_output)] = time.perf_counter()
             if self._sticky and decision.gamma == 0:
                 self._stale.update(scheduled)
         super()._update_after_schedule(scheduler_output)
+
+    def _set_gamma(self, scheduler_output: SchedulerOutput, gamma: int) -> None:
+        """The runner drafts this many tokens after the step (on vLLM 0.23,
+        which lacks the field, the Ascend overlay's runner reads the same
+        attribute)."""
+        scheduler_output.num_spec_tokens_to_schedule = gamma
 
     # extends Scheduler.update_from_output: report each step's verified drafts
     # and committed tokens to the controller, after the host has consumed them.
@@ -149,6 +155,13 @@ class VSpecAsyncScheduler(VSpecScheduler, AsyncScheduler):
     methods run first and call into AsyncScheduler). Runs on GPU/NPU only:
     the CPU platform turns async scheduling off."""
 
+    def _set_gamma(self, scheduler_output: SchedulerOutput, gamma: int) -> None:
+        super()._set_gamma(scheduler_output, gamma)
+        # AsyncScheduler._update_after_schedule (next in the MRO) gives each
+        # request these as next-step draft placeholders; vLLM 0.23 sizes
+        # them once by K, so size them by this step's gamma (0.32 does too).
+        self._spec_token_placeholders = [-1] * gamma
+
 
 def _feedback(so: SchedulerOutput, out: ModelRunnerOutput, scheduled_at: float,
               completed_at: float) -> StepFeedback:
@@ -156,6 +169,7 @@ def _feedback(so: SchedulerOutput, out: ModelRunnerOutput, scheduled_at: float,
     own outputs (the same numbers vLLM's spec-decode metrics count)."""
     sampled = out.sampled_token_ids or []
     index = out.req_id_to_index
+    invalid = so.num_invalid_spec_tokens or {}
     drafted: list[int] = []
     accepted: list[int] = []
     committed = 0
@@ -165,7 +179,9 @@ def _feedback(so: SchedulerOutput, out: ModelRunnerOutput, scheduled_at: float,
         committed += n_out
         spec = so.scheduled_spec_decode_tokens.get(req_id)
         if spec and n_out:
-            drafted.append(len(spec))
+            # As vLLM's spec-decode metrics count them: drafts rejected by a
+            # grammar (padded with -1) were never verified.
+            drafted.append(len(spec) - invalid.get(req_id, 0))
             accepted.append(n_out - 1)
     return StepFeedback(
         gamma=so.num_spec_tokens_to_schedule, num_reqs=len(so.num_scheduled_tokens),
