@@ -54,7 +54,7 @@ def runner_of(llm):
     return llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
 
 
-def drafted_and_drafts(llm, run) -> tuple[float, float, float]:
+def spec_counts(llm, run) -> tuple[float, float, float]:
     """(draft tokens, drafts, accepted tokens) vLLM counted during `run()`."""
     names = ("vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_drafts",
              "vllm:spec_decode_num_accepted_tokens")
@@ -134,13 +134,13 @@ def test_entropy_stop_shortens_drafts_and_keeps_outputs_exact(spec, prompts, ref
                    disable_log_stats=False)
     try:
         got: list[list[int]] = []
-        tokens, drafts, accepted = drafted_and_drafts(
+        tokens, drafts, accepted = spec_counts(
             llm, lambda: got.extend(greedy(llm, prompts, MAX_TOKENS)))
-        unstopped = [greedy(llm, [p], MAX_TOKENS)[0] for p in prompts[:2]]
+        batch1 = [greedy(llm, [p], MAX_TOKENS)[0] for p in prompts[:2]]
     finally:
         close_llm(llm)
     assert_same_tokens(got, reference, f"{spec['method']} + entropy stop, batch 16")
-    assert_same_tokens(unstopped, reference[:2], f"{spec['method']} + entropy stop, batch 1")
+    assert_same_tokens(batch1, reference[:2], f"{spec['method']} + entropy stop, batch 1")
     assert accepted > 0, "no draft token was ever accepted: the stop cut everything"
     assert tokens < K * drafts, (
         f"{tokens} draft tokens in {drafts} drafts: the stop never shortened one below {K}")
