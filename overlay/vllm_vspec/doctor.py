@@ -519,8 +519,11 @@ def check_class(host_name: str, sources: Sources, ref: ClassRef) -> tuple[int, l
         for fn in owner.node.body:
             if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
+            # super() from `owner` resolves past it: to our later classes first.
+            later_ours = {m for c in chain[chain.index(owner) + 1:] if c.ours
+                          for m in class_members(c)}
             for call, member, via_super in _self_calls(fn):
-                if not via_super and member in our_members:
+                if member in (later_ours if via_super else our_members):
                     continue
                 hit = host_lookup(host, member, concrete=True)
                 if hit is None and (opaque or member in OBJECT_MEMBERS):
