@@ -225,7 +225,7 @@ def test_eagle_variants_appear_only_when_the_head_exists(bench_inputs, tmp_path,
     cli.main(["bench", "--dry-run", *args, "--variants", "eagle-fixed-2,eagle-online"])
     cmds = _variant_commands(capsys.readouterr().out)
     assert list(cmds) == ["target", "eagle-fixed-2", "eagle-online"]
-    with pytest.raises(ValueError, match="eagle-online is not available"):
+    with pytest.raises(SystemExit, match="eagle-online is not available"):
         cli.main(["bench", "--dry-run", *bench_inputs, "--variants", "eagle-online"])
 
 

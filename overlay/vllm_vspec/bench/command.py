@@ -117,7 +117,10 @@ def build_plan(args: argparse.Namespace) -> runner.Plan:
                 "eagle": args.eagle if args.eagle.exists() else None}
     available = variants.all_variants(drafters, args.static_table)
     names = list(available) if args.variants == "all" else _csv(args.variants)
-    chosen = variants.select(available, names)
+    try:
+        chosen = variants.select(available, names)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
     all_workloads = workloads.build_workloads(args.low_concurrency, args.high_concurrency,
                                               args.requests_low, args.requests_high)
     wnames = list(all_workloads) if args.workloads == "all" else _csv(args.workloads)
