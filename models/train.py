@@ -60,8 +60,8 @@ DRAFT_SHAPE = dict(num_hidden_layers=2, hidden_size=128, intermediate_size=384,
 
 SEQ_LEN = 256
 BATCH = 8           # windows per step, half code and half prose
-STEPS = 720
-WARMUP_STEPS = 40
+STEPS = 540
+WARMUP_STEPS = 30
 LR = 4e-3
 MIN_LR_FRACTION = 0.1
 DRAFT_CE_WEIGHT = 0.5   # the rest of the draft loss is KL to the target
