@@ -9,6 +9,7 @@ requests produced exactly the target-only tokens.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +35,7 @@ class Row:
     tokens: int
     seconds: float
     tokens_per_second: float
-    speedup: float | None
+    speedup: float
     mean_accepted_length: float | None
     acceptance_per_position: list[float]
     identical: int
@@ -59,7 +60,8 @@ def _positive_int(text: str) -> int:
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("demo", help=__doc__.splitlines()[0].split(": ", 1)[1],
-                              description=__doc__)
+                              description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default=str(engine_runs.DEFAULT_TARGET),
                    help="target model dir (default: the deepened bundled target)")
     p.add_argument("--draft", default=str(engine_runs.DEFAULT_DRAFT),
@@ -143,5 +145,5 @@ def run(args) -> int:
         args.json.write_text(json.dumps(dict(
             target=args.target, draft=args.draft, prompts=args.prompts, dtype=args.dtype,
             num_prompts=args.num_prompts, max_tokens=args.max_tokens,
-            rows=[r.__dict__ for r in rows]), indent=1) + "\n")
+            rows=[dataclasses.asdict(r) for r in rows]), indent=1) + "\n")
     return 0 if same == total else 1
