@@ -202,6 +202,24 @@ def test_async_scheduling_selects_the_async_scheduler_except_on_cpu(capsys):
     assert "--no-async-scheduling" in argv
 
 
+def test_rendered_class_paths_name_real_vspec_classes():
+    import importlib
+    paths = set(presets.SCHEDULERS.values()) | {
+        p.worker_cls for p in presets.PLATFORMS.values() if p.worker_cls}
+    for path in paths:
+        module, _, name = path.rpartition(".")
+        assert hasattr(importlib.import_module(module), name), path
+
+
+def test_the_vspec_worker_is_selected_on_cpu_and_cuda(capsys, vllm_serve_parser):
+    for platform, worker in (("cpu", "VSpecCPUWorker"), ("cuda", "VSpecGPUWorker")):
+        argv, env = dry_run(capsys, "--preset", "eagle-relaxed", "--platform", platform)
+        assert vllm_serve_parser(argv).worker_cls.endswith("." + worker)
+    assert env == {"VLLM_USE_V2_MODEL_RUNNER": "0"}  # the cuda runner extends V1
+    argv, env = dry_run(capsys, "--preset", "eagle-relaxed", "--platform", "npu")
+    assert "--worker-cls" not in argv and env == {}
+
+
 def test_the_additional_config_carries_only_the_keys_the_preset_sets(capsys):
     argv, _ = dry_run(capsys, "--preset", "draft-adaptive")
     vspec = json.loads(argv[argv.index("--additional-config") + 1])["vspec"]

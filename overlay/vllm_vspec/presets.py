@@ -44,14 +44,22 @@ SCHEDULERS = {
     False: "vllm_vspec.adapters.vllm.scheduler.VSpecScheduler",
     True: "vllm_vspec.adapters.vllm.scheduler.VSpecAsyncScheduler",
 }
+_WORKERS = "vllm_vspec.adapters.vllm.worker"
+
 
 @dataclass(frozen=True)
 class Platform:
-    """What a graph mode and a device index become on one kind of host."""
+    """What a graph mode, a device index and the vspec runner need on one
+    kind of host."""
 
     graph_args: Mapping[str, tuple[str, ...]]
     graph_note: str
     visible_devices_env: str | None
+    # vspec's worker (its model runner applies lossy acceptance, the entropy
+    # stop and sticky gamma 0; with other settings it changes nothing). None
+    # where the host's own worker already is vspec's (the Ascend overlay).
+    worker_cls: str | None
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     async_scheduling: bool = True  # False where vLLM turns async scheduling off
 
 
@@ -68,16 +76,19 @@ _GRAPH_ARGS = {
 }
 
 PLATFORMS = {
+    # vspec's GPU runner extends vLLM's V1 runner, so V2 must stay off.
     "cuda": Platform(_GRAPH_ARGS, "CUDA graphs in the given cudagraph_mode",
-                     "CUDA_VISIBLE_DEVICES"),
+                     "CUDA_VISIBLE_DEVICES", f"{_WORKERS}.VSpecGPUWorker",
+                     env={"VLLM_USE_V2_MODEL_RUNNER": "0"}),
     "npu": Platform(_GRAPH_ARGS, "ACL graphs in the given cudagraph_mode (vLLM-Ascend)",
-                    "ASCEND_RT_VISIBLE_DEVICES"),
+                    "ASCEND_RT_VISIBLE_DEVICES", None),
     # vLLM CPU empties the capture sizes whatever the mode, so any graph mode
     # means its default torch.compile path; only `eager` changes anything.
     "cpu": Platform({"eager": ("--enforce-eager",), "piecewise": (),
                      "full-decode-only": (), "full": ()},
                     "no graph capture on CPU: non-eager modes use vLLM CPU's default "
-                    "torch.compile path", None, async_scheduling=False),
+                    "torch.compile path", None, f"{_WORKERS}.VSpecCPUWorker",
+                    async_scheduling=False),
 }
 
 
@@ -352,13 +363,15 @@ def render(preset: Preset, extra_args: list[str] | None = None,
             "--speculative-config", json.dumps(speculative, sort_keys=True),
             "--additional-config", json.dumps({"vspec": vspec}, sort_keys=True),
             "--scheduler-cls", SCHEDULERS[async_scheduling]]
+    if platform.worker_cls is not None:
+        argv += ["--worker-cls", platform.worker_cls]
     for key, flag in (("max_num_batched_tokens", "--max-num-batched-tokens"),
                       ("max_model_len", "--max-model-len"),
                       ("kv_cache_memory_bytes", "--kv-cache-memory-bytes"),
                       ("served_model_name", "--served-model-name")):
         if getattr(launch, key) is not None:
             argv += [flag, str(getattr(launch, key))]
-    env = dict(preset.env)
+    env = {**platform.env, **preset.env}
     if launch.device is not None:
         env[platform.visible_devices_env] = launch.device
     return argv + list(extra_args or []), env
@@ -394,7 +407,15 @@ def config_docs() -> str:
         cells = [" ".join(p.graph_args[mode]) or "(no flag)" for p in PLATFORMS.values()]
         out.append(f"| `{mode}` | " + " | ".join(f"`{c}`" if c != "(no flag)" else c
                                                  for c in cells) + " |")
-    out += [""] + [f"- {name}: {p.graph_note}." for name, p in PLATFORMS.items()] + [""]
+    out += ["", "## Platforms", "",
+            "Every command gets `--scheduler-cls` (VSpecAsyncScheduler with async",
+            "scheduling, VSpecScheduler otherwise) and, where listed, vspec's worker.", ""]
+    for name, p in PLATFORMS.items():
+        worker = f"`--worker-cls {p.worker_cls}`" if p.worker_cls else "the host's worker"
+        env = ", ".join(f"`{k}={v}`" for k, v in p.env.items()) or "none"
+        out.append(f"- {name}: {p.graph_note}; {worker}; environment: {env}"
+                   + ("; async scheduling is forced off" if not p.async_scheduling else "") + ".")
+    out.append("")
     return "\n".join(out)
 
 
