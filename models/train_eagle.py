@@ -25,6 +25,7 @@ tokenizer, same token streams, same sampler), fixed thread count.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import time
@@ -198,6 +199,9 @@ def main() -> None:
         command=f"python models/train_eagle.py --steps {args.steps}",
         target=str(args.target.relative_to(MODELS_DIR.parent)
                    if args.target.is_relative_to(MODELS_DIR.parent) else args.target),
+        # The head only fits the exact target it was trained on.
+        target_sha256=hashlib.sha256(
+            (args.target / "model.safetensors").read_bytes()).hexdigest(),
         torch=torch.__version__, threads=train.NUM_THREADS, seed=SEED, steps=args.steps,
         batch=BATCH, seq_len=train.SEQ_LEN, lr=LR, cls_weight=CLS_WEIGHT,
         feature_noise=FEATURE_NOISE,

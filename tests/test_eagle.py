@@ -122,10 +122,11 @@ def test_eagle_with_changing_gamma_is_exact_at_batch_1(eagle_cycling, prompts, r
 
 
 # --------------------------------------------------------------- entropy stop
-# tau = 0.9: cuts where the top-8 draft entropy exceeds 0.81 nats, which the
-# bundled drafts cross often but not always.
+# tau = 1.4 cuts where the top-8 draft entropy exceeds 1.96 nats (of at most
+# ln 8 = 2.08): about the median for the bundled draft on held-out prompts,
+# so drafts get cut at every position but not always.
 ENTROPY = {"policy": "online", "entropy_stop": True, "entropy_topk": 8,
-           "entropy_threshold": 0.9}
+           "entropy_threshold": 1.4}
 
 
 @pytest.mark.parametrize("spec", [EAGLE_SPEC, DRAFT_SPEC], ids=["eagle", "draft_model"])
