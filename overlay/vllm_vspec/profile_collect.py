@@ -90,7 +90,7 @@ def decode_samples(run: EngineRun, step_fn: Callable[[], dict[str, int]],
 
 
 def collect_engine(run: EngineRun, shapes: list[Shape], decode_steps: int,
-                   kv_cache_memory_bytes: int, seed: int) -> list[dict]:
+                   kv_cache_memory_bytes: int, seed: int, enforce_eager: bool) -> list[dict]:
     """Start one in-process engine and time its decode steps for every shape."""
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
@@ -102,7 +102,7 @@ def collect_engine(run: EngineRun, shapes: list[Shape], decode_steps: int,
               gpu_memory_utilization=0.3, kv_cache_memory_bytes=kv_cache_memory_bytes,
               max_model_len=longest, max_num_seqs=max(s.batch for s in shapes),
               max_num_batched_tokens=max(longest, *(s.batch * s.prompt_len for s in shapes)),
-              speculative_config=spec)
+              speculative_config=spec, enforce_eager=enforce_eager)
     engine = llm.llm_engine
     vocab = llm.llm_engine.model_config.get_vocab_size()
     rng = random.Random(seed)
@@ -156,6 +156,8 @@ def add_parser(subparsers) -> None:
                    help="samples per (engine, batch size, prompt length)")
     p.add_argument("--kv-cache-memory-bytes", type=int, default=512 << 20)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="time engines without torch.compile (match a server run that way)")
     p.add_argument("--name", default="cpu-tiny-draft")
     p.add_argument("--device", default=None, help="device text (default: this host)")
     p.add_argument("--samples", type=Path, default=Path("profiles/cpu-tiny-draft.samples.json"))
@@ -193,18 +195,20 @@ def main(args: argparse.Namespace) -> int:
         print(f"[{i}/{len(runs)}] {run.kind}" + (f" gamma {run.gamma}" if run.gamma else "")
               + f": {len(shapes)} shapes x {args.decode_steps} steps", flush=True)
         samples += collect_engine(run, shapes, args.decode_steps,
-                                  args.kv_cache_memory_bytes, args.seed)
+                                  args.kv_cache_memory_bytes, args.seed, args.enforce_eager)
     validate_samples(samples, where="collected samples")
     args.samples.parent.mkdir(parents=True, exist_ok=True)
     args.samples.write_text(json.dumps({
         "name": args.name, "device": device,
         "collected": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
         "target_model": str(args.target), "draft_model": str(args.draft),
+        "enforce_eager": args.enforce_eager,
         "samples": samples}, indent=1) + "\n")
     profile = fit_profile(samples, name=args.name, device=device, note=(
         f"measured by `vllm-vspec profile` on {time.strftime('%Y-%m-%d', time.gmtime(started))}"
         f" from {len(samples)} engine-step samples (target {args.target}, draft "
-        f"{args.draft}); re-measure for another host, dtype or model"))
+        f"{args.draft}, float32{', eager' if args.enforce_eager else ', torch.compile'});"
+        f" re-measure for another host, dtype, model or compile mode"))
     args.profile.parent.mkdir(parents=True, exist_ok=True)
     save_profile(profile, args.profile)
     errors = sorted(abs(profile_predict(profile, s) / s["ms"] - 1) for s in samples if s["ms"] > 0)

@@ -14,6 +14,7 @@ import json
 import platform
 import shlex
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
@@ -61,6 +62,9 @@ def add_parser(subparsers) -> None:
                    help="JSON [[batch_from, batch_to, K], ...] for the static-table variant")
     g.add_argument("--kv-cache-memory-bytes", type=int, default=ServerSpec.kv_cache_memory_bytes)
     g.add_argument("--dtype", default=ServerSpec.dtype)
+    g.add_argument("--enforce-eager", action="store_true",
+                   help="serve without torch.compile (much faster start-up on CPU; "
+                        "step times then differ from compiled serving)")
     g = p.add_argument_group("serving protocol (against a running server)")
     g.add_argument("--protocol", choices=sorted(protocols.PROTOCOLS))
     g.add_argument("--base-url", help="e.g. http://127.0.0.1:8000")
@@ -133,7 +137,8 @@ def build_plan(args: argparse.Namespace) -> runner.Plan:
     prompts = {f: workloads.load_prompts(args.prompts / f"{f}.jsonl") for f in families}
     spec = ServerSpec(model=args.target, dtype=args.dtype,
                       max_num_seqs=max(ServerSpec.max_num_seqs, args.high_concurrency),
-                      kv_cache_memory_bytes=args.kv_cache_memory_bytes)
+                      kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+                      enforce_eager=args.enforce_eager)
     return runner.Plan(spec, chosen, chosen_w, {w.name: w.requests(prompts) for w in chosen_w},
                 args.output_len or 64, args.out)
 
@@ -150,6 +155,8 @@ def _serving_main(args: argparse.Namespace) -> int:
 
     # Wide enough for the gamma column when the output is a file or a pipe.
     console = Console(width=max(160, shutil.get_terminal_size().columns))
+    # A plain `kill` must still stop the servers (background jobs ignore SIGINT).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     started = time.time()
     with Progress(console=console) as progress:
         task = progress.add_task("bench", total=plan.total_requests)

@@ -33,6 +33,9 @@ class ServerSpec:
     # On CPU this is the host-memory fraction; vLLM refuses its default there.
     gpu_memory_utilization: float = 0.3
     seed: int = 0
+    # Skip torch.compile: on a shared 2-core CPU compiling the deep target
+    # takes 5-10 min per server (each speculative config compiles anew).
+    enforce_eager: bool = False
 
 
 def serve_argv(spec: ServerSpec, variant_args: list[str], port: int) -> list[str]:
@@ -50,7 +53,8 @@ def serve_argv(spec: ServerSpec, variant_args: list[str], port: int) -> list[str
             "--seed", str(spec.seed),
             # Ignore the model's bundled sampling defaults so temperature 0
             # stays plain greedy decoding.
-            "--generation-config", "vllm", *variant_args]
+            "--generation-config", "vllm",
+            *(["--enforce-eager"] if spec.enforce_eager else []), *variant_args]
 
 
 def free_port() -> int:
