@@ -41,50 +41,50 @@ def reference(prompts) -> list[list[int]]:
         close_llm(llm)
 
 
-@pytest.fixture(scope="module")
-def cycling(tmp_path_factory):
-    """draft_model with a new gamma every step (4, 0, 3, 1, 2, ...), prefix caching on."""
-    trace = tmp_path_factory.mktemp("trace") / "cycle.jsonl"
-    llm = make_llm(speculative_config=DRAFT_MODEL, vspec={**CYCLE, "trace_path": str(trace)},
-                   enable_prefix_caching=True, disable_log_stats=False)
-    yield llm, trace
-    close_llm(llm)
+class TestGammaChangingEveryStep:
+    """draft_model with a new gamma every step (4, 0, 3, 1, 2, ...), prefix
+    caching on. One engine for the class: in-process engines share vLLM's
+    process-global parallel state, so only one may be alive at a time."""
 
+    @pytest.fixture(scope="class")
+    def cycling(self, reference, tmp_path_factory):
+        trace = tmp_path_factory.mktemp("trace") / "cycle.jsonl"
+        llm = make_llm(speculative_config=DRAFT_MODEL, vspec={**CYCLE, "trace_path": str(trace)},
+                       enable_prefix_caching=True, disable_log_stats=False)
+        yield llm, trace
+        close_llm(llm)
 
-def test_gamma_changing_every_step_is_exact_at_batch_16(cycling, prompts, reference):
-    llm, _ = cycling
-    assert_same_tokens(greedy(llm, prompts), reference, "cycle gamma, batch 16")
+    def test_exact_at_batch_16(self, cycling, prompts, reference):
+        llm, _ = cycling
+        assert_same_tokens(greedy(llm, prompts), reference, "cycle gamma, batch 16")
 
+    def test_exact_at_batch_1(self, cycling, prompts, reference):
+        llm, _ = cycling
+        got = [greedy(llm, [p])[0] for p in prompts[:4]]
+        assert_same_tokens(got, reference[:4], "cycle gamma, batch 1")
 
-def test_gamma_changing_every_step_is_exact_at_batch_1(cycling, prompts, reference):
-    llm, _ = cycling
-    got = [greedy(llm, [p])[0] for p in prompts[:4]]
-    assert_same_tokens(got, reference[:4], "cycle gamma, batch 1")
+    def test_exact_with_prefix_cache_hits(self, cycling, prompts, reference):
+        llm, _ = cycling
+        hits_before = counter(llm, "vllm:prefix_cache_hits")
+        assert_same_tokens(greedy(llm, prompts), reference, "cycle gamma, prefix-cached prompts")
+        assert counter(llm, "vllm:prefix_cache_hits") > hits_before, "no prefix-cache hit happened"
 
-
-def test_prefix_cache_hits_keep_outputs_exact(cycling, prompts, reference):
-    llm, _ = cycling
-    hits_before = counter(llm, "vllm:prefix_cache_hits")
-    assert_same_tokens(greedy(llm, prompts), reference, "cycle gamma, prefix-cached prompts")
-    assert counter(llm, "vllm:prefix_cache_hits") > hits_before, "no prefix-cache hit happened"
-
-
-def test_each_decision_is_the_draft_length_verified_next_step(cycling, prompts):
-    llm, trace = cycling
-    greedy(llm, prompts[:4])
-    _, steps = read_trace(trace)  # line-buffered: complete after generate()
-    gammas = {s["gamma"] for s in steps}
-    assert gammas == {0, 1, 2, 3, 4}, f"cycle policy used gammas {gammas}"
-    checked = 0
-    for prev, cur in zip(steps, steps[1:]):
-        for drafted in cur["drafted"]:
-            # A request drafts the previous decision's gamma (fewer only when
-            # it is about to hit its length limit).
-            assert drafted <= prev["gamma"], (prev, cur)
-            checked += drafted == prev["gamma"]
-        if prev["gamma"] == 0 and cur["num_reqs"] > 0:
-            assert cur["drafted"] == [], f"gamma 0 step still drafted: {prev} -> {cur}"
-    assert checked > 0
+    def test_each_decision_is_the_draft_length_verified_next_step(self, cycling, prompts):
+        llm, trace = cycling
+        greedy(llm, prompts[:4])
+        _, steps = read_trace(trace)  # line-buffered: complete after generate()
+        gammas = {s["gamma"] for s in steps}
+        assert gammas == {0, 1, 2, 3, 4}, f"cycle policy used gammas {gammas}"
+        checked = 0
+        for prev, cur in zip(steps, steps[1:]):
+            for drafted in cur["drafted"]:
+                # A request drafts the previous decision's gamma (fewer only
+                # when it is about to hit its length limit).
+                assert drafted <= prev["gamma"], (prev, cur)
+                checked += drafted == prev["gamma"]
+            if prev["gamma"] == 0:
+                assert cur["drafted"] == [], f"gamma 0 step still drafted: {prev} -> {cur}"
+        assert checked > 0
 
 
 def test_preemption_with_changing_gamma_is_exact(prompts, reference):
