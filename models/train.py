@@ -23,8 +23,10 @@ import time
 from pathlib import Path
 
 # Fixed before torch/tokenizers start their thread pools: results depend on
-# the reduction order, which depends on the thread count.
-NUM_THREADS = 2
+# the reduction order, which depends on the thread count. One thread: on a
+# shared 2-core machine a second OpenMP thread mostly spins at barriers
+# (measured: 2.6 CPU s per step on one thread, 5.9 on two).
+NUM_THREADS = 1
 os.environ.setdefault("RAYON_NUM_THREADS", str(NUM_THREADS))
 os.environ.setdefault("OMP_NUM_THREADS", str(NUM_THREADS))
 
@@ -59,11 +61,12 @@ DRAFT_SHAPE = dict(num_hidden_layers=2, hidden_size=128, intermediate_size=384,
                    num_attention_heads=4, num_key_value_heads=2)
 
 SEQ_LEN = 256
-BATCH = 8           # windows per step, half code and half prose
-# The committed pair was trained with 240 steps (about 0.5 M tokens): all the
-# CPU a shared 2-core machine gave within the time box on 2026-11-29. That is
-# too few (docs/models.md, "Status"); raise this on a quiet machine.
-STEPS = 240
+BATCH = 16          # windows per step, half code and half prose
+# The committed pair: 320 steps of 16 x 256 tokens (1.3 M tokens), 815 CPU s
+# on one thread (train_record.json). Still undertrained (held-out CE ~4.8
+# nats; greedy continuations loop, see docs/models.md): more steps on a quiet
+# machine would give a better pair.
+STEPS = 320
 WARMUP_STEPS = 30
 LR = 4e-3
 MIN_LR_FRACTION = 0.1
@@ -164,6 +167,8 @@ def write_prompts(docs, out_dir: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=STEPS)
+    parser.add_argument("--batch", type=int, default=BATCH,
+                        help="windows per step, half code and half prose")
     parser.add_argument("--out", type=Path, default=MODELS_DIR,
                         help="where tiny-target/, tiny-draft/, prompts/ go")
     args = parser.parse_args()
@@ -196,8 +201,8 @@ def main() -> None:
     for step in range(args.steps):
         for group in opt.param_groups:
             group["lr"] = lr_at(step, args.steps)
-        batch = torch.cat([sample_windows(streams["code"], BATCH // 2, gen),
-                           sample_windows(streams["prose"], BATCH // 2, gen)])
+        batch = torch.cat([sample_windows(streams["code"], args.batch // 2, gen),
+                           sample_windows(streams["prose"], args.batch // 2, gen)])
         t_ce, d_ce, kl, d_loss, _, _ = pair_losses(target, draft, batch)
         opt.zero_grad(set_to_none=True)
         (t_ce + d_loss).backward()
@@ -233,7 +238,7 @@ def main() -> None:
                            held_out=sum(d.family == f and d.held_out for d in docs))
                    for f in ("code", "prose")},
         train_tokens={f: len(s) for f, s in streams.items()},
-        steps=args.steps, batch=BATCH, seq_len=SEQ_LEN, lr=LR,
+        steps=args.steps, batch=args.batch, seq_len=SEQ_LEN, lr=LR,
         target_params=sum(p.numel() for p in target.parameters()),
         draft_params=sum(p.numel() for p in draft.parameters()),
         prompts=prompt_counts, held_out=held_report, log=log,
