@@ -101,7 +101,15 @@ def test_preemption_with_changing_gamma_is_exact(prompts, reference):
     assert_same_tokens(got, reference, "cycle gamma across preemptions")
 
 
-def test_ngram_with_changing_gamma_is_exact(prompts, reference):
+def test_ngram_with_changing_gamma_is_exact(prompts, reference, monkeypatch):
+    # The ngram drafter imports numba, whose llvmlite `lib` proxy answers any
+    # attribute (even __dict__); vLLM's CPU kernel-override scan of
+    # sys.modules then crashes every later in-process engine. Run this one
+    # engine in its own process so the test process never imports numba.
+    import vllm.envs
+
+    vllm.envs.disable_envs_cache()
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
     llm = make_llm(speculative_config={"method": "ngram", "num_speculative_tokens": 4,
                                        "prompt_lookup_min": 2, "prompt_lookup_max": 4},
                    vspec=CYCLE)

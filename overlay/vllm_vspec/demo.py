@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +25,9 @@ WARMUP_TOKENS = 4
 def default_variants(draft: str | Path, gammas: list[int]) -> list[Variant]:
     """What the demo compares. The baseline comes first: every other row is
     checked against its outputs. Add a variant here to show it in the table."""
-    return [Variant("target-only")] + [engine_runs.draft_model_variant(draft, g) for g in gammas]
+    return ([Variant("target-only")] + [engine_runs.draft_model_variant(draft, g) for g in gammas]
+            + [engine_runs.vspec_variant(f"vspec online 1..{max(gammas)}", draft, max(gammas),
+                                         policy="online")])
 
 
 @dataclass
@@ -39,6 +42,8 @@ class Row:
     mean_accepted_length: float | None
     acceptance_per_position: list[float]
     identical: int
+    # vspec rows: decode steps per gamma chosen (from the decision trace)
+    gamma_steps: dict[int, int] | None = None
 
 
 def _int_list(text: str) -> list[int]:
@@ -88,14 +93,18 @@ def measure(variants: list[Variant], args, pool: list[str]) -> list[Row]:
     rows: list[Row] = []
     baseline: dict[int, engine_runs.BatchRun] = {}
     bar = tqdm(total=len(variants) * len(args.batch_sizes), desc="demo", unit="run")
-    for variant in variants:
+    trace_dir = Path(tempfile.mkdtemp(prefix="vspec-demo-"))
+    for n, variant in enumerate(variants):
         bar.set_postfix_str(f"{variant.label}: starting engine")
+        trace = trace_dir / f"{n}.jsonl"
+        variant = _with_trace(variant, trace)
         llm = engine_runs.build_llm(args.target, variant, args.dtype, max(args.batch_sizes))
         try:
             for batch_size in args.batch_sizes:
                 bar.set_postfix_str(f"{variant.label}, batch {batch_size}")
                 prompts = engine_runs.prompts_for_batch(pool, batch_size, args.num_prompts)
                 engine_runs.run_batches(llm, prompts[:batch_size], batch_size, WARMUP_TOKENS)
+                seen = _trace_steps(trace)
                 run = engine_runs.run_batches(llm, prompts, batch_size, args.max_tokens)
                 if variant.is_baseline:
                     baseline[batch_size] = run
@@ -108,7 +117,8 @@ def measure(variants: list[Variant], args, pool: list[str]) -> list[Row]:
                     mean_accepted_length=(round(run.spec.mean_accepted_length, 3)
                                           if run.spec.mean_accepted_length else None),
                     acceptance_per_position=[round(a, 3) for a in run.spec.acceptance_per_position],
-                    identical=engine_runs.count_identical(run.token_ids, ref.token_ids)))
+                    identical=engine_runs.count_identical(run.token_ids, ref.token_ids),
+                    gamma_steps=_gamma_steps(trace, seen)))
                 bar.update()
         finally:
             engine_runs.shutdown_llm(llm)
@@ -116,13 +126,40 @@ def measure(variants: list[Variant], args, pool: list[str]) -> list[Row]:
     return rows
 
 
+def _with_trace(variant: Variant, trace: Path) -> Variant:
+    """vspec variants write their decision trace to `trace`."""
+    vspec = (variant.additional_config or {}).get("vspec")
+    if vspec is None:
+        return variant
+    return dataclasses.replace(variant, additional_config={
+        **variant.additional_config, "vspec": {**vspec, "trace_path": str(trace)}})
+
+
+def _trace_steps(trace: Path) -> int:
+    return len(trace.read_text().splitlines()) if trace.exists() else 0
+
+
+def _gamma_steps(trace: Path, skip: int) -> dict[int, int] | None:
+    """Decode steps per gamma in the trace lines after the first `skip`
+    (the trace is line-buffered and the engine idle, so it is complete)."""
+    if not trace.exists():
+        return None
+    counts: dict[int, int] = {}
+    for line in trace.read_text().splitlines()[max(skip, 1):]:
+        gamma = json.loads(line)["gamma"]
+        counts[gamma] = counts.get(gamma, 0) + 1
+    return dict(sorted(counts.items()))
+
+
 def format_table(rows: list[Row]) -> str:
     header = ("variant", "batch", "tok/s", "vs target", "mean acc len",
-              "acceptance per position", "identical")
+              "acceptance per position", "identical", "steps per gamma")
     lines = [(r.variant, str(r.batch_size), f"{r.tokens_per_second:.1f}", f"{r.speedup:.2f}x",
               f"{r.mean_accepted_length:.2f}" if r.mean_accepted_length else "-",
               " ".join(f"{a:.2f}" for a in r.acceptance_per_position) or "-",
-              f"{r.identical}/{r.requests}") for r in sorted(rows, key=lambda r: r.batch_size)]
+              f"{r.identical}/{r.requests}",
+              " ".join(f"{g}:{n}" for g, n in r.gamma_steps.items()) if r.gamma_steps else "-")
+             for r in sorted(rows, key=lambda r: r.batch_size)]
     widths = [max(len(x) for x in col) for col in zip(header, *lines)]
     fmt = lambda cells: "  ".join(c.rjust(w) if i else c.ljust(w)  # noqa: E731
                                   for i, (c, w) in enumerate(zip(cells, widths)))

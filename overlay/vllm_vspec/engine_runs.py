@@ -65,6 +65,17 @@ def draft_model_variant(draft: str | Path, gamma: int) -> Variant:
                                         "num_speculative_tokens": gamma})
 
 
+VSPEC_SCHEDULER = "vllm_vspec.adapters.vllm.scheduler.VSpecScheduler"
+
+
+def vspec_variant(label: str, draft: str | Path, max_gamma: int, **vspec: Any) -> Variant:
+    """draft_model speculation with gamma chosen per step by vSpec Adaptive
+    in [min_gamma, max_gamma]; `vspec` holds VSpecConfig keys."""
+    return Variant(label, {"method": "draft_model", "model": str(draft),
+                           "num_speculative_tokens": max_gamma},
+                   additional_config={"vspec": vspec}, scheduler_cls=VSPEC_SCHEDULER)
+
+
 @dataclass
 class SpecCounters:
     """Spec-decode counters summed over the engine's lifetime (or a delta)."""
