@@ -119,6 +119,28 @@ def test_ngram_with_changing_gamma_is_exact(prompts, reference, monkeypatch):
         close_llm(llm)
 
 
+def test_sticky_gamma_0_keeps_speculation_off_until_the_cohort_drains(prompts, reference,
+                                                                      tmp_path):
+    from vllm_vspec.adapters.vllm.worker import CPU_WORKER_CLS
+
+    trace = tmp_path / "sticky.jsonl"
+    llm = make_llm(speculative_config=DRAFT_MODEL, worker_cls=CPU_WORKER_CLS,
+                   vspec={**CYCLE, "gamma0_mode": "sticky", "trace_path": str(trace)})
+    try:
+        got = greedy(llm, prompts)
+        _, first_cohort = read_trace(trace)
+        greedy(llm, prompts[:2])  # a new cohort: speculation resumes
+        _, both = read_trace(trace)
+    finally:
+        close_llm(llm)
+    assert_same_tokens(got, reference, "sticky gamma 0")
+    # cycle decides 4, then 0: from then on the whole cohort lacks draft KV,
+    # so the scheduler holds gamma 0 without asking the controller again.
+    assert [s["gamma"] for s in first_cohort] == [4, 0], first_cohort
+    resumed = [s["gamma"] for s in both[len(first_cohort):]]
+    assert resumed[:2] == [3, 1], f"speculation did not resume for a new cohort: {resumed}"
+
+
 def test_online_with_random_draft_settles_on_gamma_0(prompts, random_draft):
     spec = {**DRAFT_MODEL, "model": str(random_draft)}
     llm = make_llm(speculative_config=spec, vspec={"policy": "online", "min_gamma": 0})
@@ -135,6 +157,9 @@ def test_online_with_random_draft_settles_on_gamma_0(prompts, random_draft):
     ({"polcy": "online"}, "polcy"),
     ({"max_gamma": 9}, "max_gamma"),
     ({"policy": "bandit"}, "policy"),
+    # these run in vspec's model runner, which the stock worker does not build
+    ({"acceptance": "margin", "margin": 1.0}, "acceptance"),
+    ({"min_gamma": 0, "gamma0_mode": "sticky"}, "gamma0_mode"),
 ])
 def test_bad_vspec_settings_fail_at_startup_naming_the_key(bad, key):
     with pytest.raises(VSpecConfigError, match=key):

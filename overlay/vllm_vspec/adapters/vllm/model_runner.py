@@ -12,6 +12,7 @@ Workers in worker.py build these runners; select one with vLLM's
 
 from __future__ import annotations
 
+import torch
 from vllm.v1.outputs import DraftTokenIds
 from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
@@ -31,9 +32,11 @@ class VSpecRunnerMixin:
     def __init__(self, vllm_config, device) -> None:
         super().__init__(vllm_config, device)
         self._entropy_stop = False
+        self._sticky_gamma0 = False
         cfg = vspec_config_from(vllm_config)
         if cfg is None or not hasattr(self, "drafter"):
             return  # no speculation, or not the rank that drafts
+        self._sticky_gamma0 = cfg.enabled and cfg.min_gamma == 0 and cfg.gamma0_mode == "sticky"
         rule = AcceptanceRule.from_config(cfg)
         if not rule.lossless:
             self.rejection_sampler = VSpecRejectionSampler(
@@ -54,6 +57,15 @@ class VSpecRunnerMixin:
                          - batch.num_prompt_tokens_cpu_tensor[:n].long())
             self.rejection_sampler.generated = generated.to(self.device, non_blocking=True)
         return super()._sample(logits, spec_decode_metadata)
+
+    # extends GPUModelRunner.propose_draft_token_ids: a sticky gamma-0 step
+    # runs no draft forward at all (the scheduler then keeps gamma 0 until
+    # every request whose draft KV missed such a step has finished).
+    def propose_draft_token_ids(self, scheduler_output, *args, **kwargs):
+        if self._sticky_gamma0 and scheduler_output.num_spec_tokens_to_schedule == 0:
+            return torch.empty(self.input_batch.num_reqs, 0, dtype=torch.int64,
+                               device=self.device)
+        return super().propose_draft_token_ids(scheduler_output, *args, **kwargs)
 
     # extends GPUModelRunner.take_draft_token_ids: cuts each request's draft at
     # its entropy stop before the scheduler schedules it.

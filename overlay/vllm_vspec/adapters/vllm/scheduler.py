@@ -58,6 +58,29 @@ def vspec_config_from(vllm_config) -> VSpecConfig | None:
     return cfg.with_max_gamma(spec.num_speculative_tokens)
 
 
+# Settings carried out by vspec's model runner, not by the scheduler: the
+# worker that builds that runner must be selected, or they would do nothing.
+_WORKER_FEATURES = (
+    ("acceptance", lambda c: c.acceptance != "strict", "a lossy acceptance rule"),
+    ("entropy_stop", lambda c: c.entropy_stop, "the entropy stop"),
+)
+
+
+def _require_vspec_worker(cfg: VSpecConfig, vllm_config, sticky: bool) -> None:
+    worker = str(vllm_config.parallel_config.worker_cls)
+    if worker.startswith(("vllm_vspec.", "vllm_ascend.")):
+        return  # ours, or vLLM-Ascend's (the overlay routes these on NPU)
+    needs = [(key, what) for key, on, what in _WORKER_FEATURES if on(cfg)]
+    if sticky:
+        needs.append(("gamma0_mode", "gamma0_mode='sticky' (skipping the draft forward)"))
+    if needs:
+        key, what = needs[0]
+        raise VSpecConfigError(
+            key, getattr(cfg, key), f"{what} runs in vspec's model runner: add --worker-cls "
+            "vllm_vspec.adapters.vllm.worker.VSpecCPUWorker (VSpecGPUWorker on CUDA), "
+            "or use `vllm-vspec serve`, which adds it")
+
+
 class VSpecScheduler(Scheduler):
     """vLLM Scheduler whose draft length is decided every step."""
 
@@ -78,11 +101,7 @@ class VSpecScheduler(Scheduler):
             return
         k = vllm_config.speculative_config.num_speculative_tokens
         self._sticky = self.vspec_config.gamma0_mode == "sticky" and self.vspec_config.min_gamma == 0
-        if self._sticky and not str(vllm_config.parallel_config.worker_cls).startswith("vllm_vspec."):
-            raise VSpecConfigError(
-                "gamma0_mode", "sticky", "'sync', or 'sticky' together with --worker-cls "
-                "vllm_vspec.adapters.vllm.worker.VSpecCPUWorker (VSpecGPUWorker on CUDA), "
-                "whose model runner skips the draft forward in target-only steps")
+        _require_vspec_worker(self.vspec_config, vllm_config, self._sticky)
         # Requests whose draft KV missed a target-only step (sticky mode only).
         self._stale: set[str] = set()
         self.vspec = GammaController(self.vspec_config, k)
