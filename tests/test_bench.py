@@ -342,8 +342,11 @@ def test_a_variant_whose_server_dies_is_reported_and_the_rest_still_run(tmp_path
                        output_len=3, out_dir=tmp_path)
     monkeypatch.setattr(runner, "serve_argv", lambda spec, args, port: [
         sys.executable, "-c", "print('model not found'); raise SystemExit(3)"])
-    runs, timelines, failures = runner.run_plan(plan, lambda what: None)
+    saved = []
+    runs, timelines, failures = runner.run_plan(
+        plan, lambda what: None, lambda r, f: saved.append((list(r), dict(f))))
     assert (runs, timelines) == ([], [])
+    assert saved == [([], failures)]  # partial results are saved after each variant
     assert "exited with 3" in failures["target"] and "model not found" in failures["target"]
 
 

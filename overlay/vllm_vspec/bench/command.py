@@ -158,15 +158,35 @@ def _serving_main(args: argparse.Namespace) -> int:
     # A plain `kill` must still stop the servers (background jobs ignore SIGINT).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     started = time.time()
+    plan.out_dir.mkdir(parents=True, exist_ok=True)
+    results = plan.out_dir / "results.json"
+
+    def save(runs: list, failures: dict[str, str]) -> list:
+        """results.json and table.md of the runs so far (rewritten after each
+        variant, so an interrupted bench keeps what it measured)."""
+        results.write_text(json.dumps(report.results_json(
+            runs, _meta(plan, started, failures)), indent=2) + "\n")
+        table_rows = report.rows(runs)
+        (plan.out_dir / "table.md").write_text(report.markdown_table(table_rows) + "\n")
+        return table_rows
+
     with Progress(console=console) as progress:
         task = progress.add_task("bench", total=plan.total_requests)
         runs, timelines, failures = runner.run_plan(
-            plan, lambda what: progress.update(task, advance=1, description=what))
-    table_rows = report.rows(runs)
-    console.print(report.render_table(table_rows))
+            plan, lambda what: progress.update(task, advance=1, description=what), save)
+    console.print(report.render_table(save(runs, failures)))
     for name, error in failures.items():
         console.print(f"[red]variant {name} did not run:[/red] {error}")
-    meta = {"command": "vllm-vspec " + shlex.join(sys.argv[1:]) if sys.argv else "",
+    # The traced (vspec) variants when there are any: every step, exact.
+    traced = [t for t in timelines if t.x_unit == "step"]
+    png = plot.plot_timelines(traced or timelines, plan.out_dir / "gamma_batch.png",
+                              "gamma and batch size over time")
+    console.print(f"results: {results}\ntable: {plan.out_dir / 'table.md'}\nplot: {png}")
+    return 0 if not failures and not any(r.errors for r in runs) else 1
+
+
+def _meta(plan: runner.Plan, started: float, failures: dict[str, str]) -> dict:
+    return {"command": "vllm-vspec " + shlex.join(sys.argv[1:]),
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
             "duration_s": time.time() - started, "host": platform.node(),
             "server": {k: str(v) for k, v in plan.spec.__dict__.items()},
@@ -174,16 +194,6 @@ def _serving_main(args: argparse.Namespace) -> int:
             "variants": {v.name: v.serve_args(plan.trace_path(v)) for v in plan.variants},
             "workloads": {w.name: [p.__dict__ for p in w.phases] for w in plan.workloads},
             "failed_variants": failures}
-    plan.out_dir.mkdir(parents=True, exist_ok=True)
-    results = plan.out_dir / "results.json"
-    results.write_text(json.dumps(report.results_json(runs, meta), indent=2) + "\n")
-    (plan.out_dir / "table.md").write_text(report.markdown_table(table_rows) + "\n")
-    # The traced (vspec) variants when there are any: every step, exact.
-    traced = [t for t in timelines if t.x_unit == "step"]
-    png = plot.plot_timelines(traced or timelines, plan.out_dir / "gamma_batch.png",
-                              "gamma and batch size over time")
-    console.print(f"results: {results}\ntable: {plan.out_dir / 'table.md'}\nplot: {png}")
-    return 0 if not failures and not any(r.errors for r in runs) else 1
 
 
 def _print_plan(plan: runner.Plan) -> None:

@@ -47,11 +47,13 @@ class Plan:
         return per_variant * len(self.variants)
 
 
-def run_plan(plan: Plan, on_progress: Callable[[str], None]
+def run_plan(plan: Plan, on_progress: Callable[[str], None],
+             on_variant_done: Callable[[list[Run], dict[str, str]], None] = lambda r, f: None,
              ) -> tuple[list[Run], list[Timeline], dict[str, str]]:
     """Serve each variant in turn and replay every workload against it.
     A variant whose server does not come up is reported in the returned
-    {variant: error} and skipped; the others still run."""
+    {variant: error} and skipped; the others still run. `on_variant_done`
+    sees the runs so far after each variant (to save partial results)."""
     runs: list[Run] = []
     timelines: list[Timeline] = []
     failures: dict[str, str] = {}
@@ -68,9 +70,10 @@ def run_plan(plan: Plan, on_progress: Callable[[str], None]
                     _serve_workloads(plan, v, srv.base_url, trace, on_progress))
         except ServerError as e:
             failures[v.name] = str(e)
-            continue
-        runs += v_runs
-        timelines.append(tl)
+        else:
+            runs += v_runs
+            timelines.append(tl)
+        on_variant_done(runs, failures)
     return runs, timelines, failures
 
 
