@@ -116,7 +116,9 @@ def per_position_acceptance(llm, run) -> list[float]:
 
 @pytest.fixture(scope="session")
 def random_draft(tmp_path_factory) -> Path:
-    """A freshly initialised draft with the bundled draft's shape and tokenizer."""
+    """A freshly initialised draft with the bundled draft's shape and tokenizer.
+    Its LM head is untied: a random model with tied embeddings predicts its
+    input token again, which a looping target would accept."""
     import shutil
 
     import torch
@@ -124,7 +126,9 @@ def random_draft(tmp_path_factory) -> Path:
 
     out = tmp_path_factory.mktemp("random-draft")
     torch.manual_seed(1234)
-    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(DRAFT))
+    config = AutoConfig.from_pretrained(DRAFT)
+    config.tie_word_embeddings = False
+    model = AutoModelForCausalLM.from_config(config)
     model.to(torch.bfloat16).save_pretrained(out)
     for f in DRAFT.iterdir():
         if f.name.startswith(("tokenizer", "special_tokens", "generation_config")):

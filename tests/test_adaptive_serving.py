@@ -75,5 +75,5 @@ def test_64_concurrent_requests_complete_and_equal_target_only(server, prompts, 
 def test_metrics_endpoint_exports_vspec_gamma_counts(server, prompts):
     asyncio.run(_complete_all(server.base_url, prompts[:8]))
     text = httpx.get(f"{server.base_url}/metrics", timeout=10.0).text
-    assert "vllm:vspec_steps_total" in text and "vllm:vspec_gamma" in text, (
+    assert "vspec:steps_total" in text and "vspec:gamma" in text, (
         "vspec metrics missing from /metrics")

@@ -105,11 +105,11 @@ def test_gamma_counts_format_by_bucket_then_count():
 METRICS_PAGE = """\
 # TYPE vllm:num_requests_running gauge
 vllm:num_requests_running{engine="0",model_name="bench"} 7.0
-# TYPE vllm:vspec_gamma gauge
-vllm:vspec_gamma{engine="0"} 3.0
-# TYPE vllm:vspec_steps counter
-vllm:vspec_steps_total{engine="0",gamma="3"} 12.0
-vllm:vspec_steps_total{engine="0",gamma="1"} 2.0
+# TYPE vspec:gamma gauge
+vspec:gamma{engine="0"} 3.0
+# TYPE vspec:steps counter
+vspec:steps_total{engine="0",gamma="3"} 12.0
+vspec:steps_total{engine="0",gamma="1"} 2.0
 """
 
 

@@ -20,8 +20,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from vllm_vspec.trace import read_trace
 
 RUNNING = "vllm:num_requests_running"
-GAMMA = "vllm:vspec_gamma"  # gauge: gamma verified in the last step
-STEPS = "vllm:vspec_steps_total"  # counter: steps per verified gamma
+GAMMA = "vspec:gamma"  # gauge: gamma verified in the last step
+STEPS = "vspec:steps_total"  # counter: steps per verified gamma
 
 
 def parse_metrics(text: str) -> list[tuple[str, dict[str, str], float]]:

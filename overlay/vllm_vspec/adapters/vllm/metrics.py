@@ -10,11 +10,15 @@ controller chose one step earlier) and the committed tokens per second at
 that gamma. The controller's own view of every decision is in the JSONL trace
 (`vspec.trace_path`) and the shutdown summary line.
 
+The names start with `vspec:`, not `vllm:`: vLLM's Prometheus logger
+unregisters every `vllm:` collector in the process when it starts, which
+would drop ours.
+
 Metrics (label `gamma` is the verified draft length, 0 = target-only step):
-  vllm:vspec_gamma                      gauge, last step's verified gamma
-  vllm:vspec_steps_total{gamma}         counter, decode steps per gamma
-  vllm:vspec_committed_tokens_total{gamma}  counter, tokens committed per gamma
-  vllm:vspec_reward_tokens_per_second{gamma}  gauge, EWMA of committed tokens
+  vspec:gamma                      gauge, last step's verified gamma
+  vspec:steps_total{gamma}         counter, decode steps per gamma
+  vspec:committed_tokens_total{gamma}  counter, tokens committed per gamma
+  vspec:reward_tokens_per_second{gamma}  gauge, EWMA of committed tokens
                                         per second of steps at that gamma
 """
 
@@ -63,12 +67,12 @@ class VSpecStatLogger(StatLoggerBase):
         if self.enabled and VSpecStatLogger._metrics is None:
             labels = ["engine", "gamma"]
             VSpecStatLogger._metrics = (
-                Gauge("vllm:vspec_gamma", "Draft length verified in the last step",
+                Gauge("vspec:gamma", "Draft length verified in the last step",
                       ["engine"], multiprocess_mode="mostrecent"),
-                Counter("vllm:vspec_steps", "Decode steps per verified gamma", labels),
-                Counter("vllm:vspec_committed_tokens",
+                Counter("vspec:steps", "Decode steps per verified gamma", labels),
+                Counter("vspec:committed_tokens",
                         "Tokens committed in steps of each gamma", labels),
-                Gauge("vllm:vspec_reward_tokens_per_second",
+                Gauge("vspec:reward_tokens_per_second",
                       "EWMA of committed tokens per second in steps of each gamma",
                       labels, multiprocess_mode="mostrecent"),
             )
