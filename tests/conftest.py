@@ -61,7 +61,10 @@ def scheduler_of(llm):
     return llm.llm_engine.engine_core.engine_core.scheduler
 
 
-def greedy(llm, prompts: list[str], max_tokens: int = 48) -> list[list[int]]:
+MAX_TOKENS = 48  # tokens per request in the exactness tests (and `reference`)
+
+
+def greedy(llm, prompts: list[str], max_tokens: int = MAX_TOKENS) -> list[list[int]]:
     from vllm import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
@@ -134,3 +137,21 @@ def random_draft(tmp_path_factory) -> Path:
         if f.name.startswith(("tokenizer", "special_tokens", "generation_config")):
             shutil.copy(f, out / f.name)
     return out
+
+
+@pytest.fixture(scope="module")
+def prompts(code_prompts, prose_prompts) -> list[str]:
+    """Eight code and eight prose held-out prompts: one batch of 16."""
+    return code_prompts[:8] + prose_prompts[:8]
+
+
+@pytest.fixture(scope="module")
+def reference(prompts) -> list[list[int]]:
+    """Target-only greedy tokens of `prompts`, the oracle of every exactness
+    test. Computed before a module's other engines start (only one
+    in-process engine may be alive at a time)."""
+    llm = make_llm()
+    try:
+        return greedy(llm, prompts)
+    finally:
+        close_llm(llm)

@@ -27,20 +27,6 @@ DRAFT_MODEL = {"method": "draft_model", "model": str(DRAFT), "num_speculative_to
 CYCLE = {"policy": "cycle", "min_gamma": 0}
 
 
-@pytest.fixture(scope="module")
-def prompts(code_prompts, prose_prompts) -> list[str]:
-    return code_prompts[:8] + prose_prompts[:8]
-
-
-@pytest.fixture(scope="module")
-def reference(prompts) -> list[list[int]]:
-    llm = make_llm()
-    try:
-        return greedy(llm, prompts)
-    finally:
-        close_llm(llm)
-
-
 class TestGammaChangingEveryStep:
     """draft_model with a new gamma every step (4, 0, 3, 1, 2, ...), prefix
     caching on. One engine for the class: in-process engines share vLLM's

@@ -23,7 +23,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import DRAFT, EAGLE, assert_same_tokens, close_llm, counter, greedy, make_llm
+from conftest import (DRAFT, EAGLE, MAX_TOKENS, assert_same_tokens, close_llm, counter, greedy,
+                      make_llm)
 from vllm_vspec.adapters.vllm.worker import CPU_WORKER_CLS
 
 pytestmark = pytest.mark.engine
@@ -32,21 +33,6 @@ K = 4
 EAGLE_SPEC = {"method": "eagle", "model": str(EAGLE), "num_speculative_tokens": K}
 DRAFT_SPEC = {"method": "draft_model", "model": str(DRAFT), "num_speculative_tokens": K}
 AFTER = 8       # strict prefix of the lossy rules
-MAX_TOKENS = 48
-
-
-@pytest.fixture(scope="module")
-def prompts(code_prompts, prose_prompts) -> list[str]:
-    return code_prompts[:8] + prose_prompts[:8]
-
-
-@pytest.fixture(scope="module")
-def reference(prompts) -> list[list[int]]:
-    llm = make_llm()
-    try:
-        return greedy(llm, prompts, MAX_TOKENS)
-    finally:
-        close_llm(llm)
 
 
 def runner_of(llm):

@@ -16,20 +16,6 @@ from conftest import (DRAFT, TARGET, assert_same_tokens, close_llm, greedy, make
 pytestmark = pytest.mark.engine
 
 
-@pytest.fixture(scope="module")
-def prompts(code_prompts, prose_prompts) -> list[str]:
-    return code_prompts[:8] + prose_prompts[:8]
-
-
-@pytest.fixture(scope="module")
-def reference(prompts) -> list[list[int]]:
-    llm = make_llm()
-    try:
-        return greedy(llm, prompts)
-    finally:
-        close_llm(llm)
-
-
 @pytest.mark.parametrize("gamma", [1, 4])
 def test_fixed_gamma_is_token_identical_at_batch_1_and_16(gamma, prompts, reference):
     llm = make_llm(speculative_config={"method": "draft_model", "model": str(DRAFT),
