@@ -22,12 +22,17 @@ from vllm_vspec.engine_runs import Variant
 WARMUP_TOKENS = 4
 
 
-def default_variants(draft: str | Path, gammas: list[int]) -> list[Variant]:
+def default_variants(draft: str | Path, eagle: str | Path | None,
+                     gammas: list[int]) -> list[Variant]:
     """What the demo compares. The baseline comes first: every other row is
     checked against its outputs. Add a variant here to show it in the table."""
-    return ([Variant("target-only")] + [engine_runs.draft_model_variant(draft, g) for g in gammas]
-            + [engine_runs.vspec_variant(f"vspec online 1..{max(gammas)}", draft, max(gammas),
-                                         policy="online")])
+    k = max(gammas)
+    variants = ([Variant("target-only")] + [engine_runs.draft_model_variant(draft, g) for g in gammas]
+                + [engine_runs.vspec_variant(f"vspec online 1..{k}", draft, k, policy="online")])
+    if eagle:
+        variants.append(engine_runs.vspec_variant(f"eagle vspec online 1..{k}", eagle, k,
+                                                  method="eagle", policy="online"))
+    return variants
 
 
 @dataclass
@@ -71,6 +76,9 @@ def add_parser(subparsers) -> None:
                    help="target model dir (default: the deepened bundled target)")
     p.add_argument("--draft", default=str(engine_runs.DEFAULT_DRAFT),
                    help="draft model dir (default: the bundled draft)")
+    p.add_argument("--eagle", default=str(engine_runs.DEFAULT_EAGLE),
+                   help="EAGLE head dir for the eagle row, '' to leave it out "
+                        "(default: the bundled head; it fits only the bundled target)")
     p.add_argument("--prompts", nargs="+", default=[str(f) for f in engine_runs.DEFAULT_PROMPT_FILES],
                    help="JSONL prompt files (key \"prompt\")")
     p.add_argument("--gammas", type=_int_list, default=[1, 2, 3, 4],
@@ -168,7 +176,7 @@ def format_table(rows: list[Row]) -> str:
 
 def run(args) -> int:
     pool = engine_runs.load_prompts(args.prompts)
-    variants = default_variants(args.draft, args.gammas)
+    variants = default_variants(args.draft, args.eagle, args.gammas)
     rows = measure(variants, args, pool)
     print(format_table(rows))
     total = sum(r.requests for r in rows if r.variant != variants[0].label)

@@ -22,6 +22,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 MODELS_DIR = REPO_ROOT / "models"
 DEFAULT_TARGET = MODELS_DIR / "derived" / "tiny-target-deep"
 DEFAULT_DRAFT = MODELS_DIR / "tiny-draft"
+DEFAULT_EAGLE = MODELS_DIR / "tiny-eagle"
 DEFAULT_PROMPT_FILES = tuple(sorted((MODELS_DIR / "prompts").glob("*.jsonl")))
 
 # Small, fixed engine footprint: several engines (other tests, other users of
@@ -68,10 +69,11 @@ def draft_model_variant(draft: str | Path, gamma: int) -> Variant:
 VSPEC_SCHEDULER = "vllm_vspec.adapters.vllm.scheduler.VSpecScheduler"
 
 
-def vspec_variant(label: str, draft: str | Path, max_gamma: int, **vspec: Any) -> Variant:
-    """draft_model speculation with gamma chosen per step by vSpec Adaptive
-    in [min_gamma, max_gamma]; `vspec` holds VSpecConfig keys."""
-    return Variant(label, {"method": "draft_model", "model": str(draft),
+def vspec_variant(label: str, draft: str | Path, max_gamma: int, method: str = "draft_model",
+                  **vspec: Any) -> Variant:
+    """`method` speculation (draft_model or eagle) with gamma chosen per step
+    by vSpec Adaptive in [min_gamma, max_gamma]; `vspec` holds VSpecConfig keys."""
+    return Variant(label, {"method": method, "model": str(draft),
                            "num_speculative_tokens": max_gamma},
                    additional_config={"vspec": vspec}, scheduler_cls=VSPEC_SCHEDULER)
 
