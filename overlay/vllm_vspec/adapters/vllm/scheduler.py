@@ -105,6 +105,7 @@ class VSpecScheduler(Scheduler):
         # Requests whose draft KV missed a target-only step (sticky mode only).
         self._stale: set[str] = set()
         self.vspec = GammaController(self.vspec_config, k)
+        self._gamma = self.vspec.config.max_gamma  # the last decision
         # The host pads every decode to a uniform 1+K verify width unless it
         # has a per-batch-size K table (dynamic_sd_lookup). A per-step gamma
         # must not be padded back to K, so give the host the trivial table;
@@ -129,7 +130,14 @@ class VSpecScheduler(Scheduler):
                 self._stale.update(scheduler_output.num_scheduled_tokens)
                 self._set_gamma(scheduler_output, 0)
                 return super()._update_after_schedule(scheduler_output)
-        if self.vspec is not None and scheduler_output.num_scheduled_tokens:
+        if (self.vspec is not None and _has_prefill(scheduler_output)
+                and not (self._sticky and self._gamma == 0)):
+            # A prefill step's time is not a decode step's time: it would skew
+            # the reward of whichever gamma is current. Keep that gamma for
+            # the step and do not report it to the controller. (Not after a
+            # sticky gamma 0: a new cohort's prefill must not skip the drafter.)
+            self._set_gamma(scheduler_output, self._gamma)
+        elif self.vspec is not None and scheduler_output.num_scheduled_tokens:
             scheduled = scheduler_output.num_scheduled_tokens
             context = sum(self.requests[r].num_computed_tokens for r in scheduled)
             batch = BatchState(
@@ -138,6 +146,7 @@ class VSpecScheduler(Scheduler):
                 mean_context_len=context / len(scheduled))
             decision = self.vspec.decide(batch)
             self._set_gamma(scheduler_output, decision.gamma)
+            self._gamma = decision.gamma
             self._scheduled_at[id(scheduler_output)] = time.perf_counter()
             if self._sticky and decision.gamma == 0:
                 self._stale.update(scheduled)
@@ -180,6 +189,13 @@ class VSpecAsyncScheduler(VSpecScheduler, AsyncScheduler):
         # request these as next-step draft placeholders; vLLM 0.23 sizes
         # them once by K, so size them by this step's gamma (0.32 does too).
         self._spec_token_placeholders = [-1] * gamma
+
+
+def _has_prefill(so: SchedulerOutput) -> bool:
+    """True when some request in the step processes more than its one new
+    token plus its drafts (a new, resumed or chunked prompt)."""
+    spec = so.scheduled_spec_decode_tokens
+    return any(n > 1 + len(spec.get(r, ())) for r, n in so.num_scheduled_tokens.items())
 
 
 def _feedback(so: SchedulerOutput, out: ModelRunnerOutput, scheduled_at: float,
