@@ -9,7 +9,6 @@ near-ties are a host-numerics question; docs/models.md reports them).
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 from pathlib import Path
@@ -51,9 +50,9 @@ def make_llm(model: Path = TARGET, *, speculative_config: dict | None = None,
 
 
 def close_llm(llm) -> None:
-    llm.llm_engine.engine_core.shutdown()
-    del llm
-    gc.collect()
+    from vllm_vspec.engine_runs import shutdown_llm
+
+    shutdown_llm(llm)
 
 
 def scheduler_of(llm):
@@ -100,21 +99,20 @@ def counter(llm, name: str) -> float:
     return sum(getattr(m, "value", 0) for m in llm.get_metrics() if m.name == name)
 
 
-def per_position_acceptance(llm, run) -> list[float]:
-    """Run `run()` and return vLLM's per-position acceptance rates for it."""
-    def snapshot():
-        drafts, per_pos = 0, []
-        for m in llm.get_metrics():
-            if m.name == "vllm:spec_decode_num_drafts":
-                drafts += m.value
-            elif m.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
-                per_pos = list(m.values)
-        return drafts, per_pos
-    d0, p0 = snapshot()
-    run()
-    d1, p1 = snapshot()
-    p0 = p0 or [0] * len(p1)
-    return [(b - a) / max(d1 - d0, 1) for a, b in zip(p0, p1)]
+def draft_acceptance(draft: Path, prompts: list[str]) -> list[float]:
+    """vLLM's per-position acceptance rates of `draft` (K=4) for greedy runs
+    of `prompts` against the bundled target."""
+    from vllm_vspec.engine_runs import read_spec_counters
+
+    llm = make_llm(speculative_config={"method": "draft_model", "model": str(draft),
+                                       "num_speculative_tokens": 4},
+                   disable_log_stats=False)
+    try:
+        before = read_spec_counters(llm)
+        greedy(llm, prompts)
+        return (read_spec_counters(llm) - before).acceptance_per_position
+    finally:
+        close_llm(llm)
 
 
 @pytest.fixture(scope="session")

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import (DRAFT, TARGET, assert_same_tokens, close_llm, greedy, make_llm,
-                      per_position_acceptance)
+from conftest import DRAFT, TARGET, assert_same_tokens, close_llm, draft_acceptance, greedy, make_llm
 
 pytestmark = pytest.mark.engine
 
@@ -29,22 +28,10 @@ def test_fixed_gamma_is_token_identical_at_batch_1_and_16(gamma, prompts, refere
 
 
 def test_target_as_its_own_draft_is_accepted_almost_always(prompts):
-    llm = make_llm(speculative_config={"method": "draft_model", "model": str(TARGET),
-                                       "num_speculative_tokens": 4},
-                   disable_log_stats=False)
-    try:
-        rates = per_position_acceptance(llm, lambda: greedy(llm, prompts))
-    finally:
-        close_llm(llm)
+    rates = draft_acceptance(TARGET, prompts)
     assert min(rates) >= 0.95, f"per-position acceptance of target-as-draft: {rates}"
 
 
 def test_random_draft_is_almost_never_accepted(prompts, random_draft):
-    llm = make_llm(speculative_config={"method": "draft_model", "model": str(random_draft),
-                                       "num_speculative_tokens": 4},
-                   disable_log_stats=False)
-    try:
-        rates = per_position_acceptance(llm, lambda: greedy(llm, prompts))
-    finally:
-        close_llm(llm)
+    rates = draft_acceptance(random_draft, prompts)
     assert rates[0] <= 0.05, f"per-position acceptance of a random draft: {rates}"
