@@ -127,6 +127,27 @@ def test_sticky_gamma_0_keeps_speculation_off_until_the_cohort_drains(prompts, r
     assert resumed[:2] == [3, 1], f"speculation did not resume for a new cohort: {resumed}"
 
 
+def test_shutdown_logs_one_summary_line_through_vllms_logger(prompts):
+    import logging
+
+    records: list[logging.LogRecord] = []
+    catch = logging.Handler(logging.INFO)
+    catch.emit = records.append
+    vllm_logger = logging.getLogger("vllm")     # the only logger tree vLLM prints
+    vllm_logger.addHandler(catch)
+    try:
+        llm = make_llm(speculative_config=DRAFT_MODEL, vspec={"policy": "fixed", "fixed_gamma": 2})
+        try:
+            greedy(llm, prompts[:2], max_tokens=8)
+        finally:
+            close_llm(llm)
+    finally:
+        vllm_logger.removeHandler(catch)
+    lines = [r.getMessage() for r in records if "vspec summary" in r.getMessage()]
+    assert len(lines) == 1, f"summary lines logged: {lines}"
+    assert 'steps_per_gamma={"2":' in lines[0] and "% of step time" in lines[0], lines[0]
+
+
 def test_online_with_random_draft_settles_on_gamma_0(prompts, random_draft):
     spec = {**DRAFT_MODEL, "model": str(random_draft)}
     llm = make_llm(speculative_config=spec, vspec={"policy": "online", "min_gamma": 0})
@@ -188,7 +209,8 @@ def test_online_at_concurrency_1_picks_within_one_of_best_fixed_gamma(code_promp
                 use(policy="fixed", fixed_gamma=g)
                 speed[g] += tokens_per_s()
         use(policy="online")
-        for p in code_prompts[:8]:
+        online_tok_s = tokens_per_s() * 2   # same prompts, comparable with the 2-round sums
+        for p in code_prompts[3:8]:
             greedy(llm, [p], max_tokens=64)
         steps = {int(g): n for g, n in sched.vspec.summary()["steps"].items()}
     finally:
@@ -197,4 +219,5 @@ def test_online_at_concurrency_1_picks_within_one_of_best_fixed_gamma(code_promp
     chosen = max(steps, key=steps.get)
     assert abs(chosen - best_fixed) <= 1, (
         f"online chose gamma {chosen} most (steps {steps}); best fixed gamma was "
-        f"{best_fixed} (tokens/s summed over 2 rounds: {speed})")
+        f"{best_fixed} (tokens/s summed over 2 rounds: {speed}; online x2 on the same "
+        f"prompts, warm-up included: {online_tok_s:.1f})")

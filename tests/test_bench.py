@@ -101,6 +101,18 @@ def test_gamma_counts_format_by_bucket_then_count():
     assert format_gamma_counts(Counter({(None, 2): 5})) == "all: g2 x5"
 
 
+def test_controller_time_is_the_traced_overhead_over_the_step_time_and_is_tabled():
+    from vllm_vspec.bench.report import markdown_table
+    from vllm_vspec.trace import overhead_share
+
+    steps = [{"interval_s": 0.5, "overhead_us": 1000.0}, {"interval_s": 1.5, "overhead_us": 3000.0}]
+    assert overhead_share(steps) == pytest.approx(0.002)
+    assert overhead_share([{"interval_s": 0.5}]) is None    # a trace from before overhead_us
+    run = _run("w", "online", "online", [10], 1.0)
+    run.controller_overhead = overhead_share(steps)
+    assert "| 0.20% |" in markdown_table(rows([run]))
+
+
 # ------------------------------------------------------------------- scrape
 METRICS_PAGE = """\
 # TYPE vllm:num_requests_running gauge

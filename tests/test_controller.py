@@ -115,6 +115,26 @@ def test_summary_counts_steps_per_gamma_and_bucket_and_is_json():
     assert "steps_per_gamma" in ctl.summary_line()
 
 
+def test_overhead_is_reported_per_step_per_bucket_and_as_share_of_step_time(tmp_path):
+    path = tmp_path / "trace.jsonl"
+    ctl = fixed(2, trace_path=str(path))
+    for i in range(4):                           # bucket 2: 4 steps of 1 s each
+        ctl.decide(BatchState(2, BUDGET))
+        ctl.observe(feedback(2, float(i), i + 1.0), host_overhead_s=0.01)
+    ctl.decide(BatchState(16, BUDGET))           # bucket 16: one step of 0.5 s
+    ctl.observe(feedback(2, 4.0, 4.5, num_reqs=16), host_overhead_s=0.05)
+    ctl.close()
+    s = ctl.summary()
+    # The host's share dominates; decide/observe themselves add microseconds.
+    assert 10000 <= s["buckets"]["2"]["overhead_us_per_step"] < 10500
+    assert 0.01 <= s["buckets"]["2"]["overhead_share"] < 0.0105
+    assert 0.1 <= s["buckets"]["16"]["overhead_share"] < 0.101
+    assert 0.02 <= s["overhead_share"] < 0.0202     # 0.09 s of 4.5 s
+    assert "(2.0" in ctl.summary_line()
+    _, records = read_trace(path)
+    assert [r["overhead_us"] >= 1e4 for r in records] == [True] * 5
+
+
 def test_trace_has_a_header_and_one_line_per_observed_step(tmp_path):
     path = tmp_path / "trace.jsonl"
     ctl = fixed(2, trace_path=str(path))

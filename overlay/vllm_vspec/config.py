@@ -87,6 +87,13 @@ class VSpecConfig:
     """`online` policy: steps of history per (bucket, gamma) arm; older
     rewards slide out so the policy follows phase changes."""
 
+    online_probe_interval: int = 16
+    """`online` policy: stable steps in a bucket after which the current
+    arm's neighbours are re-checked: the arm above when it could win were
+    the one draft position the current gamma cannot see always accepted,
+    and an arm known only from a seed. Smaller notices a rise in acceptance
+    sooner and spends more steps probing."""
+
     online_exploration: float = 0.01
     """`online` policy: UCB exploration constant c in
     `R(g) + c * R_max * sqrt(2 ln(N+1) / n(g))`."""
@@ -214,6 +221,7 @@ class VSpecConfig:
         _check_int("max_gamma_step", self.max_gamma_step, 1)
         _check_int("min_observations", self.min_observations, 0)
         _check_int("online_window", self.online_window, 1)
+        _check_int("online_probe_interval", self.online_probe_interval, 1)
         _check_int("online_warmup_samples", self.online_warmup_samples, 0)
         _check_int("entropy_topk", self.entropy_topk, 2)
         _check_int("relaxed_topk", self.relaxed_topk, 1)

@@ -85,11 +85,14 @@ class GammaController:
         self.num_speculative_tokens = num_speculative_tokens
         self.clock = clock
         self.policy = make_policy(self.config)
-        # (batch, decision) of scheduled steps whose output is not yet observed.
-        self._pending: deque[tuple[BatchState, Decision]] = deque()
+        # (batch, decision, seconds decide() took) of scheduled steps whose
+        # output is not yet observed.
+        self._pending: deque[tuple[BatchState, Decision, float]] = deque()
         self._last_completed_at: float | None = None
         self._last_observed_gamma: int | None = None
         self._steps = 0
+        # bucket -> [controller seconds, step-interval seconds, steps] of observed steps
+        self._cost: dict[int, list[float]] = {}
         # bucket -> gamma -> [decided steps, rewarded steps, reward sum]
         self._stats: dict[int, dict[int, list[float]]] = {}
         self._trace = (DecisionTrace(self.config.trace_path, {
@@ -100,6 +103,7 @@ class GammaController:
 
     # ------------------------------------------------------------ per step
     def decide(self, batch: BatchState) -> Decision:
+        started = time.perf_counter()
         bucket = bucket_of(batch.num_reqs)
         lo, hi = self.config.min_gamma, feasible_max_gamma(batch, self.config.max_gamma)
         if hi < lo:
@@ -108,15 +112,19 @@ class GammaController:
         else:
             gamma, reason = self.policy.decide(batch, bucket, lo, hi)
             decision = Decision(gamma, bucket, reason)
-        self._pending.append((batch, decision))
         self._stat(bucket, decision.gamma)[0] += 1
+        self._pending.append((batch, decision, time.perf_counter() - started))
         return decision
 
-    def observe(self, fb: StepFeedback) -> None:
+    def observe(self, fb: StepFeedback, host_overhead_s: float = 0.0) -> None:
+        """`host_overhead_s`: wall time the host adapter spent on vspec for
+        this step outside decide()/observe() (building BatchState and `fb`);
+        it is added to the step's controller overhead."""
+        started = time.perf_counter()
         if not self._pending:
             raise RuntimeError("GammaController.observe() without a pending decide(): "
                                "the adapter must call decide() once per scheduled step")
-        batch, decision = self._pending.popleft()
+        batch, decision, decide_s = self._pending.popleft()
         # Non-overlapping interval: under async scheduling step n+1 is scheduled
         # before step n completes, and idle time before scheduling is no cost.
         start = fb.scheduled_at if self._last_completed_at is None else max(
@@ -133,6 +141,13 @@ class GammaController:
             stat[1] += 1
             stat[2] += reward
         self._steps += 1
+        # Measured on the wall clock, whatever `clock` the rewards use; the
+        # trace write below is the opt-in trace's cost, not counted.
+        overhead = decide_s + host_overhead_s + time.perf_counter() - started
+        cost = self._cost.setdefault(decision.bucket, [0.0, 0.0, 0])
+        cost[0] += overhead
+        cost[1] += max(interval, 0.0)
+        cost[2] += 1
         if self._trace is not None:
             self._trace.write({
                 "step": self._steps, "num_reqs": batch.num_reqs, "bucket": decision.bucket,
@@ -140,7 +155,7 @@ class GammaController:
                 "reason": decision.reason, "drafted": list(fb.drafted),
                 "accepted": list(fb.accepted), "committed": fb.committed,
                 "interval_s": round(interval, 6), "stable": stable,
-                "reward": round(reward, 3)})
+                "reward": round(reward, 3), "overhead_us": round(overhead * 1e6, 1)})
 
     def _stat(self, bucket: int, gamma: int) -> list[float]:
         return self._stats.setdefault(bucket, {}).setdefault(gamma, [0, 0, 0.0])
@@ -149,10 +164,12 @@ class GammaController:
     def summary(self) -> dict:
         """Steps decided per gamma and mean stable-step reward (committed
         tokens/s) per gamma, overall and per batch-size bucket. JSON-able."""
-        def view(per_gamma: dict[int, list[float]]) -> dict:
+        def view(per_gamma: dict[int, list[float]], cost: list[float]) -> dict:
             return {"steps": {str(g): int(s[0]) for g, s in sorted(per_gamma.items())},
                     "reward_tok_s": {str(g): round(s[2] / s[1], 2)
-                                     for g, s in sorted(per_gamma.items()) if s[1]}}
+                                     for g, s in sorted(per_gamma.items()) if s[1]},
+                    "overhead_us_per_step": round(cost[0] / cost[2] * 1e6, 1) if cost[2] else 0.0,
+                    "overhead_share": round(cost[0] / cost[1], 5) if cost[1] else 0.0}
         total: dict[int, list[float]] = {}
         for per_gamma in self._stats.values():
             for g, s in per_gamma.items():
@@ -161,15 +178,19 @@ class GammaController:
                     t[i] += s[i]
         return {"policy": self.config.policy, "min_gamma": self.config.min_gamma,
                 "max_gamma": self.config.max_gamma, "observed_steps": self._steps,
-                **view(total),
-                "buckets": {str(b): view(pg) for b, pg in sorted(self._stats.items())}}
+                **view(total, [sum(c[i] for c in self._cost.values()) for i in range(3)]),
+                "buckets": {str(b): view(pg, self._cost.get(b, [0.0, 0.0, 0]))
+                            for b, pg in sorted(self._stats.items())}}
 
     def summary_line(self) -> str:
-        """One log line: policy, steps and mean reward per gamma."""
+        """One log line: policy, steps and mean reward per gamma, and the
+        controller's cost per step (absolute and as a share of step time)."""
         s = self.summary()
         return (f"policy={s['policy']} gamma=[{s['min_gamma']},{s['max_gamma']}] "
                 f"steps={self._steps} steps_per_gamma={json.dumps(s['steps'])} "
-                f"reward_tok_s={json.dumps(s['reward_tok_s'])}")
+                f"reward_tok_s={json.dumps(s['reward_tok_s'])} "
+                f"overhead={s['overhead_us_per_step']}us/step "
+                f"({100 * s['overhead_share']:.2f}% of step time)")
 
     def close(self) -> None:
         """Flush and close the trace file (if any)."""

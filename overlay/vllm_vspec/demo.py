@@ -3,7 +3,9 @@
 Runs real vLLM engines (one per variant, reused across batch sizes) with
 greedy decoding on the held-out prompts, and prints one table: tokens/s, ratio
 to target-only, mean accepted length, per-position acceptance, and how many
-requests produced exactly the target-only tokens.
+requests produced exactly the target-only tokens. vspec rows add the gamma
+chosen per decode step and `ctl time`, the controller's wall time (decide +
+observe + the scheduler adapter's bookkeeping) as a share of the decode steps'.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 
 from vllm_vspec import engine_runs
 from vllm_vspec.engine_runs import Variant
+from vllm_vspec.trace import overhead_share
 
 # Tokens generated per request during the untimed warm-up of each batch shape.
 WARMUP_TOKENS = 4
@@ -47,8 +50,10 @@ class Row:
     mean_accepted_length: float | None
     acceptance_per_position: list[float]
     identical: int
-    # vspec rows: decode steps per gamma chosen (from the decision trace)
+    # vspec rows, from the decision trace: decode steps per gamma chosen, and
+    # the controller's time as a share of the decode steps' time
     gamma_steps: dict[int, int] | None = None
+    controller_overhead: float | None = None
 
 
 def _int_list(text: str) -> list[int]:
@@ -83,8 +88,8 @@ def add_parser(subparsers) -> None:
                    help="JSONL prompt files (key \"prompt\")")
     p.add_argument("--gammas", type=_int_list, default=[1, 2, 3, 4],
                    help="fixed draft lengths to compare (default 1,2,3,4)")
-    p.add_argument("--batch-sizes", type=_int_list, default=[1, 8, 32],
-                   help="concurrent requests per batch (default 1,8,32)")
+    p.add_argument("--batch-sizes", type=_int_list, default=[1, 16, 32],
+                   help="concurrent requests per batch (default 1,16,32)")
     p.add_argument("--num-prompts", type=_positive_int, default=8, metavar="N",
                    help="requests per batch size, rounded up to whole batches (default 8)")
     p.add_argument("--max-tokens", type=_positive_int, default=64, metavar="N",
@@ -126,7 +131,7 @@ def measure(variants: list[Variant], args, pool: list[str]) -> list[Row]:
                                           if run.spec.mean_accepted_length else None),
                     acceptance_per_position=[round(a, 3) for a in run.spec.acceptance_per_position],
                     identical=engine_runs.count_identical(run.token_ids, ref.token_ids),
-                    gamma_steps=_gamma_steps(trace, seen)))
+                    **_trace_view(trace, seen)))
                 bar.update()
         finally:
             engine_runs.shutdown_llm(llm)
@@ -147,26 +152,30 @@ def _trace_steps(trace: Path) -> int:
     return len(trace.read_text().splitlines()) if trace.exists() else 0
 
 
-def _gamma_steps(trace: Path, skip: int) -> dict[int, int] | None:
-    """Decode steps per gamma in the trace lines after the first `skip`
-    (the trace is line-buffered and the engine idle, so it is complete)."""
+def _trace_view(trace: Path, skip: int) -> dict:
+    """Row fields from the trace lines after the first `skip` (the trace is
+    line-buffered and the engine idle, so it is complete): decode steps per
+    gamma, and the controller's summed overhead over the summed step time."""
     if not trace.exists():
-        return None
+        return {}
+    steps = [json.loads(line) for line in trace.read_text().splitlines()[max(skip, 1):]]
     counts: dict[int, int] = {}
-    for line in trace.read_text().splitlines()[max(skip, 1):]:
-        gamma = json.loads(line)["gamma"]
-        counts[gamma] = counts.get(gamma, 0) + 1
-    return dict(sorted(counts.items()))
+    for step in steps:
+        counts[step["gamma"]] = counts.get(step["gamma"], 0) + 1
+    share = overhead_share(steps)
+    return dict(gamma_steps=dict(sorted(counts.items())),
+                controller_overhead=round(share, 5) if share is not None else None)
 
 
 def format_table(rows: list[Row]) -> str:
     header = ("variant", "batch", "tok/s", "vs target", "mean acc len",
-              "acceptance per position", "identical", "steps per gamma")
+              "acceptance per position", "identical", "steps per gamma", "ctl time")
     lines = [(r.variant, str(r.batch_size), f"{r.tokens_per_second:.1f}", f"{r.speedup:.2f}x",
               f"{r.mean_accepted_length:.2f}" if r.mean_accepted_length else "-",
               " ".join(f"{a:.2f}" for a in r.acceptance_per_position) or "-",
               f"{r.identical}/{r.requests}",
-              " ".join(f"{g}:{n}" for g, n in r.gamma_steps.items()) if r.gamma_steps else "-")
+              " ".join(f"{g}:{n}" for g, n in r.gamma_steps.items()) if r.gamma_steps else "-",
+              f"{100 * r.controller_overhead:.2f}%" if r.controller_overhead is not None else "-")
              for r in sorted(rows, key=lambda r: r.batch_size)]
     widths = [max(len(x) for x in col) for col in zip(header, *lines)]
     fmt = lambda cells: "  ".join(c.rjust(w) if i else c.ljust(w)  # noqa: E731

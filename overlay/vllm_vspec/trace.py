@@ -8,10 +8,12 @@ scheduled with what it produced:
      "max_gamma": ..., "num_speculative_tokens": ...}
     {"step": 12, "num_reqs": 16, "bucket": 16, "mean_context_len": 310.0,
      "gamma": 3, "reason": "ucb", "drafted": [3, ...], "accepted": [2, ...],
-     "committed": 41, "interval_s": 0.0123, "stable": true, "reward": 3333.3}
+     "committed": 41, "interval_s": 0.0123, "stable": true, "reward": 3333.3,
+     "overhead_us": 85.2}
 
 `drafted`/`accepted` are per request (drafts verified in this step, proposed
-one step earlier). The simulator replays these files (`vllm-vspec sim
+one step earlier). `overhead_us` is the controller's cost of the step
+(decide + observe + the adapter's bookkeeping, wall clock). The simulator replays these files (`vllm-vspec sim
 --trace FILE`), so the format is versioned and read back by `read_trace`.
 """
 
@@ -72,6 +74,15 @@ def read_trace(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
                              f"accepted {len(rec['accepted'])}; they must pair up")
         records.append(rec)
     return header, records
+
+
+def overhead_share(records: list[dict[str, Any]]) -> float | None:
+    """The controller's summed `overhead_us` over the summed step time of
+    these step records (None without timed steps or with an older trace)."""
+    interval = sum(r.get("interval_s", 0.0) for r in records)
+    if interval <= 0 or any("overhead_us" not in r for r in records):
+        return None
+    return sum(r["overhead_us"] for r in records) * 1e-6 / interval
 
 
 def _parse(path: str | Path, no: int, line: str) -> dict[str, Any]:

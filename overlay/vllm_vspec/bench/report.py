@@ -23,6 +23,8 @@ class Run:
     completions: list[Completion]
     gamma_counts: Counter = field(default_factory=Counter)  # (bucket, gamma) -> steps
     gamma_source: str | None = None  # "trace", "metrics" or None
+    # controller wall time / decode-step time, from the vspec trace
+    controller_overhead: float | None = None
 
     @property
     def tokens(self) -> int:
@@ -91,6 +93,7 @@ class Row:
     compared: int
     errors: int
     gamma_counts: str
+    controller_overhead: float | None = None
 
 
 def rows(runs: list[Run]) -> list[Row]:
@@ -108,7 +111,7 @@ def rows(runs: list[Run]) -> list[Row]:
                 _ratio(r.tokens_per_s, target.tokens_per_s) if target else None,
                 _ratio(r.tokens_per_s, best.tokens_per_s) if best else None,
                 best.variant if best else None, same, compared, len(r.errors),
-                format_gamma_counts(r.gamma_counts)))
+                format_gamma_counts(r.gamma_counts), r.controller_overhead))
     return out
 
 
@@ -129,6 +132,7 @@ def results_json(runs: list[Run], meta: dict) -> dict:
             "workload": r.workload, "variant": r.variant, "family": r.family,
             "tokens": r.tokens, "wall_s": r.wall_s, "tokens_per_s": r.tokens_per_s,
             "errors": r.errors, "gamma_source": r.gamma_source,
+            "controller_overhead": r.controller_overhead,
             "gamma_counts": [{"bucket": b, "gamma": g, "steps": int(n)}
                              for (b, g), n in sorted(r.gamma_counts.items(),
                                                          key=lambda kv: (kv[0][0] or 0, kv[0][1]))],
@@ -144,15 +148,18 @@ def _times(ratio: float | None) -> str:
     return f"{ratio:.2f}x" if ratio is not None else "-"
 
 
+def _share(share: float | None) -> str:
+    return f"{100 * share:.2f}%" if share is not None else "-"
+
+
 def render_table(table_rows: list[Row]):
     """A rich Table of the rows (printed by the CLI)."""
     from rich.table import Table
 
     t = Table(title="vllm-vspec bench (ratios within each workload, same run)")
-    for col in ("workload", "variant", "tok/s", "x target", "x best fixed",
-                "identical", "gamma per bucket"):
-        t.add_column(col, justify="right" if col in ("tok/s", "x target", "x best fixed",
-                                                      "identical") else "left")
+    numeric = ("tok/s", "x target", "x best fixed", "identical", "ctl time")
+    for col in ("workload", "variant") + numeric + ("gamma per bucket",):
+        t.add_column(col, justify="right" if col in numeric else "left")
     previous = None
     for row in table_rows:
         if previous is not None and row.workload != previous:
@@ -160,16 +167,19 @@ def render_table(table_rows: list[Row]):
         previous = row.workload
         ident = f"{row.identical}/{row.compared}" + (f" ({row.errors} err)" if row.errors else "")
         t.add_row(row.workload, row.variant, f"{row.tokens_per_s:.1f}", _times(row.vs_target),
-                  _times(row.vs_best_fixed), ident, row.gamma_counts)
+                  _times(row.vs_best_fixed), ident, _share(row.controller_overhead),
+                  row.gamma_counts)
     return t
 
 
 def markdown_table(table_rows: list[Row]) -> str:
     """The same table as GitHub markdown (for docs/benchmarks.md)."""
-    lines = ["| workload | variant | tok/s | x target | x best fixed | identical | gamma per bucket |",
-             "|---|---|---:|---:|---:|---:|---|"]
+    lines = ["| workload | variant | tok/s | x target | x best fixed | identical | ctl time "
+             "| gamma per bucket |",
+             "|---|---|---:|---:|---:|---:|---:|---|"]
     for row in table_rows:
         lines.append(f"| {row.workload} | {row.variant} | {row.tokens_per_s:.1f} | "
                      f"{_times(row.vs_target)} | {_times(row.vs_best_fixed)} | "
-                     f"{row.identical}/{row.compared} | {row.gamma_counts} |")
+                     f"{row.identical}/{row.compared} | {_share(row.controller_overhead)} | "
+                     f"{row.gamma_counts} |")
     return "\n".join(lines)

@@ -20,6 +20,7 @@ from vllm_vspec.bench.server import (SERVED_MODEL_NAME, Server, ServerError, Ser
                                      free_port, serve_argv)
 from vllm_vspec.bench.variants import Variant
 from vllm_vspec.bench.workloads import Request, Workload
+from vllm_vspec.trace import overhead_share
 
 # Requests sent before measuring, so one-off start-up costs (first forward,
 # allocator growth) do not land on the first workload of a variant.
@@ -113,6 +114,7 @@ async def _serve_workloads(plan: Plan, v: Variant, base_url: str, trace: Path | 
                 if w_steps:
                     run.gamma_counts = scrape.gamma_counts_from_trace(w_steps)
                     run.gamma_source = "trace"
+                    run.controller_overhead = overhead_share(w_steps)
             if run.gamma_source is None and after != before:
                 run.gamma_counts = Counter(after)
                 run.gamma_counts.subtract(before)

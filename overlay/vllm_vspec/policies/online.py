@@ -19,7 +19,7 @@ different time scales and with very different noise:
 UCB: score(g) = R(g) + c * R_max * sqrt(2 ln(N + 1) / n(g)), with n(g) the
 window size, N the bucket's total, R_max the best estimate (c is
 scale-free). An arm with no sample scores +inf. When the current arm is
-the best estimate and the bucket has run `online_window` stable steps since
+the best estimate and the bucket has run `online_probe_interval` stable steps since
 a neighbour's newest sample, that neighbour is probed (+inf) if its speed
 here is only a seed's guess (short-lived buckets, such as the batch sizes a
 burst passes through, trust the seed), and the arm above also if it could
@@ -48,8 +48,9 @@ class _Arms:
     """Per-arm windows of requests/s samples in one bucket, plus an optional
     seed: the relative speed of each arm in the bucket it was seeded from."""
 
-    def __init__(self, window: int, incumbent: int | None):
+    def __init__(self, window: int, probe_interval: int, incumbent: int | None):
         self.window = window
+        self.probe_interval = probe_interval
         self.rate: dict[int, deque[float]] = {}
         self.last_seen: dict[int, int] = {}  # arm -> bucket step of its newest sample
         self.steps = 0                        # stable steps observed in this bucket
@@ -81,7 +82,8 @@ class _Arms:
         return n or self.seed.get(gamma, (0.0, 0))[1]
 
     def expired(self, gamma: int) -> bool:
-        return self.steps - self.last_seen.get(gamma, 0) > self.window
+        """Due for a probe: no sample of `gamma` in the last probe_interval steps."""
+        return self.steps - self.last_seen.get(gamma, 0) > self.probe_interval
 
     def seed_from(self, other: "_Arms", gamma: int) -> int:
         """Take the relative arm speeds of `other` (its own measurements and
@@ -118,7 +120,8 @@ class OnlinePolicy:
         return gamma, reason
 
     def _open(self, bucket: int, lo: int, hi: int) -> tuple[int, str]:
-        arms = _Arms(self.config.online_window, incumbent=self._last_gamma)
+        arms = _Arms(self.config.online_window, self.config.online_probe_interval,
+                     incumbent=self._last_gamma)
         self.buckets[bucket] = arms
         source = self._nearest_measured(bucket)
         if source is not None:

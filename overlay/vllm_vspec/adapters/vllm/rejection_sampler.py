@@ -25,7 +25,9 @@ from vllm.v1.sample.rejection_sampler import RejectionSampler
 
 from vllm_vspec.acceptance import AcceptanceRule, accept_mask, draft_positions, promote_accepted
 
-logger = init_logger(__name__)
+# Under "vllm.": vLLM configures only its own logger tree, so INFO from any
+# other name (e.g. plain __name__, "vllm_vspec....") would be dropped.
+logger = init_logger(f"vllm.{__name__}")
 
 
 class VSpecRejectionSampler(RejectionSampler):

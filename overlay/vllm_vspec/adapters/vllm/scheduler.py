@@ -31,7 +31,9 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm_vspec.config import VSpecConfig, VSpecConfigError
 from vllm_vspec.controller import BatchState, GammaController, StepFeedback
 
-logger = init_logger(__name__)
+# Under "vllm.": vLLM configures only its own logger tree, so INFO from any
+# other name (e.g. plain __name__, "vllm_vspec....") would be dropped.
+logger = init_logger(f"vllm.{__name__}")
 
 SCHEDULER_CLS = f"{__name__}.VSpecScheduler"
 
@@ -111,7 +113,8 @@ class VSpecScheduler(Scheduler):
         # must not be padded back to K, so give the host the trivial table;
         # the value it yields is replaced each step in _update_after_schedule.
         self.dynamic_sd_lookup = [k] * (self.scheduler_config.max_num_seqs + 1)
-        self._scheduled_at: dict[int, float] = {}
+        # id(SchedulerOutput) -> (scheduled_at, seconds spent building its BatchState)
+        self._scheduled_at: dict[int, tuple[float, float]] = {}
         logger.info("vspec: policy=%s gamma in [%d, %d], acceptance=%s%s",
                     self.vspec_config.policy, self.vspec_config.min_gamma,
                     self.vspec_config.max_gamma, self.vspec_config.acceptance,
@@ -138,16 +141,18 @@ class VSpecScheduler(Scheduler):
             # sticky gamma 0: a new cohort's prefill must not skip the drafter.)
             self._set_gamma(scheduler_output, self._gamma)
         elif self.vspec is not None and scheduler_output.num_scheduled_tokens:
+            started = time.perf_counter()
             scheduled = scheduler_output.num_scheduled_tokens
             context = sum(self.requests[r].num_computed_tokens for r in scheduled)
             batch = BatchState(
                 num_reqs=len(scheduled),
                 max_num_batched_tokens=self.scheduler_config.max_num_batched_tokens,
                 mean_context_len=context / len(scheduled))
+            batch_s = time.perf_counter() - started
             decision = self.vspec.decide(batch)
             self._set_gamma(scheduler_output, decision.gamma)
             self._gamma = decision.gamma
-            self._scheduled_at[id(scheduler_output)] = time.perf_counter()
+            self._scheduled_at[id(scheduler_output)] = (time.perf_counter(), batch_s)
             if self._sticky and decision.gamma == 0:
                 self._stale.update(scheduled)
         super()._update_after_schedule(scheduler_output)
@@ -163,11 +168,14 @@ class VSpecScheduler(Scheduler):
     def update_from_output(self, scheduler_output: SchedulerOutput,
                            model_runner_output: ModelRunnerOutput):
         outputs = super().update_from_output(scheduler_output, model_runner_output)
-        scheduled_at = (self._scheduled_at.pop(id(scheduler_output), None)
-                        if self.vspec is not None else None)
-        if scheduled_at is not None:
-            self.vspec.observe(_feedback(scheduler_output, model_runner_output,
-                                         scheduled_at, time.perf_counter()))
+        pending = (self._scheduled_at.pop(id(scheduler_output), None)
+                   if self.vspec is not None else None)
+        if pending is not None:
+            scheduled_at, batch_s = pending
+            completed_at = time.perf_counter()
+            fb = _feedback(scheduler_output, model_runner_output, scheduled_at, completed_at)
+            # The adapter's own share of the controller overhead: BatchState and fb.
+            self.vspec.observe(fb, host_overhead_s=batch_s + time.perf_counter() - completed_at)
         return outputs
 
     # extends Scheduler.shutdown: one summary line of what the controller did.
