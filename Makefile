@@ -40,7 +40,7 @@ $(DERIVED): $(PROJECT_STAMP) models/deepen.py models/tiny-target/model.safetenso
 	$(PYTHON) models/deepen.py
 
 demo: install
-	$(BIN)/vllm-vspec demo
+	$(BIN)/vllm-vspec demo --json results/demo.json
 
 test: install
 	$(PYTHON) -m pytest $(PYTEST_ARGS)

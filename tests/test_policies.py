@@ -103,9 +103,14 @@ def test_online_settles_on_gamma_0_when_drafts_are_useless():
 
 def test_warmup_sweeps_from_max_gamma_downwards():
     step_s = lambda g, b: 1.0 + 0.2 * g  # noqa: E731
-    decisions = Engine(RATES, step_s).run(online(min_gamma=0), 10, num_reqs=4)
+    # Each arm: one step to switch (not rewarded), then warm-up samples.
+    decisions = Engine(RATES, step_s).run(online(min_gamma=0, online_warmup_samples=1), 10,
+                                          num_reqs=4)
     sweep = [d.gamma for d in decisions if d.reason == "warmup"]
     assert sweep[:9] == [4, 4, 3, 3, 2, 2, 1, 1, 0]
+    decisions = Engine(RATES, step_s).run(online(min_gamma=0, online_warmup_samples=2), 10,
+                                          num_reqs=4)
+    assert [d.gamma for d in decisions if d.reason == "warmup"][:7] == [4, 4, 4, 3, 3, 3, 2]
 
 
 def test_infeasible_gammas_are_never_chosen():

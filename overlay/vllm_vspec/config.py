@@ -98,7 +98,7 @@ class VSpecConfig:
     """`online` policy: UCB exploration constant c in
     `R(g) + c * R_max * sqrt(2 ln(N+1) / n(g))`."""
 
-    online_warmup_samples: int = 1
+    online_warmup_samples: int = 2
     """`online` policy: decisions spent on each arm during the warm-up sweep
     (from max_gamma downwards) before UCB takes over."""
 

@@ -30,19 +30,24 @@ DEFAULT_PROMPTS = Path("models/prompts")
 DEFAULT_OUT = Path("results/bench")
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The docstring as written, and every option's default in --help."""
+
+
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "bench", help="serving benchmark: dynamic vs fixed gamma (or a seed protocol)",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        description=__doc__, formatter_class=_HelpFormatter)
     p.add_argument("--dry-run", action="store_true",
                    help="print the server commands / request plan and exit")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT,
                    help="directory for results.json, the plot, server logs and traces "
                         "(protocol mode: the results JSON file is --output)")
     p.add_argument("--output-len", type=int, default=None,
-                   help="completion tokens per request (default: 64; protocol: its own)")
+                   help="completion tokens per request (unset: 64; protocol mode: the protocol's own)")
     g = p.add_argument_group("serving benchmark (starts its own servers)")
-    g.add_argument("--target", type=Path, default=DEFAULT_TARGET)
+    g.add_argument("--target", type=Path, default=DEFAULT_TARGET,
+                   help="target model (the deepened bundled target: `make install` derives it)")
     g.add_argument("--draft", type=Path, default=DEFAULT_DRAFT,
                    help="draft model for method draft_model")
     g.add_argument("--eagle", type=Path, default=DEFAULT_EAGLE,
@@ -52,16 +57,21 @@ def add_parser(subparsers) -> None:
     g.add_argument("--variants", default=",".join(variants.DEFAULT_VARIANTS),
                    help="comma-separated variant names or 'all' (target-only always runs)")
     g.add_argument("--workloads", default="all", help="comma-separated workload names or 'all'")
-    g.add_argument("--low-concurrency", type=int, default=1)
-    g.add_argument("--high-concurrency", type=int, default=32)
+    g.add_argument("--low-concurrency", type=int, default=1,
+                   help="requests in flight in steady-c<low> workloads and bursty's low phases")
+    g.add_argument("--high-concurrency", type=int, default=32,
+                   help="requests in flight in steady-c<high> workloads and bursty's high phases")
     g.add_argument("--requests-low", type=int, default=8,
                    help="requests of a steady low-concurrency workload")
     g.add_argument("--requests-high", type=int, default=64,
                    help="requests of a steady high-concurrency workload")
     g.add_argument("--static-table", type=json.loads, default=variants.DEFAULT_STATIC_TABLE,
                    help="JSON [[batch_from, batch_to, K], ...] for the static-table variant")
-    g.add_argument("--kv-cache-memory-bytes", type=int, default=ServerSpec.kv_cache_memory_bytes)
-    g.add_argument("--dtype", default=ServerSpec.dtype)
+    g.add_argument("--kv-cache-memory-bytes", type=int, default=ServerSpec.kv_cache_memory_bytes,
+                   help="KV cache of every server")
+    g.add_argument("--dtype", default=ServerSpec.dtype,
+                   help="model dtype of every server (float32: greedy outputs comparable "
+                        "token for token across variants)")
     g.add_argument("--enforce-eager", action="store_true",
                    help="serve without torch.compile (much faster start-up on CPU; "
                         "step times then differ from compiled serving)")
@@ -69,11 +79,12 @@ def add_parser(subparsers) -> None:
     g.add_argument("--protocol", choices=sorted(protocols.PROTOCOLS))
     g.add_argument("--base-url", help="e.g. http://127.0.0.1:8000")
     g.add_argument("--dataset", type=Path, help="local JSONL dataset")
-    g.add_argument("--num-prompts", type=int, default=None)
+    g.add_argument("--num-prompts", type=int, default=None,
+                   help="prompts to send (unset: the protocol's count)")
     g.add_argument("--max-concurrency", type=int, default=None,
-                   help="requests in flight (default: the protocol's B)")
+                   help="requests in flight (unset: the protocol's B)")
     g.add_argument("--output", type=Path, default=None,
-                   help="results JSON (default: <out>/<protocol>.json)")
+                   help="results JSON (unset: <out>/<protocol>.json)")
     p.set_defaults(func=main)
 
 

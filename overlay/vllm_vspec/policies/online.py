@@ -44,6 +44,13 @@ from vllm_vspec.config import VSpecConfig
 from vllm_vspec.policies.governor import Governor
 
 
+# A measured neighbour estimated within this fraction of the best arm is
+# re-probed every `online_probe_interval` stable steps. Probing costs two
+# steps at that arm (a switch, then a stable sample), so at most
+# 2 / (interval + 2) of the steps at a <= 10% slower arm: <= 1% at interval 16.
+NEIGHBOUR_PROBE_MARGIN = 0.10
+
+
 class _Arms:
     """Per-arm windows of requests/s samples in one bucket, plus an optional
     seed: the relative speed of each arm in the bucket it was seeded from."""
@@ -182,8 +189,12 @@ class OnlinePolicy:
         if means.get(cur) != r_max:
             return out          # probe only from a settled arm, so probes never chain
         for g in (cur - 1, cur + 1):
-            if g in means and not arms.rate.get(g) and arms.expired(g):
-                out[g] = math.inf          # a long-lived bucket checks the seed's guess
+            # A long-lived bucket checks the seed's guess, and re-measures a
+            # close neighbour: its few samples may be unlucky ones, and the
+            # current arm's many samples keep UCB's bonus for it tiny.
+            if g in means and arms.expired(g) and (
+                    not arms.rate.get(g) or means[g] >= r_max * (1.0 - NEIGHBOUR_PROBE_MARGIN)):
+                out[g] = math.inf
         above = cur + 1
         if out.get(above, 0.0) < math.inf and above in means and arms.expired(above):
             e = expected_tokens_all(self.acceptance.rates(), above)
