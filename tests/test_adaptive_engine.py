@@ -134,14 +134,13 @@ def test_shutdown_logs_one_summary_line_through_vllms_logger(prompts):
     catch = logging.Handler(logging.INFO)
     catch.emit = records.append
     vllm_logger = logging.getLogger("vllm")     # the only logger tree vLLM prints
+    llm = make_llm(speculative_config=DRAFT_MODEL, vspec={"policy": "fixed", "fixed_gamma": 2})
+    # Attached after start-up: building an engine re-applies vLLM's logging config.
     vllm_logger.addHandler(catch)
     try:
-        llm = make_llm(speculative_config=DRAFT_MODEL, vspec={"policy": "fixed", "fixed_gamma": 2})
-        try:
-            greedy(llm, prompts[:2], max_tokens=8)
-        finally:
-            close_llm(llm)
+        greedy(llm, prompts[:2], max_tokens=8)
     finally:
+        close_llm(llm)
         vllm_logger.removeHandler(catch)
     lines = [r.getMessage() for r in records if "vspec summary" in r.getMessage()]
     assert len(lines) == 1, f"summary lines logged: {lines}"

@@ -44,7 +44,7 @@ class StepFeedback:
     drafted: tuple[int, ...]       # per request: draft tokens VERIFIED in this step (proposed with the previous decision)
     accepted: tuple[int, ...]      # per request: of those, accepted
     committed: int                 # tokens committed this step over the batch
-    scheduled_at: float            # clock() when this step was scheduled
+    scheduled_at: float            # clock() when this step's scheduling began (a busy host: its previous step's output)
     completed_at: float            # clock() when the host processed its output
 
 

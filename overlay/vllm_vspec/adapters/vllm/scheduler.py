@@ -115,6 +115,12 @@ class VSpecScheduler(Scheduler):
         self.dynamic_sd_lookup = [k] * (self.scheduler_config.max_num_seqs + 1)
         # id(SchedulerOutput) -> (scheduled_at, seconds spent building its BatchState)
         self._scheduled_at: dict[int, tuple[float, float]] = {}
+        # When the host last processed a step's output, while requests remain
+        # (None once the engine may idle). A busy engine's step starts there:
+        # output processing and schedule() are per-step costs, and leaving
+        # them out of the interval would favour low gammas (they take the
+        # same time at every gamma, so they shrink the ratio of step times).
+        self._busy_since: float | None = None
         logger.info("vspec: policy=%s gamma in [%d, %d], acceptance=%s%s",
                     self.vspec_config.policy, self.vspec_config.min_gamma,
                     self.vspec_config.max_gamma, self.vspec_config.acceptance,
@@ -152,7 +158,9 @@ class VSpecScheduler(Scheduler):
             decision = self.vspec.decide(batch)
             self._set_gamma(scheduler_output, decision.gamma)
             self._gamma = decision.gamma
-            self._scheduled_at[id(scheduler_output)] = (time.perf_counter(), batch_s)
+            now = time.perf_counter()
+            self._scheduled_at[id(scheduler_output)] = (
+                now if self._busy_since is None else self._busy_since, batch_s)
             if self._sticky and decision.gamma == 0:
                 self._stale.update(scheduled)
         super()._update_after_schedule(scheduler_output)
@@ -176,6 +184,8 @@ class VSpecScheduler(Scheduler):
             fb = _feedback(scheduler_output, model_runner_output, scheduled_at, completed_at)
             # The adapter's own share of the controller overhead: BatchState and fb.
             self.vspec.observe(fb, host_overhead_s=batch_s + time.perf_counter() - completed_at)
+        if self.vspec is not None:
+            self._busy_since = time.perf_counter() if self.has_unfinished_requests() else None
         return outputs
 
     # extends Scheduler.shutdown: one summary line of what the controller did.
