@@ -162,8 +162,9 @@ class GammaController:
 
     # ------------------------------------------------------------ reporting
     def summary(self) -> dict:
-        """Steps decided per gamma and mean stable-step reward (committed
-        tokens/s) per gamma, overall and per batch-size bucket. JSON-able."""
+        """Steps decided per gamma, mean stable-step reward (committed
+        tokens/s) per gamma, and the controller's overhead (us per observed
+        step, share of step time), overall and per batch-size bucket. JSON-able."""
         def view(per_gamma: dict[int, list[float]], cost: list[float]) -> dict:
             return {"steps": {str(g): int(s[0]) for g, s in sorted(per_gamma.items())},
                     "reward_tok_s": {str(g): round(s[2] / s[1], 2)
