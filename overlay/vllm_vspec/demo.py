@@ -15,12 +15,13 @@ import dataclasses
 import json
 import os
 import tempfile
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 from vllm_vspec import engine_runs
 from vllm_vspec.engine_runs import Variant
-from vllm_vspec.trace import overhead_share
+from vllm_vspec.trace import overhead_share, read_trace
 
 # Tokens generated per request during the untimed warm-up of each batch shape.
 WARMUP_TOKENS = 4
@@ -152,19 +153,18 @@ def _with_trace(variant: Variant, trace: Path) -> Variant:
 
 
 def _trace_steps(trace: Path) -> int:
-    return len(trace.read_text().splitlines()) if trace.exists() else 0
+    return len(read_trace(trace)[1]) if trace.exists() else 0
 
 
 def _trace_view(trace: Path, skip: int) -> dict:
-    """Row fields from the trace lines after the first `skip` (the trace is
-    line-buffered and the engine idle, so it is complete): decode steps per
-    gamma, and the controller's summed overhead over the summed step time."""
+    """Row fields from the trace's step records after the first `skip` (the
+    trace is line-buffered and the engine idle, so it is complete): decode
+    steps per gamma, and the controller's summed overhead over the summed
+    step time."""
     if not trace.exists():
         return {}
-    steps = [json.loads(line) for line in trace.read_text().splitlines()[max(skip, 1):]]
-    counts: dict[int, int] = {}
-    for step in steps:
-        counts[step["gamma"]] = counts.get(step["gamma"], 0) + 1
+    steps = read_trace(trace)[1][skip:]
+    counts = Counter(step["gamma"] for step in steps)
     share = overhead_share(steps)
     return dict(gamma_steps=dict(sorted(counts.items())),
                 controller_overhead=round(share, 5) if share is not None else None)

@@ -19,12 +19,14 @@ different time scales and with very different noise:
 UCB: score(g) = R(g) + c * R_max * sqrt(2 ln(N + 1) / n(g)), with n(g) the
 window size, N the bucket's total, R_max the best estimate (c is
 scale-free). An arm with no sample scores +inf. When the current arm is
-the best estimate and the bucket has run `online_probe_interval` stable steps since
-a neighbour's newest sample, that neighbour is probed (+inf) if its speed
-here is only a seed's guess (short-lived buckets, such as the batch sizes a
-burst passes through, trust the seed), and the arm above also if it could
-win were the one draft position the current gamma cannot see always
-accepted (a phase change may have moved that position's acceptance).
+the best estimate and the bucket has run `online_probe_interval` stable
+steps since a neighbour's newest sample, that neighbour is probed (+inf) if
+its speed here is only a seed's guess (short-lived buckets, such as the
+batch sizes a burst passes through, trust the seed) or its own estimate is
+within NEIGHBOUR_PROBE_MARGIN of the best (its few samples may be unlucky
+ones); the arm above also if it could win were the one draft position the
+current gamma cannot see always accepted (a phase change may have moved
+that position's acceptance).
 
 A new bucket is seeded from the nearest bucket that has samples: it starts
 where that bucket is, without warm-up, and takes that bucket's RELATIVE arm
@@ -45,9 +47,10 @@ from vllm_vspec.policies.governor import Governor
 
 
 # A measured neighbour estimated within this fraction of the best arm is
-# re-probed every `online_probe_interval` stable steps. Probing costs two
-# steps at that arm (a switch, then a stable sample), so at most
-# 2 / (interval + 2) of the steps at a <= 10% slower arm: <= 1% at interval 16.
+# re-probed every `online_probe_interval` stable steps. The governor holds a
+# probe for `control_interval` steps, so with the defaults (16, 4) each such
+# neighbour takes up to 4 of every 20 steps at a <= 10% slower arm: <= 2% of
+# throughput per neighbour, in exchange for not trusting one unlucky sample.
 NEIGHBOUR_PROBE_MARGIN = 0.10
 
 
