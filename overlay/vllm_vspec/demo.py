@@ -98,8 +98,7 @@ def add_parser(subparsers) -> None:
                    help="tokens generated per request (default 64)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                    help="engine dtype (default float32: exactness without bf16 near-ties, and "
-                        "faster than bf16 on CPUs without native bf16 such as AVX2-only hosts: "
-                        "measured here 46.7 vs 35.3 tok/s, draft K=2 at batch 1)")
+                        "faster than bf16 on CPUs without native bf16, such as AVX2-only hosts)")
     p.add_argument("--json", type=Path, metavar="PATH", help="also write the results here")
     p.set_defaults(func=run)
 
@@ -188,8 +187,9 @@ def format_table(rows: list[Row]) -> str:
 
 def run(args) -> int:
     # Engines run in this process: on a 2-core host a separate engine-core
-    # process competes with this one for the cores (measured here: 21 vs 31
-    # tok/s target-only at batch 1). An explicit setting wins.
+    # process competes with this one for the cores (target-only at batch 1,
+    # `demo --gammas 2 --batch-sizes 1 --eagle ''`: 21 tok/s with
+    # VLLM_ENABLE_V1_MULTIPROCESSING=1, 31 with 0). An explicit setting wins.
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     pool = engine_runs.load_prompts(args.prompts)
     variants = default_variants(args.draft, args.eagle, args.gammas)
