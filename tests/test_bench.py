@@ -22,7 +22,7 @@ import pytest
 from vllm_vspec import cli
 from vllm_vspec.bench import protocols, runner, scrape, variants, workloads
 from vllm_vspec.bench.loadgen import Completion, client_for, run_phase
-from vllm_vspec.bench.report import Run, exact_match, format_gamma_counts, rows
+from vllm_vspec.bench.report import Run, exact_match, format_gamma_counts, markdown_table, rows
 from vllm_vspec.bench.server import ServerSpec, serve_argv
 from vllm_vspec.bench.plot import Timeline, plot_timelines
 from vllm_vspec.bench.workloads import Request
@@ -89,6 +89,27 @@ def test_ratios_are_to_target_and_to_the_best_fixed_gamma_of_the_same_workload()
     assert by[("other", "target")].vs_best_fixed is None
 
 
+def test_repeats_take_the_median_per_variant_and_compare_outputs_round_by_round():
+    def run(variant, family, seconds, repeat, text="x"):
+        r = _run("w", variant, family, [100], seconds, [text])
+        r.repeat = repeat
+        return r
+    runs = [run("target", "target", 1.0, 0, "a"), run("fixed-1", "fixed", 0.5, 0, "a"),
+            run("online", "online", 0.4, 0, "a"),
+            run("target", "target", 2.0, 1, "b"), run("fixed-1", "fixed", 1.0, 1, "b"),
+            run("online", "online", 0.2, 1, "a"),       # differs from round 1's target
+            run("target", "target", 1.0, 2, "c"), run("fixed-1", "fixed", 0.25, 2, "c"),
+            run("online", "online", 0.5, 2, "c")]
+    by = {r.variant: r for r in rows(runs)}
+    # medians: target 100, fixed-1 200, online 250 tok/s
+    assert by["online"].tokens_per_s == pytest.approx(250.0)
+    assert by["online"].vs_target == pytest.approx(2.5)
+    assert by["online"].vs_best_fixed == pytest.approx(1.25)
+    assert sorted(by["online"].rounds_tokens_per_s) == pytest.approx([200.0, 250.0, 500.0])
+    assert (by["online"].identical, by["online"].compared) == (2, 3)
+    assert "250.0 (200.0-500.0)" in markdown_table(rows(runs))
+
+
 def test_exact_match_counts_identical_outputs_and_names_the_others():
     ref = _run("w", "target", "target", [1, 1, 1], 1.0, ["a", "b", "c"])
     run = _run("w", "online", "online", [1, 1, 1], 1.0, ["a", "B", "c"])
@@ -102,7 +123,6 @@ def test_gamma_counts_format_by_bucket_then_count():
 
 
 def test_controller_time_is_the_traced_overhead_over_the_step_time_and_is_tabled():
-    from vllm_vspec.bench.report import markdown_table
     from vllm_vspec.trace import overhead_share
 
     steps = [{"interval_s": 0.5, "overhead_us": 1000.0}, {"interval_s": 1.5, "overhead_us": 3000.0}]

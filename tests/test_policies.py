@@ -113,6 +113,48 @@ def test_warmup_sweeps_from_max_gamma_downwards():
     assert [d.gamma for d in decisions if d.reason == "warmup"][:7] == [4, 4, 4, 3, 3, 3, 2]
 
 
+def test_warmup_sweep_stops_past_the_peak():
+    # Gamma 1 steps are slow: the downward sweep stops there, gamma 0 is
+    # never visited and is extrapolated (slower still) instead.
+    step_s = lambda g, b: 3.0 if g == 1 else 1.0 + 0.2 * g  # noqa: E731
+    ctl = online(min_gamma=0, online_warmup_samples=1)
+    decisions = Engine(RATES, step_s).run(ctl, 40, num_reqs=4)
+    assert [d.gamma for d in decisions if d.reason == "warmup"][:8] == [4, 4, 3, 3, 2, 2, 1, 1]
+    assert 0 not in {d.gamma for d in decisions}
+    est = ctl.policy.estimates(4, 0, K)
+    assert est[0] < est[1] < max(est.values())
+
+
+def test_a_bucket_far_from_every_measured_one_sweeps_upwards_instead_of_seeding():
+    step_s = lambda g, b: 1.0 + g * (0.02 if b == 1 else 0.9)  # noqa: E731
+    ctl, engine = online(min_gamma=0, online_warmup_samples=1), Engine(RATES, step_s)
+    engine.run(ctl, 100, num_reqs=1)
+    assert ctl.policy.governor.gamma[1] == 4
+    big = engine.run(ctl, 12, num_reqs=32)       # 5 octaves away: no seed
+    assert [d.reason for d in big[:2]] == ["warmup", "warmup"]
+    assert [d.gamma for d in big[:4]] == [0, 0, 1, 1]
+    assert max(d.gamma for d in big) <= 2        # past the peak at 0 after gamma 1 or 2
+    near = engine.run(ctl, 1, num_reqs=16)[0]    # one octave from 32: seeded
+    assert (near.bucket, near.reason) == (16, "seed")
+
+
+def test_unmeasured_arms_are_extrapolated_linearly_from_two_measured_ones():
+    from vllm_vspec.policies.online import _Arms
+    arms = _Arms(window=8, probe_interval=16, incumbent=None)
+    arms.warmup = None
+    for _ in range(3):
+        arms.add(1, 1 / 2.0)     # 2 s per step
+        arms.add(2, 1 / 3.0)     # 3 s per step
+    means = arms.means(0, 4)
+    assert {g: round(1 / r, 6) for g, r in means.items()} == {0: 1.0, 1: 2.0, 2: 3.0, 3: 4.0,
+                                                              4: 5.0}
+    assert (arms.count(2), arms.count(4)) == (3, 1)
+    faster = _Arms(window=8, probe_interval=16, incumbent=None)
+    faster.add(1, 1 / 3.0)
+    faster.add(2, 1 / 2.0)       # noise made the longer draft faster: slope clamps at 0
+    assert faster.means(3, 4) == pytest.approx({3: 0.4, 4: 0.4})
+
+
 def test_infeasible_gammas_are_never_chosen():
     step_s = lambda g, b: 1.0 + 0.01 * g  # noqa: E731  (long drafts would win)
     decisions = Engine(RATES, step_s).run(online(), 200, num_reqs=10, budget=30)

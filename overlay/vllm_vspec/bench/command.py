@@ -65,6 +65,9 @@ def add_parser(subparsers) -> None:
                    help="requests of a steady low-concurrency workload")
     g.add_argument("--requests-high", type=int, default=64,
                    help="requests of a steady high-concurrency workload")
+    g.add_argument("--repeats", type=int, default=1,
+                   help="serve every variant this many times, in interleaved rounds; the "
+                        "table shows the median tokens/s (and the range) over rounds")
     g.add_argument("--static-table", type=json.loads, default=variants.DEFAULT_STATIC_TABLE,
                    help="JSON [[batch_from, batch_to, K], ...] for the static-table variant")
     g.add_argument("--kv-cache-memory-bytes", type=int, default=ServerSpec.kv_cache_memory_bytes,
@@ -128,6 +131,8 @@ def _protocol_main(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------- serving mode
 def build_plan(args: argparse.Namespace) -> runner.Plan:
     """Variants, workloads and requests from the arguments (no server started)."""
+    if args.repeats < 1:
+        raise SystemExit(f"--repeats {args.repeats}: must be at least 1")
     drafters = {"draft_model": args.draft if args.draft.exists() else None,
                 "eagle": args.eagle if args.eagle.exists() else None}
     available = variants.all_variants(drafters, args.static_table)
@@ -151,7 +156,7 @@ def build_plan(args: argparse.Namespace) -> runner.Plan:
                       kv_cache_memory_bytes=args.kv_cache_memory_bytes,
                       enforce_eager=args.enforce_eager)
     return runner.Plan(spec, chosen, chosen_w, {w.name: w.requests(prompts) for w in chosen_w},
-                args.output_len or 64, args.out)
+                       args.output_len or 64, args.out, args.repeats)
 
 
 def _serving_main(args: argparse.Namespace) -> int:
@@ -201,14 +206,15 @@ def _meta(plan: runner.Plan, started: float, failures: dict[str, str]) -> dict:
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
             "duration_s": time.time() - started, "host": platform.node(),
             "server": {k: str(v) for k, v in plan.spec.__dict__.items()},
-            "output_len": plan.output_len,
+            "output_len": plan.output_len, "repeats": plan.repeats,
             "variants": {v.name: v.serve_args(plan.trace_path(v)) for v in plan.variants},
             "workloads": {w.name: [p.__dict__ for p in w.phases] for w in plan.workloads},
             "failed_variants": failures}
 
 
 def _print_plan(plan: runner.Plan) -> None:
-    print(f"# {len(plan.variants)} servers, one at a time; each answers "
+    rounds = f" x {plan.repeats} rounds" if plan.repeats > 1 else ""
+    print(f"# {len(plan.variants)} servers{rounds}, one at a time; each answers "
           f"{plan.total_requests // len(plan.variants)} requests "
           f"(+{runner.WARMUP_REQUESTS} warm-up), output {plan.output_len} tokens, temperature 0")
     for v in plan.variants:

@@ -3,11 +3,14 @@
 Everything here is a pure function of measured runs, so it is unit-tested
 without a server. Ratios are only ever taken between runs of the same
 benchmark invocation (the machines are noisy; numbers from different runs do
-not compare).
+not compare). With repeats (`bench --repeats N`: every variant served N
+times, rounds interleaved), a row's tokens/s is the median over its rounds
+and the ratios are ratios of those medians.
 """
 
 from __future__ import annotations
 
+import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -21,6 +24,7 @@ class Run:
     variant: str
     family: str  # Variant.family
     completions: list[Completion]
+    repeat: int = 0  # round of `bench --repeats` (0-based)
     gamma_counts: Counter = field(default_factory=Counter)  # (bucket, gamma) -> steps
     gamma_source: str | None = None  # "trace", "metrics" or None
     # controller wall time / decode-step time, from the vspec trace
@@ -94,24 +98,42 @@ class Row:
     errors: int
     gamma_counts: str
     controller_overhead: float | None = None
+    # tokens/s of every round (one entry without repeats)
+    rounds_tokens_per_s: tuple[float, ...] = ()
 
 
 def rows(runs: list[Run]) -> list[Row]:
-    """Table rows per workload, each ratio taken within the workload."""
+    """Table rows per (workload, variant), each ratio taken within the
+    workload between median tokens/s over rounds; outputs of every round are
+    compared with target-only's outputs of the same round."""
     out = []
     for workload in dict.fromkeys(r.workload for r in runs):
         group = [r for r in runs if r.workload == workload]
-        target = next((r for r in group if r.family == "target"), None)
-        fixed = [r for r in group if r.family == "fixed"]
-        best = max(fixed, key=lambda r: r.tokens_per_s) if fixed else None
+        by_variant: dict[str, list[Run]] = {}
         for r in group:
-            same, compared, _ = exact_match(r, target) if target else (0, 0, [])
+            by_variant.setdefault(r.variant, []).append(r)
+        speed = {v: statistics.median(r.tokens_per_s for r in rs) for v, rs in by_variant.items()}
+        target = next((v for v, rs in by_variant.items() if rs[0].family == "target"), None)
+        targets = {r.repeat: r for r in by_variant.get(target, [])}
+        fixed = [v for v, rs in by_variant.items() if rs[0].family == "fixed"]
+        best = max(fixed, key=speed.__getitem__) if fixed else None
+        for v, rs in by_variant.items():
+            same = compared = errors = 0
+            counts: Counter = Counter()
+            for r in rs:
+                if r.repeat in targets:
+                    s, c, _ = exact_match(r, targets[r.repeat])
+                    same, compared = same + s, compared + c
+                errors += len(r.errors)
+                counts.update(r.gamma_counts)
+            shares = [r.controller_overhead for r in rs if r.controller_overhead is not None]
             out.append(Row(
-                workload, r.variant, r.tokens_per_s,
-                _ratio(r.tokens_per_s, target.tokens_per_s) if target else None,
-                _ratio(r.tokens_per_s, best.tokens_per_s) if best else None,
-                best.variant if best else None, same, compared, len(r.errors),
-                format_gamma_counts(r.gamma_counts), r.controller_overhead))
+                workload, v, speed[v],
+                _ratio(speed[v], speed[target]) if target else None,
+                _ratio(speed[v], speed[best]) if best else None,
+                best, same, compared, errors, format_gamma_counts(counts),
+                statistics.mean(shares) if shares else None,
+                tuple(r.tokens_per_s for r in rs)))
     return out
 
 
@@ -121,15 +143,16 @@ def _ratio(a: float, b: float) -> float | None:
 
 def results_json(runs: list[Run], meta: dict) -> dict:
     """Everything measured, with per-request detail, for the results file."""
-    target_of = {r.workload: r for r in runs if r.family == "target"}
+    target_of = {(r.workload, r.repeat): r for r in runs if r.family == "target"}
     table = [row.__dict__ for row in rows(runs)]
     detail = []
     for r in runs:
-        ref = target_of.get(r.workload)
+        ref = target_of.get((r.workload, r.repeat))
         differ = exact_match(r, ref)[2] if ref else []
         ref_text = {c.key: c.text for c in ref.completions} if ref else {}
         detail.append({
             "workload": r.workload, "variant": r.variant, "family": r.family,
+            "repeat": r.repeat,
             "tokens": r.tokens, "wall_s": r.wall_s, "tokens_per_s": r.tokens_per_s,
             "errors": r.errors, "gamma_source": r.gamma_source,
             "controller_overhead": r.controller_overhead,
@@ -152,6 +175,13 @@ def _share(share: float | None) -> str:
     return f"{100 * share:.2f}%" if share is not None else "-"
 
 
+def _speed(row: Row) -> str:
+    """Median tokens/s, with the range over rounds when there are several."""
+    r = row.rounds_tokens_per_s
+    spread = f" ({min(r):.1f}-{max(r):.1f})" if len(r) > 1 else ""
+    return f"{row.tokens_per_s:.1f}{spread}"
+
+
 def render_table(table_rows: list[Row]):
     """A rich Table of the rows (printed by the CLI)."""
     from rich.table import Table
@@ -166,7 +196,7 @@ def render_table(table_rows: list[Row]):
             t.add_section()
         previous = row.workload
         ident = f"{row.identical}/{row.compared}" + (f" ({row.errors} err)" if row.errors else "")
-        t.add_row(row.workload, row.variant, f"{row.tokens_per_s:.1f}", _times(row.vs_target),
+        t.add_row(row.workload, row.variant, _speed(row), _times(row.vs_target),
                   _times(row.vs_best_fixed), ident, _share(row.controller_overhead),
                   row.gamma_counts)
     return t
@@ -178,7 +208,7 @@ def markdown_table(table_rows: list[Row]) -> str:
              "| gamma per bucket |",
              "|---|---|---:|---:|---:|---:|---:|---|"]
     for row in table_rows:
-        lines.append(f"| {row.workload} | {row.variant} | {row.tokens_per_s:.1f} | "
+        lines.append(f"| {row.workload} | {row.variant} | {_speed(row)} | "
                      f"{_times(row.vs_target)} | {_times(row.vs_best_fixed)} | "
                      f"{row.identical}/{row.compared} | {_share(row.controller_overhead)} | "
                      f"{row.gamma_counts} |")

@@ -1,5 +1,8 @@
 """Run every (variant, workload) pair: one server per variant, workloads in
-the same order on each, gamma/batch observations alongside."""
+the same order on each, gamma/batch observations alongside. With repeats,
+the variants are served in rounds (v1, v2, ..., v1, v2, ...), so a slow
+spell of a shared machine lands on one round of every variant rather than on
+every round of one."""
 
 from __future__ import annotations
 
@@ -35,46 +38,58 @@ class Plan:
     requests: dict[str, list[list[Request]]]  # workload -> phases -> requests
     output_len: int
     out_dir: Path
+    repeats: int = 1  # rounds: every variant is served this many times
 
-    def trace_path(self, v: Variant) -> Path | None:
-        return (self.out_dir / "traces" / f"{v.name}.jsonl").resolve() if v.vspec else None
+    def file_stem(self, v: Variant, repeat: int = 0) -> str:
+        """Name of a variant's trace and log files (round-numbered with repeats)."""
+        return v.name if self.repeats == 1 else f"{v.name}.r{repeat + 1}"
 
-    def argv(self, v: Variant, port: int) -> list[str]:
-        return serve_argv(self.spec, v.serve_args(self.trace_path(v)), port)
+    def trace_path(self, v: Variant, repeat: int = 0) -> Path | None:
+        if not v.vspec:
+            return None
+        return (self.out_dir / "traces" / f"{self.file_stem(v, repeat)}.jsonl").resolve()
+
+    def argv(self, v: Variant, port: int, repeat: int = 0) -> list[str]:
+        return serve_argv(self.spec, v.serve_args(self.trace_path(v, repeat)), port)
 
     @property
     def total_requests(self) -> int:
         per_variant = sum(len(p) for phases in self.requests.values() for p in phases)
-        return per_variant * len(self.variants)
+        return per_variant * len(self.variants) * self.repeats
 
 
 def run_plan(plan: Plan, on_progress: Callable[[str], None],
              on_variant_done: Callable[[list[Run], dict[str, str]], None] = lambda r, f: None,
              ) -> tuple[list[Run], list[Timeline], dict[str, str]]:
-    """Serve each variant in turn and replay every workload against it.
-    A variant whose server does not come up is reported in the returned
-    {variant: error} and skipped; the others still run. `on_variant_done`
-    sees the runs so far after each variant (to save partial results)."""
+    """Serve each variant in turn (in `plan.repeats` rounds) and replay every
+    workload against it. A server that does not come up is reported in the
+    returned {variant: error} and skipped; the others still run.
+    `on_variant_done` sees the runs so far after each server (to save partial
+    results). Timelines are the first round's."""
     runs: list[Run] = []
     timelines: list[Timeline] = []
     failures: dict[str, str] = {}
-    for v in plan.variants:
-        trace = plan.trace_path(v)
-        if trace is not None:
-            trace.parent.mkdir(parents=True, exist_ok=True)
-            trace.unlink(missing_ok=True)
-        port = free_port()
-        try:
-            with Server(plan.argv(v, port), port,
-                        plan.out_dir / "logs" / f"{v.name}.log") as srv:
-                v_runs, tl = asyncio.run(
-                    _serve_workloads(plan, v, srv.base_url, trace, on_progress))
-        except ServerError as e:
-            failures[v.name] = str(e)
-        else:
-            runs += v_runs
-            timelines.append(tl)
-        on_variant_done(runs, failures)
+    for repeat in range(plan.repeats):
+        for v in plan.variants:
+            trace = plan.trace_path(v, repeat)
+            if trace is not None:
+                trace.parent.mkdir(parents=True, exist_ok=True)
+                trace.unlink(missing_ok=True)
+            port = free_port()
+            try:
+                with Server(plan.argv(v, port, repeat), port,
+                            plan.out_dir / "logs" / f"{plan.file_stem(v, repeat)}.log") as srv:
+                    v_runs, tl = asyncio.run(
+                        _serve_workloads(plan, v, srv.base_url, trace, on_progress))
+            except ServerError as e:
+                failures[plan.file_stem(v, repeat)] = str(e)
+            else:
+                for r in v_runs:
+                    r.repeat = repeat
+                runs += v_runs
+                if repeat == 0:
+                    timelines.append(tl)
+            on_variant_done(runs, failures)
     return runs, timelines, failures
 
 

@@ -109,20 +109,29 @@ class Server:
                           f"last log lines:\n{self.log_tail()}")
 
     def stop(self, grace_s: float = 30.0) -> None:
-        """SIGTERM the server's process group (vLLM shuts down and flushes
-        its logs and traces), SIGKILL it if it lingers."""
-        if self.proc is None or self.proc.poll() is not None:
+        """SIGTERM the API server alone first: it shuts its engine-core
+        process down in order, so the engine's own shutdown (vspec's summary
+        line, trace flush) reaches the log; then SIGTERM, and at last SIGKILL,
+        the whole process group for whatever lingers."""
+        if self.proc is None:
             return
-        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+        steps = ((lambda sig: os.kill(self.proc.pid, sig), signal.SIGTERM, grace_s),
+                 (lambda sig: os.killpg(self.proc.pid, sig), signal.SIGTERM, 10.0),
+                 (lambda sig: os.killpg(self.proc.pid, sig), signal.SIGKILL, 10.0))
+        for send, sig, wait_s in steps:
+            if self.proc.poll() is not None:
+                break
             try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                return
-            try:
+                send(sig)
                 self.proc.wait(timeout=wait_s)
-                return
+            except ProcessLookupError:
+                break
             except subprocess.TimeoutExpired:
                 continue
+        try:  # children the API server left behind
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
     def log_tail(self, lines: int = 30) -> str:
         try:

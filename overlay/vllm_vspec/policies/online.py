@@ -28,12 +28,23 @@ ones); the arm above also if it could win were the one draft position the
 current gamma cannot see always accepted (a phase change may have moved
 that position's acceptance).
 
-A new bucket is seeded from the nearest bucket that has samples: it starts
-where that bucket is, without warm-up, and takes that bucket's RELATIVE arm
-speeds (scaled by its own measurement of the starting arm) for the arms it
-has not measured itself. When no bucket has samples it sweeps
-every feasible arm from max gamma downwards (`online_warmup_samples`
-stable steps each), then starts from the best (or the incumbent).
+Arms a bucket has not measured are estimated, not assumed to be +inf, once
+two of its arms are measured: step time is close to linear in gamma (gamma
+draft passes plus a verify pass that grows with gamma), so 1 / (requests/s)
+is extrapolated along the least-squares line through the measured arms
+(slope >= 0: a longer draft never makes a step faster). Such an estimate
+counts as one sample for UCB and is checked by the neighbour probes above.
+
+A new bucket is seeded from the nearest bucket that has samples, if that one
+is at most SEED_MAX_OCTAVES away: it starts where that bucket is, without
+warm-up, and takes that bucket's RELATIVE arm speeds (scaled by its own
+measurement of the starting arm) for the arms it has not measured itself.
+Otherwise it sweeps the feasible arms (`online_warmup_samples` stable steps
+each): upwards from min gamma when the measured buckets are smaller (a
+bigger batch pays more per draft token, so its best gamma is lower),
+downwards from max gamma otherwise; the sweep stops once an arm scores
+SWEEP_STOP_MARGIN below the best so far (past the peak, the rest are
+extrapolated), then starts from the best (or the incumbent).
 """
 
 from __future__ import annotations
@@ -53,6 +64,16 @@ from vllm_vspec.policies.governor import Governor
 # throughput per neighbour, in exchange for not trusting one unlucky sample.
 NEIGHBOUR_PROBE_MARGIN = 0.10
 
+# Relative arm speeds carry to a bucket at most this many doublings of batch
+# size away. Measured on the CPU host (bench trace): from batch 2 to 32 the
+# cost of gamma 4 over gamma 3 grows from ~0 to ~5% of a step, and gamma 4
+# seeded from batch 2 held batch 32 at 0.75x target-only.
+SEED_MAX_OCTAVES = 1
+
+# A warm-up sweep stops at the first arm (after two) scoring this fraction
+# below the best arm swept so far.
+SWEEP_STOP_MARGIN = 0.10
+
 
 class _Arms:
     """Per-arm windows of requests/s samples in one bucket, plus an optional
@@ -65,6 +86,7 @@ class _Arms:
         self.last_seen: dict[int, int] = {}  # arm -> bucket step of its newest sample
         self.steps = 0                        # stable steps observed in this bucket
         self.warmup: list[int] | None = []    # arms still to sweep; None once done
+        self.swept: list[int] = []            # arms swept so far, in sweep order
         self.incumbent = incumbent            # gamma in use anywhere when the bucket opened
         self.seed_ref: int | None = None      # arm the seed speeds are relative to
         self.seed: dict[int, tuple[float, int]] = {}   # arm -> (speed / speed of ref, samples)
@@ -77,19 +99,32 @@ class _Arms:
     def own_means(self) -> dict[int, float]:
         return {g: sum(r) / len(r) for g, r in self.rate.items() if r}
 
-    def means(self) -> dict[int, float]:
-        """Requests/s per arm: measured here, else the seed's relative speed
-        scaled by this bucket's own measurement of the reference arm (a
-        bigger batch runs every arm faster; the ranking is what carries)."""
+    def means(self, lo: int, hi: int) -> dict[int, float]:
+        """Requests/s per arm of [lo, hi]: measured here, else the seed's
+        relative speed scaled by this bucket's own measurement of the
+        reference arm (a bigger batch runs every arm faster; the ranking is
+        what carries), else extrapolated (module docstring)."""
         own = self.own_means()
+        out = dict(own)
         if self.seed_ref in own:
             for g, (relative, _n) in self.seed.items():
-                own.setdefault(g, own[self.seed_ref] * relative)
-        return own
+                out.setdefault(g, own[self.seed_ref] * relative)
+        if len(own) >= 2:
+            seconds = _line({g: 1.0 / r for g, r in own.items() if r > 0})
+            for g in range(lo, hi + 1):
+                if g not in out and seconds is not None and seconds(g) > 0:
+                    out[g] = 1.0 / seconds(g)
+        return {g: r for g, r in out.items() if lo <= g <= hi}
 
     def count(self, gamma: int) -> int:
+        """Samples behind an arm's estimate: its own, else the seed's, else 1
+        (extrapolated) when two arms are measured, else 0 (unknown)."""
         n = len(self.rate.get(gamma, ()))
-        return n or self.seed.get(gamma, (0.0, 0))[1]
+        if n:
+            return n
+        if gamma in self.seed:
+            return self.seed[gamma][1]
+        return 1 if len(self.own_means()) >= 2 else 0
 
     def expired(self, gamma: int) -> bool:
         """Due for a probe: no sample of `gamma` in the last probe_interval steps."""
@@ -99,12 +134,25 @@ class _Arms:
         """Take the relative arm speeds of `other` (its own measurements and
         what it was seeded with), referenced to its arm nearest to `gamma`;
         returns that arm (where this bucket starts)."""
-        means = other.means()
+        means = other.means(0, max(other.rate.keys() | other.seed.keys()))
         ref = min(means, key=lambda g: (abs(g - gamma), g))
         self.seed_ref = ref
         self.seed = {g: (m / means[ref], other.count(g)) for g, m in means.items()}
         self.warmup = None
         return ref
+
+
+def _line(points: dict[int, float]):
+    """Least-squares line y(g) through {g: y} with slope clamped at >= 0
+    (None without two distinct g)."""
+    if len(points) < 2:
+        return None
+    n = len(points)
+    mg = sum(points) / n
+    my = sum(points.values()) / n
+    var = sum((g - mg) ** 2 for g in points)
+    slope = max(0.0, sum((g - mg) * (y - my) for g, y in points.items()) / var)
+    return lambda g: my + slope * (g - mg)
 
 
 class OnlinePolicy:
@@ -134,16 +182,20 @@ class OnlinePolicy:
                      incumbent=self._last_gamma)
         self.buckets[bucket] = arms
         source = self._nearest_measured(bucket)
-        if source is not None:
+        if source is not None and abs(math.log2(source / bucket)) <= SEED_MAX_OCTAVES:
             start = arms.seed_from(self.buckets[source], self.governor.gamma[source])
             start = min(max(start, lo), hi)
             self.governor.start(bucket, start)
             return start, "seed"
-        arms.warmup = list(range(hi, lo - 1, -1)) if self.config.online_warmup_samples else []
+        upwards = source is not None and source < bucket
+        order = list(range(lo, hi + 1)) if upwards else list(range(hi, lo - 1, -1))
+        arms.warmup = order if self.config.online_warmup_samples else []
+        arms.swept = []
         return self._warmup(bucket, arms, lo, hi)
 
     def _nearest_measured(self, bucket: int) -> int | None:
-        measured = [b for b, a in self.buckets.items() if a.warmup is None and a.own_means()]
+        measured = [b for b, a in self.buckets.items()
+                    if b != bucket and a.warmup is None and a.own_means()]
         if not measured:
             return None
         # Buckets are powers of two: distance is the log ratio; ties prefer
@@ -153,8 +205,12 @@ class OnlinePolicy:
     def _warmup(self, bucket: int, arms: _Arms, lo: int, hi: int) -> tuple[int, str]:
         need = self.config.online_warmup_samples
         while arms.warmup and (arms.warmup[0] > hi or arms.warmup[0] < lo
-                               or arms.count(arms.warmup[0]) >= need):
-            arms.warmup.pop(0)
+                               or len(arms.rate.get(arms.warmup[0], ())) >= need):
+            g = arms.warmup.pop(0)
+            if lo <= g <= hi:
+                arms.swept.append(g)
+                if self._past_peak(bucket, arms.swept, lo, hi):
+                    arms.warmup.clear()
         if arms.warmup:
             gamma = arms.warmup[0]
             self.governor.start(bucket, gamma)
@@ -170,12 +226,20 @@ class OnlinePolicy:
         self.governor.start(bucket, gamma)
         return gamma, "warmup"
 
+    def _past_peak(self, bucket: int, swept: list[int], lo: int, hi: int) -> bool:
+        """The newest swept arm scores SWEEP_STOP_MARGIN below the best swept."""
+        if len(swept) < 2:
+            return False
+        est = self.estimates(bucket, lo, hi)
+        best = max(est.get(g, 0.0) for g in swept)
+        return est.get(swept[-1], 0.0) < best * (1.0 - SWEEP_STOP_MARGIN)
+
     def estimates(self, bucket: int, lo: int, hi: int) -> dict[int, float]:
         """R(g), committed tokens per second, for the arms of [lo, hi] that
         have samples in this bucket."""
         arms = self.buckets[bucket]
         e = expected_tokens_all(self.acceptance.rates(), hi)
-        return {g: e[g] * m for g, m in arms.means().items() if lo <= g <= hi}
+        return {g: e[g] * m for g, m in arms.means(lo, hi).items()}
 
     def scores(self, bucket: int, lo: int, hi: int) -> dict[int, float]:
         """UCB score of every arm in [lo, hi] (see the module docstring)."""
