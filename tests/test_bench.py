@@ -110,6 +110,24 @@ def test_repeats_take_the_median_per_variant_and_compare_outputs_round_by_round(
     assert "250.0 (200.0-500.0)" in markdown_table(rows(runs))
 
 
+def test_phase_bound_takes_the_fastest_fixed_choice_of_each_phase():
+    from vllm_vspec.bench.report import phase_bounds
+
+    def run(variant, family, phase_seconds):
+        comps, t = [], 0.0
+        for phase, seconds in enumerate(phase_seconds):
+            comps.append(Completion(f"{phase}/0", t, t + seconds, 100, "x"))
+            t += seconds
+        return Run("bursty", variant, family, comps)
+    runs = [run("target", "target", [4.0, 1.0]),    # fast at high load
+            run("fixed-2", "fixed", [2.0, 2.0]),    # fast at low load; best fixed: 50 tok/s
+            run("online", "online", [1.0, 1.0])]    # not a fixed choice: ignored
+    bound = phase_bounds(runs)["bursty"]
+    assert bound["vs_best_fixed"] == pytest.approx((200 / 3.0) / 50.0)
+    assert bound["phase_choices"] == {"0:fixed-2": 1, "1:target": 1}
+    assert phase_bounds([run("fixed-2", "fixed", [2.0])]) == {}    # one phase: no bound
+
+
 def test_exact_match_counts_identical_outputs_and_names_the_others():
     ref = _run("w", "target", "target", [1, 1, 1], 1.0, ["a", "b", "c"])
     run = _run("w", "online", "online", [1, 1, 1], 1.0, ["a", "B", "c"])

@@ -99,8 +99,10 @@ class VSpecConfig:
     `R(g) + c * R_max * sqrt(2 ln(N+1) / n(g))`."""
 
     online_warmup_samples: int = 2
-    """`online` policy: decisions spent on each arm during the warm-up sweep
-    (from max_gamma downwards) before UCB takes over."""
+    """`online` policy: stable steps spent on each arm during the warm-up
+    sweep of a bucket no nearby bucket can seed (downwards from max_gamma, or
+    upwards from min_gamma when the measured buckets are smaller; it stops
+    past the best arm) before UCB takes over."""
 
     online_warmup_return: Literal["best", "incumbent"] = "best"
     """`online` policy: after warm-up, start from the best measured arm

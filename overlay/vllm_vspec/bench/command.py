@@ -183,7 +183,9 @@ def _serving_main(args: argparse.Namespace) -> int:
         results.write_text(json.dumps(report.results_json(
             runs, _meta(plan, started, failures)), indent=2) + "\n")
         table_rows = report.rows(runs)
-        (plan.out_dir / "table.md").write_text(report.markdown_table(table_rows) + "\n")
+        bounds = report.bound_lines(report.phase_bounds(runs))
+        (plan.out_dir / "table.md").write_text(
+            report.markdown_table(table_rows) + "\n" + "".join(f"\n{b}\n" for b in bounds))
         return table_rows
 
     with Progress(console=console) as progress:
@@ -191,6 +193,8 @@ def _serving_main(args: argparse.Namespace) -> int:
         runs, timelines, failures = runner.run_plan(
             plan, lambda what: progress.update(task, advance=1, description=what), save)
     console.print(report.render_table(save(runs, failures)))
+    for line in report.bound_lines(report.phase_bounds(runs)):
+        console.print(line)
     for name, error in failures.items():
         console.print(f"[red]variant {name} did not run:[/red] {error}")
     # The traced (vspec) variants when there are any: every step, exact.

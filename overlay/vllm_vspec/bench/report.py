@@ -137,6 +137,45 @@ def rows(runs: list[Run]) -> list[Row]:
     return out
 
 
+def phase_bounds(runs: list[Run]) -> dict[str, dict]:
+    """For every workload of several phases (bursty): the tokens/s had each
+    phase been served by its fastest FIXED choice (target-only or a fixed
+    gamma) of the same round, as a ratio to the best fixed variant (median
+    over rounds). It bounds what switching between the measured fixed
+    choices could gain here: 1.10x over the best fixed gamma needs phases
+    whose best choices differ by that much."""
+    out = {}
+    for workload in dict.fromkeys(r.workload for r in runs):
+        group = [r for r in runs if r.workload == workload and r.family in ("target", "fixed")]
+        phases = {c.key.split("/")[0] for r in group for c in r.completions}
+        if len(phases) < 2 or not any(r.family == "fixed" for r in group):
+            continue
+        ratios, picks = [], Counter()
+        for repeat in sorted({r.repeat for r in group}):
+            this = [r for r in group if r.repeat == repeat]
+            wall = 0.0
+            for phase in sorted(phases, key=int):
+                spans = {r.variant: _span([c for c in r.completions
+                                           if c.key.split("/")[0] == phase]) for r in this}
+                best = min(spans, key=spans.__getitem__)
+                picks[(phase, best)] += 1
+                wall += spans[best]
+            best_fixed = max(r.tokens_per_s for r in this if r.family == "fixed")
+            tokens = max(r.tokens for r in this)
+            if wall > 0 and best_fixed > 0:
+                ratios.append(tokens / wall / best_fixed)
+        if ratios:
+            out[workload] = {"vs_best_fixed": statistics.median(ratios),
+                             "phase_choices": {f"{ph}:{v}": n for (ph, v), n in sorted(picks.items())}}
+    return out
+
+
+def _span(completions: list[Completion]) -> float:
+    if not completions:
+        return 0.0
+    return max(c.end for c in completions) - min(c.start for c in completions)
+
+
 def _ratio(a: float, b: float) -> float | None:
     return a / b if b > 0 else None
 
@@ -164,7 +203,7 @@ def results_json(runs: list[Run], meta: dict) -> dict:
                     next(c.text for c in r.completions if c.key == k), ref_text[k])}
                 for k in differ],
         })
-    return {"meta": meta, "table": table, "runs": detail}
+    return {"meta": meta, "table": table, "phase_bounds": phase_bounds(runs), "runs": detail}
 
 
 def _times(ratio: float | None) -> str:
@@ -200,6 +239,14 @@ def render_table(table_rows: list[Row]):
                   _times(row.vs_best_fixed), ident, _share(row.controller_overhead),
                   row.gamma_counts)
     return t
+
+
+def bound_lines(bounds: dict[str, dict]) -> list[str]:
+    """One line per multi-phase workload: the best-fixed-choice-per-phase bound."""
+    return [f"{w}: the fastest fixed choice per phase would give "
+            f"{_times(b['vs_best_fixed'])} the best fixed gamma (phase:variant x rounds "
+            f"{', '.join(f'{k} x{n}' for k, n in b['phase_choices'].items())})"
+            for w, b in bounds.items()]
 
 
 def markdown_table(table_rows: list[Row]) -> str:

@@ -51,6 +51,10 @@ def serve_argv(spec: ServerSpec, variant_args: list[str], port: int) -> list[str
             "--kv-cache-memory-bytes", str(spec.kv_cache_memory_bytes),
             "--gpu-memory-utilization", str(spec.gpu_memory_utilization),
             "--seed", str(spec.seed),
+            # vLLM 0.32 force-kills the engine core at once on SIGTERM unless
+            # a drain window is given; the engine's own shutdown (vspec's
+            # summary line) needs one. Every request has ended by then.
+            "--shutdown-timeout", "10",
             # Ignore the model's bundled sampling defaults so temperature 0
             # stays plain greedy decoding.
             "--generation-config", "vllm",
