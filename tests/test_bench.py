@@ -126,6 +126,10 @@ def test_phase_bound_takes_the_fastest_fixed_choice_of_each_phase():
     assert bound["vs_best_fixed"] == pytest.approx((200 / 3.0) / 50.0)
     assert bound["phase_choices"] == {"0:fixed-2": 1, "1:target": 1}
     assert phase_bounds([run("fixed-2", "fixed", [2.0])]) == {}    # one phase: no bound
+    # Partial results: a round that has served only target-only so far.
+    second_round = run("target", "target", [4.0, 1.0])
+    second_round.repeat = 1
+    assert phase_bounds(runs + [second_round])["bursty"] == bound
 
 
 def test_exact_match_counts_identical_outputs_and_names_the_others():

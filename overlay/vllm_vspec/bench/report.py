@@ -153,6 +153,8 @@ def phase_bounds(runs: list[Run]) -> dict[str, dict]:
         ratios, picks = [], Counter()
         for repeat in sorted({r.repeat for r in group}):
             this = [r for r in group if r.repeat == repeat]
+            if not any(r.family == "fixed" for r in this):
+                continue    # a round still in progress (partial results)
             wall = 0.0
             for phase in sorted(phases, key=int):
                 spans = {r.variant: _span([c for c in r.completions
