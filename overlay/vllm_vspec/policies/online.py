@@ -235,8 +235,8 @@ class OnlinePolicy:
         return est.get(swept[-1], 0.0) < best * (1.0 - SWEEP_STOP_MARGIN)
 
     def estimates(self, bucket: int, lo: int, hi: int) -> dict[int, float]:
-        """R(g), committed tokens per second, for the arms of [lo, hi] that
-        have samples in this bucket."""
+        """R(g), committed tokens per second, for the arms of [lo, hi] this
+        bucket can estimate (measured, seeded or extrapolated: _Arms.means)."""
         arms = self.buckets[bucket]
         e = expected_tokens_all(self.acceptance.rates(), hi)
         return {g: e[g] * m for g, m in arms.means(lo, hi).items()}
