@@ -177,23 +177,25 @@ def _serving_main(args: argparse.Namespace) -> int:
     plan.out_dir.mkdir(parents=True, exist_ok=True)
     results = plan.out_dir / "results.json"
 
-    def save(runs: list, failures: dict[str, str]) -> list:
+    def save(runs: list, failures: dict[str, str]) -> tuple[list, list[str]]:
         """results.json and table.md of the runs so far (rewritten after each
-        variant, so an interrupted bench keeps what it measured)."""
+        server, so an interrupted bench keeps what it measured); returns the
+        table rows and the phase-bound lines."""
+        table_rows, bounds = report.rows(runs), report.phase_bounds(runs)
         results.write_text(json.dumps(report.results_json(
-            runs, _meta(plan, started, failures)), indent=2) + "\n")
-        table_rows = report.rows(runs)
-        bounds = report.bound_lines(report.phase_bounds(runs))
+            runs, _meta(plan, started, failures), table_rows, bounds), indent=2) + "\n")
+        lines = report.bound_lines(bounds)
         (plan.out_dir / "table.md").write_text(
-            report.markdown_table(table_rows) + "\n" + "".join(f"\n{b}\n" for b in bounds))
-        return table_rows
+            report.markdown_table(table_rows) + "\n" + "".join(f"\n{b}\n" for b in lines))
+        return table_rows, lines
 
     with Progress(console=console) as progress:
         task = progress.add_task("bench", total=plan.total_requests)
         runs, timelines, failures = runner.run_plan(
             plan, lambda what: progress.update(task, advance=1, description=what), save)
-    console.print(report.render_table(save(runs, failures)))
-    for line in report.bound_lines(report.phase_bounds(runs)):
+    table_rows, bound_lines = save(runs, failures)
+    console.print(report.render_table(table_rows))
+    for line in bound_lines:
         console.print(line)
     for name, error in failures.items():
         console.print(f"[red]variant {name} did not run:[/red] {error}")

@@ -182,10 +182,12 @@ def _ratio(a: float, b: float) -> float | None:
     return a / b if b > 0 else None
 
 
-def results_json(runs: list[Run], meta: dict) -> dict:
-    """Everything measured, with per-request detail, for the results file."""
+def results_json(runs: list[Run], meta: dict, table_rows: list[Row],
+                 bounds: dict[str, dict]) -> dict:
+    """Everything measured, with per-request detail, for the results file
+    (`table_rows` = rows(runs), `bounds` = phase_bounds(runs))."""
     target_of = {(r.workload, r.repeat): r for r in runs if r.family == "target"}
-    table = [row.__dict__ for row in rows(runs)]
+    table = [row.__dict__ for row in table_rows]
     detail = []
     for r in runs:
         ref = target_of.get((r.workload, r.repeat))
@@ -205,7 +207,7 @@ def results_json(runs: list[Run], meta: dict) -> dict:
                     next(c.text for c in r.completions if c.key == k), ref_text[k])}
                 for k in differ],
         })
-    return {"meta": meta, "table": table, "phase_bounds": phase_bounds(runs), "runs": detail}
+    return {"meta": meta, "table": table, "phase_bounds": bounds, "runs": detail}
 
 
 def _times(ratio: float | None) -> str:

@@ -119,14 +119,13 @@ class Server:
         the whole process group for whatever lingers."""
         if self.proc is None:
             return
-        steps = ((lambda sig: os.kill(self.proc.pid, sig), signal.SIGTERM, grace_s),
-                 (lambda sig: os.killpg(self.proc.pid, sig), signal.SIGTERM, 10.0),
-                 (lambda sig: os.killpg(self.proc.pid, sig), signal.SIGKILL, 10.0))
+        steps = ((os.kill, signal.SIGTERM, grace_s), (os.killpg, signal.SIGTERM, 10.0),
+                 (os.killpg, signal.SIGKILL, 10.0))
         for send, sig, wait_s in steps:
             if self.proc.poll() is not None:
                 break
             try:
-                send(sig)
+                send(self.proc.pid, sig)
                 self.proc.wait(timeout=wait_s)
             except ProcessLookupError:
                 break

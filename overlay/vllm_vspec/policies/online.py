@@ -124,7 +124,7 @@ class _Arms:
             return n
         if gamma in self.seed:
             return self.seed[gamma][1]
-        return 1 if len(self.own_means()) >= 2 else 0
+        return 1 if len(self.rate) >= 2 else 0   # a window, once made, is never empty
 
     def expired(self, gamma: int) -> bool:
         """Due for a probe: no sample of `gamma` in the last probe_interval steps."""
@@ -195,7 +195,7 @@ class OnlinePolicy:
 
     def _nearest_measured(self, bucket: int) -> int | None:
         measured = [b for b, a in self.buckets.items()
-                    if b != bucket and a.warmup is None and a.own_means()]
+                    if b != bucket and a.warmup is None and a.rate]
         if not measured:
             return None
         # Buckets are powers of two: distance is the log ratio; ties prefer
