@@ -65,9 +65,10 @@ from vllm_vspec.policies.governor import Governor
 NEIGHBOUR_PROBE_MARGIN = 0.10
 
 # Relative arm speeds carry to a bucket at most this many doublings of batch
-# size away. Measured on the CPU host (bench trace): from batch 2 to 32 the
-# cost of gamma 4 over gamma 3 grows from ~0 to ~5% of a step, and gamma 4
-# seeded from batch 2 held batch 32 at 0.75x target-only.
+# size away. Measured on the CPU host (bench trace, docs/benchmarks.md):
+# at batch 2 a gamma-4 step took no longer than a gamma-1 step, at batch 32
+# longer than even a gamma-3 step, and gamma 4 seeded from batch 2 held
+# batch 32 at 0.75x target-only.
 SEED_MAX_OCTAVES = 1
 
 # A warm-up sweep stops at the first arm (after two) scoring this fraction
