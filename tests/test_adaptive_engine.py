@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import (DRAFT, assert_same_tokens, close_llm, counter, greedy, make_llm,
-                      scheduler_of)
+from conftest import (DRAFT, TARGET, assert_same_tokens, close_llm, counter, greedy,
+                      make_llm, scheduler_of)
 from vllm_vspec.config import VSpecConfigError
 from vllm_vspec.trace import read_trace
 
@@ -127,6 +127,105 @@ def test_sticky_gamma_0_keeps_speculation_off_until_the_cohort_drains(prompts, r
     assert resumed[:2] == [3, 1], f"speculation did not resume for a new cohort: {resumed}"
 
 
+# The target as its own draft: with complete draft KV it drafts exactly the
+# target's next tokens, so (float32) every draft is accepted. Lazy gamma 0 must
+# keep that: a catch-up that is missing or misplaced shows as rejections
+# (with the catch-up pass disabled, TestLazyGamma0's run accepts 87%).
+SELF_DRAFT = {**DRAFT_MODEL, "model": str(TARGET)}
+LAZY = {**CYCLE, "gamma0_mode": "lazy"}
+
+
+def _acceptance(llm) -> tuple[float, float]:
+    return (counter(llm, "vllm:spec_decode_num_accepted_tokens"),
+            counter(llm, "vllm:spec_decode_num_draft_tokens"))
+
+
+class TestLazyGamma0:
+    """gamma0_mode lazy: a gamma-0 step runs no draft forward; the drafter
+    catches up on the skipped tokens before it drafts again. Cycle policy
+    (a gamma-0 step every few steps), prefix caching on, one engine."""
+
+    @pytest.fixture(scope="class")
+    def lazy(self, reference, tmp_path_factory):
+        from vllm_vspec.adapters.vllm.worker import CPU_WORKER_CLS
+
+        trace = tmp_path_factory.mktemp("trace") / "lazy.jsonl"
+        llm = make_llm(speculative_config=SELF_DRAFT, worker_cls=CPU_WORKER_CLS,
+                       vspec={**LAZY, "trace_path": str(trace)},
+                       enable_prefix_caching=True, disable_log_stats=False)
+        yield llm, trace
+        close_llm(llm)
+
+    def test_exact_at_batch_16(self, lazy, prompts, reference):
+        llm, _ = lazy
+        assert_same_tokens(greedy(llm, prompts), reference, "lazy gamma 0, batch 16")
+
+    def test_exact_with_prefix_cache_hits(self, lazy, prompts, reference):
+        llm, _ = lazy
+        hits_before = counter(llm, "vllm:prefix_cache_hits")
+        assert_same_tokens(greedy(llm, prompts), reference, "lazy gamma 0, prefix-cached")
+        assert counter(llm, "vllm:prefix_cache_hits") > hits_before, "no prefix-cache hit happened"
+
+    def test_gamma_0_steps_run_no_draft_forward_and_the_next_pass_catches_up(self, lazy,
+                                                                              prompts):
+        llm, _ = lazy
+        runner = (llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker
+                  .model_runner)
+        forwards: list[int] = []   # draft forwards so far
+        steps: list[tuple[int, int]] = []  # per step: (gamma, draft forwards it ran)
+        model, propose = runner.drafter.model, runner.propose_draft_token_ids
+
+        def counted_forward(*args, **kwargs):
+            forwards.append(1)
+            return type(model).forward(model, *args, **kwargs)
+
+        def counted_propose(scheduler_output, *args, **kwargs):
+            before = len(forwards)
+            out = propose(scheduler_output, *args, **kwargs)
+            steps.append((scheduler_output.num_spec_tokens_to_schedule, len(forwards) - before))
+            return out
+
+        model.forward, runner.propose_draft_token_ids = counted_forward, counted_propose
+        try:
+            greedy(llm, prompts[:4])
+        finally:
+            del model.forward, runner.propose_draft_token_ids
+        assert any(g == 0 for g, _ in steps), f"cycle never chose gamma 0: {steps}"
+        assert all(n == 0 for g, n in steps if g == 0), f"a gamma-0 step ran the drafter: {steps}"
+        # After a gamma-0 step every request lags: one catch-up pass, then the
+        # first pass and gamma-1 more draft forwards.
+        after_skip = [(g, n) for (g0, _), (g, n) in zip(steps, steps[1:]) if g0 == 0 and g > 0]
+        assert after_skip and all(n == g + 1 for g, n in after_skip), steps
+
+    def test_an_identical_draft_is_accepted_after_skipped_steps(self, lazy, prompts):
+        llm, trace = lazy
+        accepted_before, drafted_before = _acceptance(llm)
+        greedy(llm, prompts)
+        accepted, drafted = _acceptance(llm)
+        _, steps = read_trace(trace)
+        assert any(s["gamma"] == 0 for s in steps), "cycle never chose gamma 0"
+        rate = (accepted - accepted_before) / (drafted - drafted_before)
+        assert rate >= 0.99, f"self-draft acceptance {rate:.3f} after lazy gamma-0 steps"
+
+
+def test_lazy_gamma_0_across_preemptions_is_exact_and_caught_up(prompts, reference):
+    from vllm_vspec.adapters.vllm.worker import CPU_WORKER_CLS
+
+    llm = make_llm(speculative_config=SELF_DRAFT, worker_cls=CPU_WORKER_CLS, vspec=LAZY,
+                   enable_prefix_caching=True, kv_cache_memory_bytes=5 << 20,
+                   max_model_len=256, disable_log_stats=False)
+    try:
+        preempted_before = counter(llm, "vllm:num_preemptions")
+        got = greedy(llm, prompts)
+        preempted = counter(llm, "vllm:num_preemptions") - preempted_before
+        accepted, drafted = _acceptance(llm)
+    finally:
+        close_llm(llm)
+    assert preempted > 0, "the tiny KV cache caused no preemption; shrink it"
+    assert_same_tokens(got, reference, "lazy gamma 0 across preemptions")
+    assert accepted / drafted >= 0.99, f"self-draft acceptance {accepted / drafted:.3f}"
+
+
 def test_shutdown_logs_one_summary_line_through_vllms_logger(prompts):
     import logging
 
@@ -166,6 +265,7 @@ def test_online_with_random_draft_settles_on_gamma_0(prompts, random_draft):
     # these run in vspec's model runner, which the stock worker does not build
     ({"acceptance": "margin", "margin": 1.0}, "acceptance"),
     ({"min_gamma": 0, "gamma0_mode": "sticky"}, "gamma0_mode"),
+    ({"min_gamma": 0, "gamma0_mode": "lazy"}, "gamma0_mode"),
 ])
 def test_bad_vspec_settings_fail_at_startup_naming_the_key(bad, key):
     with pytest.raises(VSpecConfigError, match=key):

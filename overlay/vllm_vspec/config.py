@@ -21,7 +21,7 @@ from typing import Any, Literal, Mapping
 
 POLICIES = ("online", "profile", "fixed", "cycle")
 ACCEPTANCE_RULES = ("strict", "relaxed_topk", "margin")
-GAMMA0_MODES = ("sync", "sticky")
+GAMMA0_MODES = ("auto", "sync", "lazy", "sticky")
 WARMUP_RETURNS = ("best", "incumbent")
 
 # FIA attention on Ascend verifies at most 16 query tokens per request per step.
@@ -118,15 +118,18 @@ class VSpecConfig:
     profile_path: str | None = None
     """`profile` policy: path of a latency profile JSON (see profiles/)."""
 
-    gamma0_mode: Literal["sync", "sticky"] = "sync"
+    gamma0_mode: Literal["auto", "sync", "lazy", "sticky"] = "auto"
     """What a gamma-0 (target-only) step does to the drafter when `min_gamma`
     is 0. `sync`: the drafter still reads the step's new tokens (drafting
-    nothing), so its KV cache stays aligned and speculation can resume at the
-    next step. `sticky`: no draft forward at all; the requests in flight (and
-    those admitted meanwhile) then lack draft KV, so gamma stays 0 until all
-    of them have finished. Saves the draft forward, but under continuous load
-    speculation may stay off. `sticky` needs the vspec worker (`worker_cls`),
-    which skips the draft forward."""
+    nothing), so its KV cache stays aligned; a gamma-0 step then costs about
+    what a gamma-1 step does. `lazy`: no draft forward at all; when
+    speculation resumes, the drafter first catches up on the tokens it
+    skipped in one chunked pass, then drafts exactly as it would have
+    (draft model only, synchronous scheduling). `sticky`: no draft forward
+    and no catch-up; gamma stays 0 until every request in flight then (and
+    admitted meanwhile) has finished. `auto`: `lazy` where it applies (method
+    draft_model, synchronous scheduling, vspec's worker), else `sync`.
+    `lazy` and `sticky` need the vspec worker (`worker_cls`)."""
 
     entropy_stop: bool = False
     """Per request, cut the current draft at the first position whose top-k
@@ -262,6 +265,25 @@ class VSpecConfig:
 
 # --------------------------------------------------------------- field docs
 @functools.lru_cache(maxsize=None)
+def resolve_gamma0_mode(cfg: VSpecConfig, method: str, async_scheduling: bool,
+                        vspec_worker: bool) -> str:
+    """The gamma-0 mode an engine runs: `auto` resolved, `lazy` and `sticky`
+    checked against the engine (VSpecConfigError names the fix). Irrelevant
+    (returns `sync`) when gamma 0 is not allowed."""
+    mode = cfg.gamma0_mode
+    if cfg.min_gamma > 0:
+        return "sync"
+    lazy_ok = method == "draft_model" and not async_scheduling
+    if mode == "auto":
+        return "lazy" if lazy_ok and vspec_worker else "sync"
+    if mode == "lazy" and not lazy_ok:
+        raise VSpecConfigError(
+            "gamma0_mode", mode, "'lazy' only with speculative method draft_model "
+            f"under synchronous scheduling (this engine: method {method}, "
+            f"{'async' if async_scheduling else 'sync'} scheduling); use 'sync' or 'auto'")
+    return mode
+
+
 def field_docs(cls: type = VSpecConfig) -> dict[str, str]:
     """The docstring under each dataclass field, whitespace-normalised."""
     tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))

@@ -4,7 +4,9 @@ VSpecRunnerMixin adds, on top of vLLM's V1 model runner:
 - a VSpecRejectionSampler when the acceptance rule is lossy, fed each step
   with every request's generated-token count (the rule's strict prefix);
 - a proposer with the entropy stop (proposers.py) when `entropy_stop` is on,
-  and the per-request cut of the drafts handed to the scheduler.
+  and the per-request cut of the drafts handed to the scheduler;
+- gamma-0 steps without a draft forward (`gamma0_mode` lazy or sticky), and
+  for lazy, the drafter's catch-up before it drafts again (draft_lag.py).
 With the default settings (strict, no entropy stop) it changes nothing.
 Workers in worker.py build these runners; select one with vLLM's
 `worker_cls` (`--worker-cls`).
@@ -18,9 +20,10 @@ from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 from vllm_vspec.acceptance import AcceptanceRule
-from vllm_vspec.adapters.vllm.proposers import entropy_stop_proposer
+from vllm_vspec.adapters.vllm.proposers import vspec_proposer
 from vllm_vspec.adapters.vllm.rejection_sampler import VSpecRejectionSampler
-from vllm_vspec.adapters.vllm.scheduler import vspec_config_from
+from vllm_vspec.adapters.vllm.scheduler import gamma0_mode_of, vspec_config_from
+from vllm_vspec.draft_lag import DraftLag
 from vllm_vspec.entropy import EntropyStop
 
 
@@ -32,19 +35,25 @@ class VSpecRunnerMixin:
     def __init__(self, vllm_config, device) -> None:
         super().__init__(vllm_config, device)
         self._entropy_stop = False
-        self._sticky_gamma0 = False
+        self._gamma0_mode = "sync"
+        self._lag: DraftLag | None = None  # lazy gamma 0 only
         cfg = vspec_config_from(vllm_config)
         if cfg is None or not hasattr(self, "drafter"):
             return  # no speculation, or not the rank that drafts
-        self._sticky_gamma0 = cfg.enabled and cfg.min_gamma == 0 and cfg.gamma0_mode == "sticky"
+        if cfg.enabled:
+            self._gamma0_mode = gamma0_mode_of(cfg, vllm_config)
         rule = AcceptanceRule.from_config(cfg)
         if not rule.lossless:
             self.rejection_sampler = VSpecRejectionSampler(
                 self.sampler, self.speculative_config, self.device, rule)
-        if cfg.entropy_stop:
-            self.drafter = entropy_stop_proposer(self.drafter, self.vllm_config, self.device,
-                                                 self, EntropyStop.from_config(cfg))
-            self._entropy_stop = True
+        if cfg.entropy_stop or self._gamma0_mode == "lazy":
+            self.drafter = vspec_proposer(
+                self.drafter, self.vllm_config, self.device, self,
+                EntropyStop.from_config(cfg) if cfg.entropy_stop else None,
+                catch_up=self._gamma0_mode == "lazy")
+            self._entropy_stop = cfg.entropy_stop
+        if self._gamma0_mode == "lazy":
+            self._lag = DraftLag()
 
     # extends GPUModelRunner._sample: tells the lossy rule how many tokens each
     # request had generated before this step's drafts.
@@ -58,14 +67,50 @@ class VSpecRunnerMixin:
             self.rejection_sampler.generated = generated.to(self.device, non_blocking=True)
         return super()._sample(logits, spec_decode_metadata)
 
-    # extends GPUModelRunner.propose_draft_token_ids: a sticky gamma-0 step
-    # runs no draft forward at all (the scheduler then keeps gamma 0 until
-    # every request whose draft KV missed such a step has finished).
-    def propose_draft_token_ids(self, scheduler_output, *args, **kwargs):
-        if self._sticky_gamma0 and scheduler_output.num_spec_tokens_to_schedule == 0:
+    # extends GPUModelRunner.propose_draft_token_ids: a lazy or sticky
+    # gamma-0 step runs no draft forward at all; after lazy ones the drafter
+    # catches up before its next pass (sticky: the scheduler keeps gamma 0
+    # until every request whose draft KV missed such a step has finished).
+    def propose_draft_token_ids(self, scheduler_output, sampled_token_ids, sampling_metadata,
+                                hidden_states, sample_hidden_states, aux_hidden_states,
+                                spec_decode_metadata, common_attn_metadata, *args, **kwargs):
+        skip = (self._gamma0_mode in ("lazy", "sticky")
+                and scheduler_output.num_spec_tokens_to_schedule == 0)
+        if self._lag is not None:
+            self._track_lag(scheduler_output, skip, common_attn_metadata)
+        if skip:
             return torch.empty(self.input_batch.num_reqs, 0, dtype=torch.int64,
                                device=self.device)
-        return super().propose_draft_token_ids(scheduler_output, *args, **kwargs)
+        return super().propose_draft_token_ids(
+            scheduler_output, sampled_token_ids, sampling_metadata, hidden_states,
+            sample_hidden_states, aux_hidden_states, spec_decode_metadata,
+            common_attn_metadata, *args, **kwargs)
+
+    def _track_lag(self, scheduler_output, skip: bool, common_attn_metadata) -> None:
+        """Lazy gamma 0: record what a skipped pass leaves out, or catch the
+        drafter up on it before this step's pass."""
+        lag = self._lag
+        lag.forget(scheduler_output.finished_req_ids)
+        if lag.skipped_any:
+            # With prefix caching, a new or resumed request may start from
+            # blocks written while the drafter was skipped.
+            resumed = scheduler_output.scheduled_cached_reqs.resumed_req_ids
+            for req_id in [r.req_id for r in scheduler_output.scheduled_new_reqs] + [
+                    *resumed]:
+                if self.requests[req_id].num_computed_tokens > 0:
+                    lag.invalidate(req_id)
+        n = self.input_batch.num_reqs
+        req_ids = self.input_batch.req_ids[:n]
+        # Each request's position when this step began.
+        starts = self.input_batch.num_computed_tokens_cpu[:n].tolist()
+        if skip:
+            lag.skipped(req_ids, starts)
+            return
+        if not len(lag):
+            return
+        segments = lag.take(req_ids, starts)
+        if segments:
+            self.drafter.catch_up(common_attn_metadata, segments, self.input_batch.token_ids_cpu)
 
     # extends GPUModelRunner.take_draft_token_ids: cuts each request's draft at
     # its entropy stop before the scheduler schedules it.

@@ -28,7 +28,7 @@ from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import ModelRunnerOutput
 
-from vllm_vspec.config import VSpecConfig, VSpecConfigError
+from vllm_vspec.config import VSpecConfig, VSpecConfigError, resolve_gamma0_mode
 from vllm_vspec.controller import BatchState, GammaController, StepFeedback
 
 # Under "vllm.": vLLM configures only its own logger tree, so INFO from any
@@ -68,13 +68,24 @@ _WORKER_FEATURES = (
 )
 
 
-def _require_vspec_worker(cfg: VSpecConfig, vllm_config, sticky: bool) -> None:
-    worker = str(vllm_config.parallel_config.worker_cls)
-    if worker.startswith(("vllm_vspec.", "vllm_ascend.")):
-        return  # ours, or vLLM-Ascend's (the overlay routes these on NPU)
+def _is_vspec_worker(vllm_config) -> bool:
+    # Ours, or vLLM-Ascend's (the overlay routes these on NPU).
+    return str(vllm_config.parallel_config.worker_cls).startswith(("vllm_vspec.", "vllm_ascend."))
+
+
+def gamma0_mode_of(cfg: VSpecConfig, vllm_config) -> str:
+    """The gamma-0 mode this engine runs (config.resolve_gamma0_mode)."""
+    return resolve_gamma0_mode(cfg, vllm_config.speculative_config.method,
+                               bool(vllm_config.scheduler_config.async_scheduling),
+                               _is_vspec_worker(vllm_config))
+
+
+def _require_vspec_worker(cfg: VSpecConfig, vllm_config, gamma0_mode: str) -> None:
+    if _is_vspec_worker(vllm_config):
+        return
     needs = [(key, what) for key, on, what in _WORKER_FEATURES if on(cfg)]
-    if sticky:
-        needs.append(("gamma0_mode", "gamma0_mode='sticky' (skipping the draft forward)"))
+    if gamma0_mode in ("lazy", "sticky"):
+        needs.append(("gamma0_mode", f"gamma0_mode='{gamma0_mode}' (skipping the draft forward)"))
     if needs:
         key, what = needs[0]
         raise VSpecConfigError(
@@ -102,8 +113,9 @@ class VSpecScheduler(Scheduler):
         if self.vspec_config is None or not self.vspec_config.enabled:
             return
         k = vllm_config.speculative_config.num_speculative_tokens
-        self._sticky = self.vspec_config.gamma0_mode == "sticky" and self.vspec_config.min_gamma == 0
-        _require_vspec_worker(self.vspec_config, vllm_config, self._sticky)
+        gamma0_mode = gamma0_mode_of(self.vspec_config, vllm_config)
+        self._sticky = gamma0_mode == "sticky"
+        _require_vspec_worker(self.vspec_config, vllm_config, gamma0_mode)
         # Requests whose draft KV missed a target-only step (sticky mode only).
         self._stale: set[str] = set()
         self.vspec = GammaController(self.vspec_config, k)
@@ -121,9 +133,11 @@ class VSpecScheduler(Scheduler):
         # them out of the interval would favour low gammas (they take the
         # same time at every gamma, so they shrink the ratio of step times).
         self._busy_since: float | None = None
-        logger.info("vspec: policy=%s gamma in [%d, %d], acceptance=%s%s",
+        logger.info("vspec: policy=%s gamma in [%d, %d]%s, acceptance=%s%s",
                     self.vspec_config.policy, self.vspec_config.min_gamma,
-                    self.vspec_config.max_gamma, self.vspec_config.acceptance,
+                    self.vspec_config.max_gamma,
+                    f" (gamma 0: {gamma0_mode})" if self.vspec_config.min_gamma == 0 else "",
+                    self.vspec_config.acceptance,
                     "" if self.vspec_config.lossless else " (LOSSY: outputs may "
                     "differ from target-only decoding)")
 

@@ -1,0 +1,91 @@
+"""Which tokens a lazy gamma-0 step left out of the drafter's KV cache.
+
+A draft model keeps its own KV cache, written by its first pass each step
+over the tokens the target just processed. A *lazy* gamma-0 step (config
+`gamma0_mode`) skips that pass entirely, so the positions the target
+processed in it have no draft KV. Before the next draft pass the drafter
+*catches up*: it runs over those positions (no sampling) so its first pass
+attends to a complete cache again and drafts what it would have drafted
+without the skip.
+
+Invariant kept here: for every request with no entry, the drafter's KV is
+complete below the request's step-start position (its num_computed_tokens);
+with an entry `p`, it is complete below `p`. Positions are those of the
+request's own token sequence; rows are the batch rows of the step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+# (batch row, first position, end position) of one request's catch-up.
+Segment = tuple[int, int, int]
+
+
+class DraftLag:
+    """Per request, the first position the drafter has not seen."""
+
+    def __init__(self) -> None:
+        self._first_missed: dict[str, int] = {}
+        self.skipped_any = False  # has any draft pass been skipped yet?
+
+    def __len__(self) -> int:
+        return len(self._first_missed)
+
+    def skipped(self, req_ids: Sequence[str], starts: Sequence[int]) -> None:
+        """A draft pass was skipped for a step whose requests started at
+        these positions (their num_computed_tokens when the step began)."""
+        self.skipped_any = True
+        for req_id, start in zip(req_ids, starts):
+            self._mark(req_id, start)
+
+    def invalidate(self, req_id: str) -> None:
+        """The request's cached prefix may come from blocks written while the
+        drafter was skipped: catch up from its first token."""
+        self._mark(req_id, 0)
+
+    def take(self, req_ids: Sequence[str], starts: Sequence[int]) -> list[Segment]:
+        """Catch-up segments for a step about to run the draft pass, one per
+        lagging request of the batch (row order), and forget those requests:
+        after the pass their draft KV is complete again."""
+        segments = []
+        for row, (req_id, start) in enumerate(zip(req_ids, starts)):
+            first = self._first_missed.pop(req_id, None)
+            # first >= start after a preemption: the step recomputes the
+            # request from `start`, and its draft pass covers that.
+            if first is not None and first < start:
+                segments.append((row, first, start))
+        return segments
+
+    def forget(self, req_ids: Iterable[str]) -> None:
+        """Finished requests need no catch-up."""
+        for req_id in req_ids:
+            self._first_missed.pop(req_id, None)
+
+    def _mark(self, req_id: str, position: int) -> None:
+        first = self._first_missed.get(req_id)
+        self._first_missed[req_id] = position if first is None else min(first, position)
+
+
+def catch_up_passes(segments: Sequence[Segment], max_tokens: int) -> list[list[Segment]]:
+    """Split catch-up segments into forward passes of at most `max_tokens`
+    tokens. A long segment continues in the next pass, so within a request
+    the earlier positions are always written first (a causal pass attends
+    only to positions below its own)."""
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
+    passes: list[list[Segment]] = []
+    current: list[Segment] = []
+    room = max_tokens
+    pending = list(segments)
+    while pending:
+        row, first, end = pending.pop(0)
+        take = min(end - first, room)
+        current.append((row, first, first + take))
+        room -= take
+        if first + take < end:
+            pending.insert(0, (row, first + take, end))
+        if room == 0 or not pending:
+            passes.append(current)
+            current, room = [], max_tokens
+    return passes

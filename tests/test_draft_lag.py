@@ -1,0 +1,97 @@
+"""Lazy gamma 0 bookkeeping (draft_lag.py) and gamma-0 mode resolution, no engine.
+
+Spec: after draft passes were skipped, the drafter catches up on exactly the
+positions it missed, earliest first, in passes that fit its token budget; a
+request it has seen whole needs nothing. `auto` picks lazy only where lazy
+works; an explicit `lazy` elsewhere fails naming the key and the fix.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_vspec.config import VSpecConfig, VSpecConfigError, resolve_gamma0_mode
+from vllm_vspec.draft_lag import DraftLag, catch_up_passes
+
+
+def test_a_skipped_pass_is_caught_up_from_the_first_missed_position():
+    lag = DraftLag()
+    lag.skipped(["a", "b"], [10, 20])   # step 1: drafter skipped
+    lag.skipped(["a", "b"], [11, 21])   # step 2: skipped again
+    # Step 3 drafts: rows are this step's batch order; "c" never lagged.
+    assert lag.take(["c", "b", "a"], [5, 22, 12]) == [(1, 20, 22), (2, 10, 12)]
+    assert len(lag) == 0
+    assert lag.take(["b", "a"], [23, 13]) == [], "caught-up requests lag again"
+
+
+def test_a_request_first_seen_in_a_skipped_step_is_caught_up_from_its_start():
+    lag = DraftLag()
+    lag.skipped(["new"], [0])           # its prefill step skipped the drafter
+    assert lag.take(["new"], [37]) == [(0, 0, 37)]
+
+
+def test_a_recomputed_request_needs_no_catch_up():
+    # Preempted after lagging from 40; resumed from position 0, the draft
+    # pass of the resuming step covers what it recomputes.
+    lag = DraftLag()
+    lag.skipped(["a"], [40])
+    assert lag.take(["a"], [0]) == []
+
+
+def test_a_resumed_skip_keeps_the_earliest_missed_position():
+    lag = DraftLag()
+    lag.skipped(["a"], [40])
+    lag.skipped(["a"], [0])             # recomputed from 0 in a skipped step
+    assert lag.take(["a"], [50]) == [(0, 0, 50)]
+
+
+def test_an_invalidated_cached_prefix_is_caught_up_from_token_0():
+    lag = DraftLag()
+    lag.invalidate("hit")
+    assert lag.take(["hit"], [64]) == [(0, 0, 64)]
+
+
+def test_finished_requests_are_forgotten():
+    lag = DraftLag()
+    lag.skipped(["a", "b"], [3, 4])
+    lag.forget(["a"])
+    assert lag.take(["a", "b"], [9, 9]) == [(1, 4, 9)]
+
+
+def test_catch_up_passes_fit_the_budget_and_write_earlier_positions_first():
+    passes = catch_up_passes([(0, 0, 5), (1, 10, 12), (2, 0, 9)], max_tokens=4)
+    assert passes == [[(0, 0, 4)], [(0, 4, 5), (1, 10, 12), (2, 0, 1)],
+                      [(2, 1, 5)], [(2, 5, 9)]]
+    for p in passes:
+        assert sum(end - first for _, first, end in p) <= 4
+        assert len({row for row, _, _ in p}) == len(p), "one part per row per pass"
+
+
+def test_catch_up_passes_of_nothing_is_no_pass():
+    assert catch_up_passes([], 8) == []
+    with pytest.raises(ValueError, match="max_tokens"):
+        catch_up_passes([(0, 0, 1)], 0)
+
+
+@pytest.mark.parametrize("method, async_sched, worker, want", [
+    ("draft_model", False, True, "lazy"),
+    ("draft_model", True, True, "sync"),    # lazy is built for sync scheduling
+    ("draft_model", False, False, "sync"),  # the stock worker cannot skip the pass
+    ("eagle", False, True, "sync"),         # no target hidden states to catch up with
+    ("ngram", False, True, "sync"),
+])
+def test_auto_is_lazy_only_where_lazy_works(method, async_sched, worker, want):
+    cfg = VSpecConfig(min_gamma=0)
+    assert resolve_gamma0_mode(cfg, method, async_sched, worker) == want
+
+
+def test_gamma0_mode_does_not_matter_without_gamma_0():
+    cfg = VSpecConfig(min_gamma=1, gamma0_mode="lazy")
+    assert resolve_gamma0_mode(cfg, "eagle", True, False) == "sync"
+
+
+@pytest.mark.parametrize("method, async_sched", [("eagle", False), ("draft_model", True)])
+def test_explicit_lazy_where_it_cannot_work_names_the_key_and_the_fix(method, async_sched):
+    cfg = VSpecConfig(min_gamma=0, gamma0_mode="lazy")
+    with pytest.raises(VSpecConfigError, match=r"vspec\.gamma0_mode='lazy'.*use 'sync' or 'auto'"):
+        resolve_gamma0_mode(cfg, method, async_sched, True)
