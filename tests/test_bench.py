@@ -297,6 +297,9 @@ def test_every_variant_command_parses_with_vllm_serve_arguments(tmp_path):
         assert argv[1:3] == ["-m", "vllm_vspec.serve"]
         args = parser.parse_args(["serve", *argv[3:]])
         assert (args.model_tag, args.port) == (str(tmp_path), 1234), v.name
+        # vspec's worker runs a lazy gamma 0 (online-0); stock variants keep vLLM's
+        want_worker = variants.vspec_worker() if v.vspec is not None else "auto"
+        assert args.worker_cls == want_worker, v.name
 
 
 # ------------------------------------------------- load generator, stand-in

@@ -14,6 +14,15 @@ from typing import Any
 
 VSPEC_SCHEDULER = "vllm_vspec.adapters.vllm.scheduler.VSpecScheduler"
 
+
+def vspec_worker() -> str | None:
+    """vspec's worker on this host (its runner skips the draft forward of a
+    lazy gamma-0 step; with other settings it changes nothing), as
+    `vllm-vspec serve` selects it."""
+    from vllm_vspec import presets
+
+    return presets.PLATFORMS[presets.resolve_platform("auto")].worker_cls
+
 # Upper bound of every speculative variant: buffers are sized by it and the
 # online policy searches gamma in [1, MAX_GAMMA] within it.
 MAX_GAMMA = 4
@@ -43,6 +52,9 @@ class Variant:
                 table["trace_path"] = str(trace_path)
             args += ["--scheduler-cls", VSPEC_SCHEDULER,
                      "--additional-config", json.dumps({"vspec": table})]
+            worker = vspec_worker()
+            if worker is not None:
+                args += ["--worker-cls", worker]
         return args
 
 
@@ -63,6 +75,7 @@ def _method_variants(method: str, model: Path, static_table: list[list[int]]) ->
         method, model, MAX_GAMMA, num_speculative_tokens_per_batch_size=static_table)))
     out.append(Variant(f"{prefix}online", "online", _spec(method, model, MAX_GAMMA),
                        vspec={"policy": "online"}))
+    # gamma 0..4; gamma 0 is lazy for a draft model (gamma0_mode auto)
     out.append(Variant(f"{prefix}online-0", "online", _spec(method, model, MAX_GAMMA),
                        vspec={"policy": "online", "min_gamma": 0}))
     return out
