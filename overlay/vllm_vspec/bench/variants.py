@@ -36,7 +36,7 @@ DEFAULT_STATIC_TABLE: list[list[int]] = [[1, 2, 4], [3, 8, 3], [9, 24, 2], [25, 
 @dataclass(frozen=True)
 class Variant:
     name: str
-    family: str  # "target", "fixed", "static", "online": how the report groups it
+    family: str  # "target", "fixed", "static", "online", "vspec-fixed": how the report groups it
     speculative_config: dict[str, Any] | None = None
     vspec: dict[str, Any] | None = None  # None: stock vLLM scheduler
     gamma: int | None = None  # the fixed gamma, for "best fixed" ratios
@@ -75,6 +75,10 @@ def _method_variants(method: str, model: Path, static_table: list[list[int]]) ->
         method, model, MAX_GAMMA, num_speculative_tokens_per_batch_size=static_table)))
     out.append(Variant(f"{prefix}online", "online", _spec(method, model, MAX_GAMMA),
                        vspec={"policy": "online"}))
+    # Target-only steps inside a speculative vspec server: what a gamma-0
+    # step costs there (lazy for a draft model: no draft forward at all).
+    out.append(Variant(f"{prefix}fixed-0", "vspec-fixed", _spec(method, model, MAX_GAMMA),
+                       vspec={"policy": "fixed", "fixed_gamma": 0, "min_gamma": 0}))
     # gamma 0..4; gamma 0 is lazy for a draft model (gamma0_mode auto)
     out.append(Variant(f"{prefix}online-0", "online", _spec(method, model, MAX_GAMMA),
                        vspec={"policy": "online", "min_gamma": 0}))

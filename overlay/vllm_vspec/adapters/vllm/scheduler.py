@@ -73,25 +73,34 @@ def _is_vspec_worker(vllm_config) -> bool:
     return str(vllm_config.parallel_config.worker_cls).startswith(("vllm_vspec.", "vllm_ascend."))
 
 
+def _skips_draft_pass(vllm_config) -> bool:
+    # Only vspec's vLLM runner (model_runner.py) can skip the draft forward
+    # of a gamma-0 step; the Ascend overlay's runner does not yet.
+    return str(vllm_config.parallel_config.worker_cls).startswith("vllm_vspec.")
+
+
 def gamma0_mode_of(cfg: VSpecConfig, vllm_config) -> str:
     """The gamma-0 mode this engine runs (config.resolve_gamma0_mode)."""
     return resolve_gamma0_mode(cfg, vllm_config.speculative_config.method,
                                bool(vllm_config.scheduler_config.async_scheduling),
-                               _is_vspec_worker(vllm_config))
+                               _skips_draft_pass(vllm_config))
 
 
 def _require_vspec_worker(cfg: VSpecConfig, vllm_config, gamma0_mode: str) -> None:
+    if gamma0_mode in ("lazy", "sticky") and not _skips_draft_pass(vllm_config):
+        raise VSpecConfigError(
+            "gamma0_mode", gamma0_mode, "skipping the draft forward runs in vspec's vLLM "
+            "model runner (not yet in the Ascend overlay): add --worker-cls "
+            "vllm_vspec.adapters.vllm.worker.VSpecCPUWorker (VSpecGPUWorker on CUDA), or "
+            "use `vllm-vspec serve`, which adds it; or set gamma0_mode 'sync'")
     if _is_vspec_worker(vllm_config):
         return
-    needs = [(key, what) for key, on, what in _WORKER_FEATURES if on(cfg)]
-    if gamma0_mode in ("lazy", "sticky"):
-        needs.append(("gamma0_mode", f"gamma0_mode='{gamma0_mode}' (skipping the draft forward)"))
-    if needs:
-        key, what = needs[0]
-        raise VSpecConfigError(
-            key, getattr(cfg, key), f"{what} runs in vspec's model runner: add --worker-cls "
-            "vllm_vspec.adapters.vllm.worker.VSpecCPUWorker (VSpecGPUWorker on CUDA), "
-            "or use `vllm-vspec serve`, which adds it")
+    for key, on, what in _WORKER_FEATURES:
+        if on(cfg):
+            raise VSpecConfigError(
+                key, getattr(cfg, key), f"{what} runs in vspec's model runner: add --worker-cls "
+                "vllm_vspec.adapters.vllm.worker.VSpecCPUWorker (VSpecGPUWorker on CUDA), "
+                "or use `vllm-vspec serve`, which adds it")
 
 
 class VSpecScheduler(Scheduler):
