@@ -228,6 +228,57 @@ def test_lazy_gamma_0_across_preemptions_is_exact_and_caught_up(prompts, referen
     assert accepted / drafted >= 0.99, f"self-draft acceptance {accepted / drafted:.3f}"
 
 
+def test_a_long_lazy_gamma_0_stretch_is_caught_up_in_chunks(prompts, reference):
+    """Once every prompt is in, 40 decode steps at gamma 0 (no draft
+    forward), then gamma 4: the drafter catches up on 16 requests x 40+
+    tokens in passes cut to the token budget, and the self draft is then
+    accepted as if it had never been skipped."""
+    from vllm import SamplingParams
+
+    from conftest import MAX_TOKENS
+    from vllm_vspec.adapters.vllm.worker import CPU_WORKER_CLS
+    from vllm_vspec.config import VSpecConfig
+    from vllm_vspec.controller import GammaController
+
+    budget, skipped_steps = 512, 40
+    llm = make_llm(speculative_config=SELF_DRAFT, worker_cls=CPU_WORKER_CLS,
+                   max_num_batched_tokens=budget, disable_log_stats=False,
+                   vspec={"policy": "fixed", "fixed_gamma": 0, "min_gamma": 0,
+                          "gamma0_mode": "lazy"})
+    engine, sched = llm.llm_engine, scheduler_of(llm)
+    runner = engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
+    passes: list[int] = []
+    catch_up_pass = runner.drafter._catch_up_pass
+    runner.drafter._catch_up_pass = lambda cad, part, ids: (
+        passes.append(sum(end - first for _, first, end in part)), catch_up_pass(cad, part, ids))
+    # Long enough that no request ends before gamma 4; the first MAX_TOKENS
+    # tokens are compared with the reference.
+    params = SamplingParams(temperature=0.0, max_tokens=2 * MAX_TOKENS, ignore_eos=True)
+    try:
+        for i, prompt in enumerate(prompts):
+            engine.add_request(str(i), prompt, params)
+        outputs, at_gamma_0 = {}, None   # decode steps since every prompt was in
+        while engine.has_unfinished_requests():
+            if at_gamma_0 is None and len(sched.running) == len(prompts) and all(
+                    r.num_computed_tokens >= r.num_prompt_tokens for r in sched.running):
+                at_gamma_0 = 0
+            elif at_gamma_0 is not None:
+                at_gamma_0 += 1
+                if at_gamma_0 == skipped_steps:
+                    sched.vspec = GammaController(VSpecConfig.from_dict(
+                        {"policy": "fixed", "fixed_gamma": 4, "min_gamma": 0}, 4), 4)
+            outputs.update({o.request_id: o for o in engine.step() if o.finished})
+        accepted, drafted = _acceptance(llm)
+    finally:
+        del runner.drafter._catch_up_pass
+        close_llm(llm)
+    got = [list(outputs[str(i)].outputs[0].token_ids)[:MAX_TOKENS] for i in range(len(prompts))]
+    assert_same_tokens(got, reference, "lazy gamma 0 for 40 steps, then gamma 4")
+    assert len(passes) > 1 and max(passes) <= budget, f"catch-up pass sizes {passes}"
+    assert sum(passes) >= len(prompts) * skipped_steps, f"caught up on too few tokens: {passes}"
+    assert accepted / drafted >= 0.99, f"self-draft acceptance {accepted / drafted:.3f}"
+
+
 def test_shutdown_logs_one_summary_line_through_vllms_logger(prompts):
     import logging
 
