@@ -122,7 +122,7 @@ class VSpecConfig:
     """What a gamma-0 (target-only) step does to the drafter when `min_gamma`
     is 0. `sync`: the drafter still reads the step's new tokens (drafting
     nothing), so its KV cache stays aligned; a gamma-0 step then costs about
-    what a gamma-1 step does. `lazy`: no draft forward at all; when
+    what a gamma-1 step does (measured on the CPU host). `lazy`: no draft forward at all; when
     speculation resumes, the drafter first catches up on the tokens it
     skipped in one chunked pass, then drafts exactly as it would have
     (draft model only, synchronous scheduling). `sticky`: no draft forward
@@ -263,19 +263,18 @@ class VSpecConfig:
         return d
 
 
-# --------------------------------------------------------------- field docs
-@functools.lru_cache(maxsize=None)
 def resolve_gamma0_mode(cfg: VSpecConfig, method: str, async_scheduling: bool,
-                        vspec_worker: bool) -> str:
-    """The gamma-0 mode an engine runs: `auto` resolved, `lazy` and `sticky`
-    checked against the engine (VSpecConfigError names the fix). Irrelevant
-    (returns `sync`) when gamma 0 is not allowed."""
+                        skips_draft_pass: bool) -> str:
+    """The gamma-0 mode an engine runs: `auto` resolved, `lazy` checked
+    against the engine (VSpecConfigError names the fix). `skips_draft_pass`:
+    the engine's model runner is vspec's, which can skip a draft forward.
+    Irrelevant (returns `sync`) when gamma 0 is not allowed."""
     mode = cfg.gamma0_mode
     if cfg.min_gamma > 0:
         return "sync"
     lazy_ok = method == "draft_model" and not async_scheduling
     if mode == "auto":
-        return "lazy" if lazy_ok and vspec_worker else "sync"
+        return "lazy" if lazy_ok and skips_draft_pass else "sync"
     if mode == "lazy" and not lazy_ok:
         raise VSpecConfigError(
             "gamma0_mode", mode, "'lazy' only with speculative method draft_model "
@@ -284,6 +283,8 @@ def resolve_gamma0_mode(cfg: VSpecConfig, method: str, async_scheduling: bool,
     return mode
 
 
+# --------------------------------------------------------------- field docs
+@functools.lru_cache(maxsize=None)
 def field_docs(cls: type = VSpecConfig) -> dict[str, str]:
     """The docstring under each dataclass field, whitespace-normalised."""
     tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))

@@ -103,7 +103,10 @@ class CatchUpMixin:
         n = sum(lengths)
         positions = np.concatenate([np.arange(first, end) for _, first, end in part])
         tokens = np.concatenate([token_ids[row, first:end] for row, first, end in part])
-        self.input_ids[:n] = torch.from_numpy(tokens.astype(np.int32)).to(device)
+        ids = torch.from_numpy(tokens.astype(np.int32)).to(device)
+        if self.use_heterogeneous_vocab:    # as the host's first pass maps them
+            ids = self.vocab_mapping.map_target_to_draft_ids(ids)
+        self.input_ids[:n] = ids
         self.positions[:n] = torch.from_numpy(positions).to(device)
         rows = torch.tensor([row for row, _, _ in part], dtype=torch.long, device=device)
         block_table = cad.block_table_tensor[rows]
