@@ -279,6 +279,48 @@ def test_a_long_lazy_gamma_0_stretch_is_caught_up_in_chunks(prompts, reference):
     assert accepted / drafted >= 0.99, f"self-draft acceptance {accepted / drafted:.3f}"
 
 
+def test_prompts_cached_while_the_drafter_was_skipped_are_caught_up_on_a_hit(prompts,
+                                                                            reference):
+    """Half the prompts are prefilled while the other half decode at lazy
+    gamma 0, so their cached blocks have no draft KV. Served again at gamma
+    4 from the prefix cache, the drafter catches up on those blocks first:
+    exact, and the self draft fully accepted."""
+    from vllm import SamplingParams
+
+    from conftest import MAX_TOKENS
+    from vllm_vspec.adapters.vllm.worker import CPU_WORKER_CLS
+    from vllm_vspec.config import VSpecConfig
+    from vllm_vspec.controller import GammaController
+
+    llm = make_llm(speculative_config=SELF_DRAFT, worker_cls=CPU_WORKER_CLS,
+                   enable_prefix_caching=True, disable_log_stats=False,
+                   vspec={"policy": "fixed", "fixed_gamma": 0, "min_gamma": 0,
+                          "gamma0_mode": "lazy"})
+    engine, sched = llm.llm_engine, scheduler_of(llm)
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    first, second = prompts[:8], prompts[8:]
+    try:
+        for i, prompt in enumerate(first):
+            engine.add_request(f"a{i}", prompt, params)
+        for _ in range(8):          # prefilled, then decoding at gamma 0
+            engine.step()
+        for i, prompt in enumerate(second):  # prefilled while gamma is 0
+            engine.add_request(f"b{i}", prompt, params)
+        while engine.has_unfinished_requests():
+            engine.step()
+        sched.vspec = GammaController(VSpecConfig.from_dict(
+            {"policy": "fixed", "fixed_gamma": 4, "min_gamma": 0}, 4), 4)
+        hits, (accepted, drafted) = counter(llm, "vllm:prefix_cache_hits"), _acceptance(llm)
+        got = greedy(llm, second)
+        hits = counter(llm, "vllm:prefix_cache_hits") - hits
+        accepted, drafted = [x - y for x, y in zip(_acceptance(llm), (accepted, drafted))]
+    finally:
+        close_llm(llm)
+    assert_same_tokens(got, reference[8:], "prompts cached at lazy gamma 0, served at gamma 4")
+    assert hits > 0, "no prefix-cache hit happened"
+    assert accepted / drafted >= 0.99, f"self-draft acceptance {accepted / drafted:.3f}"
+
+
 def test_shutdown_logs_one_summary_line_through_vllms_logger(prompts):
     import logging
 

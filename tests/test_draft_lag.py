@@ -14,48 +14,66 @@ from vllm_vspec.config import VSpecConfig, VSpecConfigError, resolve_gamma0_mode
 from vllm_vspec.draft_lag import DraftLag, catch_up_passes
 
 
+BS = 4  # block size of these tests: positions 0-3 in a row's block 0, 4-7 in block 1, ...
+
+
+def rows(*blocks_per_request):
+    return [list(b) for b in blocks_per_request]
+
+
 def test_a_skipped_pass_is_caught_up_from_the_first_missed_position():
-    lag = DraftLag()
-    lag.skipped(["a", "b"], [10, 20])   # step 1: drafter skipped
-    lag.skipped(["a", "b"], [11, 21])   # step 2: skipped again
+    lag = DraftLag(BS)
+    a, b, c = range(10, 16), range(20, 26), range(30, 36)
+    lag.skipped(["a", "b"], [10, 20], [11, 21], rows(a, b))   # step 1: drafter skipped
+    lag.skipped(["a", "b"], [11, 21], [12, 22], rows(a, b))   # step 2: skipped again
     # Step 3 drafts: rows are this step's batch order; "c" never lagged.
-    assert lag.take(["c", "b", "a"], [5, 22, 12]) == [(1, 20, 22), (2, 10, 12)]
+    assert lag.take(["c", "b", "a"], [5, 22, 12], rows(c, b, a)) == [(1, 20, 22), (2, 10, 12)]
     assert len(lag) == 0
-    assert lag.take(["b", "a"], [23, 13]) == [], "caught-up requests lag again"
+    assert lag.take(["b", "a"], [23, 13], rows(b, a)) == [], "caught-up requests lag again"
 
 
 def test_a_request_first_seen_in_a_skipped_step_is_caught_up_from_its_start():
-    lag = DraftLag()
-    lag.skipped(["new"], [0])           # its prefill step skipped the drafter
-    assert lag.take(["new"], [37]) == [(0, 0, 37)]
+    lag = DraftLag(BS)
+    lag.skipped(["new"], [0], [30], rows(range(8)))   # its prefill step skipped the drafter
+    assert lag.take(["new"], [37], rows(range(10))) == [(0, 0, 37)]
 
 
 def test_a_recomputed_request_needs_no_catch_up():
     # Preempted after lagging from 40; resumed from position 0, the draft
     # pass of the resuming step covers what it recomputes.
-    lag = DraftLag()
-    lag.skipped(["a"], [40])
-    assert lag.take(["a"], [0]) == []
+    lag = DraftLag(BS)
+    lag.skipped(["a"], [40], [41], rows(range(11)))
+    assert lag.take(["a"], [0], rows(range(11))) == []
 
 
 def test_a_resumed_skip_keeps_the_earliest_missed_position():
-    lag = DraftLag()
-    lag.skipped(["a"], [40])
-    lag.skipped(["a"], [0])             # recomputed from 0 in a skipped step
-    assert lag.take(["a"], [50]) == [(0, 0, 50)]
+    lag = DraftLag(BS)
+    lag.skipped(["a"], [40], [41], rows(range(11)))
+    lag.skipped(["a"], [0], [41], rows(range(11)))    # recomputed from 0 in a skipped step
+    assert lag.take(["a"], [50], rows(range(13))) == [(0, 0, 50)]
 
 
-def test_an_invalidated_cached_prefix_is_caught_up_from_token_0():
-    lag = DraftLag()
-    lag.invalidate("hit")
-    assert lag.take(["hit"], [64]) == [(0, 0, 64)]
+def test_a_cache_hit_on_a_block_a_skipped_pass_wrote_catches_up_from_that_block():
+    lag = DraftLag(BS)
+    # "a" wrote positions 8-11 (its block 7, the third of its row) while skipped.
+    lag.skipped(["a"], [8], [12], rows([5, 6, 7]))
+    lag.from_cache("hit", 12, [5, 6, 7])               # shares a's three blocks
+    assert lag.take(["hit"], [12], rows([5, 6, 7, 9])) == [(0, 8, 12)]
+
+
+def test_a_cache_hit_on_blocks_a_draft_pass_covered_needs_nothing():
+    lag = DraftLag(BS)
+    lag.skipped(["a"], [8], [12], rows([5, 6, 7]))
+    lag.take(["a"], [13], rows([5, 6, 7, 8]))         # a's blocks 5-7 now wholly caught up
+    lag.from_cache("hit", 12, [5, 6, 7])
+    assert lag.idle and lag.take(["hit"], [12], rows([5, 6, 7, 9])) == []
 
 
 def test_finished_requests_are_forgotten():
-    lag = DraftLag()
-    lag.skipped(["a", "b"], [3, 4])
+    lag = DraftLag(BS)
+    lag.skipped(["a", "b"], [3, 4], [4, 5], rows([1, 2], [3, 4]))
     lag.forget(["a"])
-    assert lag.take(["a", "b"], [9, 9]) == [(1, 4, 9)]
+    assert lag.take(["a", "b"], [9, 9], rows([1, 2, 5], [3, 4, 6])) == [(1, 4, 9)]
 
 
 def test_catch_up_passes_fit_the_budget_and_write_earlier_positions_first():

@@ -12,6 +12,11 @@ Invariant kept here: for every request with no entry, the drafter's KV is
 complete below the request's step-start position (its num_computed_tokens);
 with an entry `p`, it is complete below `p`. Positions are those of the
 request's own token sequence; rows are the batch rows of the step.
+
+Prefix caching shares KV blocks between requests, so the blocks a skipped
+pass wrote target KV into are remembered as *stale* until a draft pass has
+covered them; a request that starts from cached blocks catches up from the
+first stale one among them (and needs nothing when none is stale).
 """
 
 from __future__ import annotations
@@ -23,31 +28,46 @@ Segment = tuple[int, int, int]
 
 
 class DraftLag:
-    """Per request, the first position the drafter has not seen."""
+    """Per request, the first position the drafter has not seen; per KV
+    block (physical id), whether a skipped pass may have left it without
+    draft KV. `blocks` arguments are a request's block-table row, in units
+    of `block_size` tokens."""
 
-    def __init__(self) -> None:
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
         self._first_missed: dict[str, int] = {}
-        self.skipped_any = False  # has any draft pass been skipped yet?
+        self._stale_blocks: set[int] = set()
 
     def __len__(self) -> int:
         return len(self._first_missed)
 
-    def skipped(self, req_ids: Sequence[str], starts: Sequence[int]) -> None:
-        """A draft pass was skipped for a step whose requests started at
-        these positions (their num_computed_tokens when the step began)."""
-        self.skipped_any = True
-        for req_id, start in zip(req_ids, starts):
+    def skipped(self, req_ids: Sequence[str], starts: Sequence[int], ends: Sequence[int],
+                block_rows: Sequence[Sequence[int]]) -> None:
+        """A draft pass was skipped for a step that processed positions
+        [start, end) of each request (start: its num_computed_tokens when
+        the step began)."""
+        bs = self.block_size
+        for req_id, start, end, blocks in zip(req_ids, starts, ends, block_rows):
             self._mark(req_id, start)
+            self._stale_blocks.update(int(b) for b in blocks[start // bs:(end - 1) // bs + 1])
 
-    def invalidate(self, req_id: str) -> None:
-        """The request's cached prefix may come from blocks written while the
-        drafter was skipped: catch up from its first token."""
-        self._mark(req_id, 0)
+    def from_cache(self, req_id: str, num_cached: int, blocks: Sequence[int]) -> None:
+        """A request starts from `num_cached` prefix-cached tokens (new, or
+        resumed after preemption): catch up from the first cached block a
+        skipped pass may have left without draft KV."""
+        if not self._stale_blocks:
+            return
+        for j in range(-(-num_cached // self.block_size)):
+            if int(blocks[j]) in self._stale_blocks:
+                self._mark(req_id, j * self.block_size)
+                return
 
-    def take(self, req_ids: Sequence[str], starts: Sequence[int]) -> list[Segment]:
+    def take(self, req_ids: Sequence[str], starts: Sequence[int],
+             block_rows: Sequence[Sequence[int]]) -> list[Segment]:
         """Catch-up segments for a step about to run the draft pass, one per
-        lagging request of the batch (row order), and forget those requests:
-        after the pass their draft KV is complete again."""
+        lagging request of the batch (row order). After that pass every
+        position below each request's start has draft KV, so the requests
+        are forgotten and their blocks wholly below start are stale no more."""
         segments = []
         for row, (req_id, start) in enumerate(zip(req_ids, starts)):
             first = self._first_missed.pop(req_id, None)
@@ -55,7 +75,16 @@ class DraftLag:
             # request from `start`, and its draft pass covers that.
             if first is not None and first < start:
                 segments.append((row, first, start))
+        if self._stale_blocks:
+            for start, blocks in zip(starts, block_rows):
+                self._stale_blocks.difference_update(
+                    int(b) for b in blocks[:start // self.block_size])
         return segments
+
+    @property
+    def idle(self) -> bool:
+        """Nothing to catch up and no stale block: a draft step needs no work here."""
+        return not self._first_missed and not self._stale_blocks
 
     def forget(self, req_ids: Iterable[str]) -> None:
         """Finished requests need no catch-up."""

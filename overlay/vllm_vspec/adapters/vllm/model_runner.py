@@ -52,8 +52,6 @@ class VSpecRunnerMixin:
                 EntropyStop.from_config(cfg) if cfg.entropy_stop else None,
                 catch_up=self._gamma0_mode == "lazy")
             self._entropy_stop = cfg.entropy_stop
-        if self._gamma0_mode == "lazy":
-            self._lag = DraftLag()
 
     # extends GPUModelRunner._sample: tells the lossy rule how many tokens each
     # request had generated before this step's drafts.
@@ -76,7 +74,7 @@ class VSpecRunnerMixin:
                                 spec_decode_metadata, common_attn_metadata, *args, **kwargs):
         skip = (self._gamma0_mode in ("lazy", "sticky")
                 and scheduler_output.num_spec_tokens_to_schedule == 0)
-        if self._lag is not None:
+        if self._gamma0_mode == "lazy":
             self._track_lag(scheduler_output, skip, common_attn_metadata)
         if skip:
             return torch.empty(self.input_batch.num_reqs, 0, dtype=torch.int64,
@@ -89,28 +87,32 @@ class VSpecRunnerMixin:
     def _track_lag(self, scheduler_output, skip: bool, common_attn_metadata) -> None:
         """Lazy gamma 0: record what a skipped pass leaves out, or catch the
         drafter up on it before this step's pass."""
-        lag = self._lag
+        # The drafter's KV cache group shares the target's block table.
+        table = self.input_batch.block_table[self.drafter.kv_cache_gid]
+        if self._lag is None:   # block sizes are known once the KV cache exists
+            self._lag = DraftLag(table.block_size)
+        lag, rows = self._lag, table.block_table.np
         lag.forget(scheduler_output.finished_req_ids)
-        if lag.skipped_any:
-            # With prefix caching, a new or resumed request may start from
-            # blocks written while the drafter was skipped.
-            resumed = scheduler_output.scheduled_cached_reqs.resumed_req_ids
-            for req_id in [r.req_id for r in scheduler_output.scheduled_new_reqs] + [
-                    *resumed]:
-                if self.requests[req_id].num_computed_tokens > 0:
-                    lag.invalidate(req_id)
+        # With prefix caching, a new or resumed request may start from blocks
+        # a skipped pass wrote.
+        for req_id in [*(r.req_id for r in scheduler_output.scheduled_new_reqs),
+                       *scheduler_output.scheduled_cached_reqs.resumed_req_ids]:
+            cached = self.requests[req_id].num_computed_tokens
+            if cached > 0:
+                lag.from_cache(req_id, cached, rows[self.input_batch.req_id_to_index[req_id]])
         n = self.input_batch.num_reqs
         req_ids = self.input_batch.req_ids[:n]
         # Each request's position when this step began.
         starts = self.input_batch.num_computed_tokens_cpu[:n].tolist()
         if skip:
-            lag.skipped(req_ids, starts)
-            return
-        if not len(lag):
-            return
-        segments = lag.take(req_ids, starts)
-        if segments:
-            self.drafter.catch_up(common_attn_metadata, segments, self.input_batch.token_ids_cpu)
+            scheduled = scheduler_output.num_scheduled_tokens
+            lag.skipped(req_ids, starts, [s + scheduled[r] for r, s in zip(req_ids, starts)],
+                        rows[:n])
+        elif not lag.idle:
+            segments = lag.take(req_ids, starts, rows[:n])
+            if segments:
+                self.drafter.catch_up(common_attn_metadata, segments,
+                                      self.input_batch.token_ids_cpu)
 
     # extends GPUModelRunner.take_draft_token_ids: cuts each request's draft at
     # its entropy stop before the scheduler schedules it.
