@@ -104,8 +104,11 @@ class CatchUpMixin:
         positions = np.concatenate([np.arange(first, end) for _, first, end in part])
         tokens = np.concatenate([token_ids[row, first:end] for row, first, end in part])
         ids = torch.from_numpy(tokens.astype(np.int32)).to(device)
-        if self.use_heterogeneous_vocab:    # as the host's first pass maps them
-            ids = self.vocab_mapping.map_target_to_draft_ids(ids)
+        # A draft with its own vocabulary (vLLM 0.32's vocab_mapping; absent
+        # on 0.23): map as the host's first pass does.
+        mapping = getattr(self, "vocab_mapping", None)
+        if mapping is not None:
+            ids = mapping.map_target_to_draft_ids(ids)
         self.input_ids[:n] = ids
         self.positions[:n] = torch.from_numpy(positions).to(device)
         rows = torch.tensor([row for row, _, _ in part], dtype=torch.long, device=device)
