@@ -411,8 +411,10 @@ def test_online_at_concurrency_1_picks_within_one_of_best_fixed_gamma(code_promp
     speed = {g: sum(r) for g, r in rounds.items()}
     noise = max(abs(a - b) / ((a + b) / 2) for a, b in rounds.values())
     tied = sorted(g for g in speed if speed[g] >= max(speed.values()) * (1 - max(noise, 0.02)))
-    chosen = max(steps, key=steps.get)
-    assert any(abs(chosen - g) <= 1 for g in tied), (
+    # Arms chosen equally often are all "most chosen" (one failing run had
+    # gamma 1 and gamma 3 at 88 steps each, best fixed 3 and 4).
+    chosen = [g for g, n in steps.items() if n == max(steps.values())]
+    assert any(abs(c - g) <= 1 for c in chosen for g in tied), (
         f"online chose gamma {chosen} most (steps {steps}); best fixed gammas {tied} "
         f"(tokens/s per round: {rounds}; tie tolerance {max(noise, 0.02):.1%}; online x2 on "
         f"the same prompts, warm-up included: {online_tok_s:.1f})")
