@@ -122,14 +122,15 @@ class VSpecConfig:
     """What a gamma-0 (target-only) step does to the drafter when `min_gamma`
     is 0. `sync`: the drafter still reads the step's new tokens (drafting
     nothing), so its KV cache stays aligned; a gamma-0 step then costs about
-    what a gamma-1 step does (measured on the CPU host). `lazy`: no draft forward at all; when
-    speculation resumes, the drafter first catches up on the tokens it
-    skipped in one chunked pass, then drafts exactly as it would have
-    (draft model only, synchronous scheduling). `sticky`: no draft forward
-    and no catch-up; gamma stays 0 until every request in flight then (and
-    admitted meanwhile) has finished. `auto`: `lazy` where it applies (method
-    draft_model, synchronous scheduling, vspec's worker), else `sync`.
-    `lazy` and `sticky` need the vspec worker (`worker_cls`)."""
+    what a gamma-1 step does (measured on the CPU host). `lazy`: no draft
+    forward at all; when speculation resumes, the drafter first catches up on
+    the tokens it skipped (prefill-shaped passes within the token budget),
+    then drafts exactly as it would have (draft model only, synchronous
+    scheduling). `sticky`: no draft forward and no catch-up; gamma stays 0
+    until every request in flight then (and admitted meanwhile) has finished.
+    `auto`: `lazy` where it applies (method draft_model, synchronous
+    scheduling, vspec's worker), else `sync`. `lazy` and `sticky` need the
+    vspec worker (`worker_cls`)."""
 
     entropy_stop: bool = False
     """Per request, cut the current draft at the first position whose top-k
