@@ -8,6 +8,7 @@ works; an explicit `lazy` elsewhere fails naming the key and the fix.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from vllm_vspec.config import VSpecConfig, VSpecConfigError, resolve_gamma0_mode
@@ -18,7 +19,11 @@ BS = 4  # block size of these tests: positions 0-3 in a row's block 0, 4-7 in bl
 
 
 def rows(*blocks_per_request):
-    return [list(b) for b in blocks_per_request]
+    """A batch block table as the runner keeps it: one padded row per request."""
+    table = np.zeros((len(blocks_per_request), 16), dtype=np.int32)
+    for row, blocks in zip(table, blocks_per_request):
+        row[:len(blocks)] = list(blocks)
+    return table
 
 
 def test_a_skipped_pass_is_caught_up_from_the_first_missed_position():

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+import numpy as np
+
 # (batch row, first position, end position) of one request's catch-up.
 Segment = tuple[int, int, int]
 
@@ -30,8 +32,9 @@ Segment = tuple[int, int, int]
 class DraftLag:
     """Per request, the first position the drafter has not seen; per KV
     block (physical id), whether a skipped pass may have left it without
-    draft KV. `blocks` arguments are a request's block-table row, in units
-    of `block_size` tokens."""
+    draft KV. `blocks` is a request's block-table row and `block_rows` the
+    batch's block table (a 2-D array, one row per batch row), in blocks of
+    `block_size` tokens; only the blocks a request has are read."""
 
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
@@ -42,7 +45,7 @@ class DraftLag:
         return len(self._first_missed)
 
     def skipped(self, req_ids: Sequence[str], starts: Sequence[int], ends: Sequence[int],
-                block_rows: Sequence[Sequence[int]]) -> None:
+                block_rows: np.ndarray) -> None:
         """A draft pass was skipped for a step that processed positions
         [start, end) of each request (start: its num_computed_tokens when
         the step began)."""
@@ -63,7 +66,7 @@ class DraftLag:
                 return
 
     def take(self, req_ids: Sequence[str], starts: Sequence[int],
-             block_rows: Sequence[Sequence[int]]) -> list[Segment]:
+             block_rows: np.ndarray) -> list[Segment]:
         """Catch-up segments for a step about to run the draft pass, one per
         lagging request of the batch (row order). After that pass every
         position below each request's start has draft KV, so the requests
@@ -75,10 +78,12 @@ class DraftLag:
             # request from `start`, and its draft pass covers that.
             if first is not None and first < start:
                 segments.append((row, first, start))
-        if self._stale_blocks:
-            for start, blocks in zip(starts, block_rows):
-                self._stale_blocks.difference_update(
-                    int(b) for b in blocks[:start // self.block_size])
+        if self._stale_blocks and len(starts):
+            # Vectorised: this runs every draft step while any block is stale.
+            whole = np.asarray(starts) // self.block_size     # blocks wholly below start
+            width = int(whole.max())
+            covered = block_rows[:len(starts), :width][np.arange(width) < whole[:, None]]
+            self._stale_blocks.difference_update(covered.tolist())
         return segments
 
     @property
