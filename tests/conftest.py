@@ -60,6 +60,11 @@ def scheduler_of(llm):
     return llm.llm_engine.engine_core.engine_core.scheduler
 
 
+def runner_of(llm):
+    """The model runner of an in-process (uni executor) engine."""
+    return llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
+
+
 MAX_TOKENS = 48  # tokens per request in the exactness tests (and `reference`)
 
 

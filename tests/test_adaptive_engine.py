@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import (DRAFT, TARGET, assert_same_tokens, close_llm, counter, greedy,
-                      make_llm, scheduler_of)
+                      make_llm, runner_of, scheduler_of)
 from vllm_vspec.config import VSpecConfigError
 from vllm_vspec.trace import read_trace
 
@@ -165,8 +165,7 @@ class TestLazyGamma0:
     def test_gamma_0_steps_run_no_draft_forward_and_the_next_pass_catches_up(self, lazy,
                                                                               prompts):
         llm, _ = lazy
-        runner = (llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker
-                  .model_runner)
+        runner = runner_of(llm)
         forwards: list[int] = []   # draft forwards so far
         steps: list[tuple[int, int]] = []  # per step: (gamma, draft forwards it ran)
         model, propose = runner.drafter.model, runner.propose_draft_token_ids
@@ -246,7 +245,7 @@ def test_a_long_lazy_gamma_0_stretch_is_caught_up_in_chunks(prompts, reference):
                    vspec={"policy": "fixed", "fixed_gamma": 0, "min_gamma": 0,
                           "gamma0_mode": "lazy"})
     engine, sched = llm.llm_engine, scheduler_of(llm)
-    runner = engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
+    runner = runner_of(llm)
     passes: list[int] = []
     catch_up_pass = runner.drafter._catch_up_pass
     runner.drafter._catch_up_pass = lambda cad, part, ids: (

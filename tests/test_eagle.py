@@ -24,7 +24,7 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import (DRAFT, EAGLE, MAX_TOKENS, assert_same_tokens, close_llm, counter, greedy,
-                      make_llm)
+                      make_llm, runner_of)
 from vllm_vspec.adapters.vllm.worker import CPU_WORKER_CLS
 
 pytestmark = pytest.mark.engine
@@ -33,11 +33,6 @@ K = 4
 EAGLE_SPEC = {"method": "eagle", "model": str(EAGLE), "num_speculative_tokens": K}
 DRAFT_SPEC = {"method": "draft_model", "model": str(DRAFT), "num_speculative_tokens": K}
 AFTER = 8       # strict prefix of the lossy rules
-
-
-def runner_of(llm):
-    """The model runner of an in-process (uni executor) engine."""
-    return llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
 
 
 def spec_counts(llm, run) -> tuple[float, float, float]:
