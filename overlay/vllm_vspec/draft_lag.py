@@ -111,15 +111,14 @@ def catch_up_passes(segments: Sequence[Segment], max_tokens: int) -> list[list[S
     passes: list[list[Segment]] = []
     current: list[Segment] = []
     room = max_tokens
-    pending = list(segments)
-    while pending:
-        row, first, end = pending.pop(0)
-        take = min(end - first, room)
-        current.append((row, first, first + take))
-        room -= take
-        if first + take < end:
-            pending.insert(0, (row, first + take, end))
-        if room == 0 or not pending:
-            passes.append(current)
-            current, room = [], max_tokens
+    for row, first, end in segments:
+        while first < end:
+            take = min(end - first, room)
+            current.append((row, first, first + take))
+            first, room = first + take, room - take
+            if room == 0:
+                passes.append(current)
+                current, room = [], max_tokens
+    if current:
+        passes.append(current)
     return passes

@@ -23,6 +23,7 @@ def vspec_worker() -> str | None:
 
     return presets.PLATFORMS[presets.resolve_platform("auto")].worker_cls
 
+
 # Upper bound of every speculative variant: buffers are sized by it and the
 # online policy searches gamma in [1, MAX_GAMMA] within it.
 MAX_GAMMA = 4

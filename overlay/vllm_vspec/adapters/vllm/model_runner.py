@@ -93,6 +93,8 @@ class VSpecRunnerMixin:
             self._lag = DraftLag(table.block_size)
         lag, rows = self._lag, table.block_table.np
         lag.forget(scheduler_output.finished_req_ids)
+        if not skip and lag.idle:
+            return  # the common case: nothing lags and no block is stale
         # With prefix caching, a new or resumed request may start from blocks
         # a skipped pass wrote.
         for req_id in [*(r.req_id for r in scheduler_output.scheduled_new_reqs),
@@ -108,11 +110,10 @@ class VSpecRunnerMixin:
             scheduled = scheduler_output.num_scheduled_tokens
             lag.skipped(req_ids, starts, [s + scheduled[r] for r, s in zip(req_ids, starts)],
                         rows[:n])
-        elif not lag.idle:
-            segments = lag.take(req_ids, starts, rows[:n])
-            if segments:
-                self.drafter.catch_up(common_attn_metadata, segments,
-                                      self.input_batch.token_ids_cpu)
+            return
+        segments = lag.take(req_ids, starts, rows[:n])
+        if segments:
+            self.drafter.catch_up(common_attn_metadata, segments, self.input_batch.token_ids_cpu)
 
     # extends GPUModelRunner.take_draft_token_ids: cuts each request's draft at
     # its entropy stop before the scheduler schedules it.

@@ -100,6 +100,7 @@ class CatchUpMixin:
                        token_ids: np.ndarray) -> None:
         device = self.device
         lengths = [end - first for _, first, end in part]
+        lengths_cpu = torch.tensor(lengths, dtype=torch.int32)
         n = sum(lengths)
         positions = np.concatenate([np.arange(first, end) for _, first, end in part])
         tokens = np.concatenate([token_ids[row, first:end] for row, first, end in part])
@@ -115,13 +116,12 @@ class CatchUpMixin:
         block_table = cad.block_table_tensor[rows]
         # Each token's slot in the shared block table, as the target wrote it.
         local_row = torch.repeat_interleave(
-            torch.arange(len(part), device=device),
-            torch.tensor(lengths, device=device))
+            torch.arange(len(part), device=device), lengths_cpu.to(device))
         pos = self.positions[:n]
         slots = (block_table[local_row, pos // self.block_size].long() * self.block_size
                  + pos % self.block_size)
         query_start_cpu = torch.zeros(len(part) + 1, dtype=torch.int32)
-        query_start_cpu[1:] = torch.cumsum(torch.tensor(lengths, dtype=torch.int32), 0)
+        query_start_cpu[1:] = torch.cumsum(lengths_cpu, 0)
         seq_lens_cpu = torch.tensor([end for _, _, end in part], dtype=torch.int32)
         # A prefill-shaped batch: each row attends causally to [0, end).
         part_cad = dataclasses.replace(
