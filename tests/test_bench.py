@@ -110,26 +110,41 @@ def test_repeats_take_the_median_per_variant_and_compare_outputs_round_by_round(
     assert "250.0 (200.0-500.0)" in markdown_table(rows(runs))
 
 
-def test_phase_bound_takes_the_fastest_fixed_choice_of_each_phase():
-    from vllm_vspec.bench.report import phase_bounds
+def _phased(variant, family, phase_seconds, repeat=0):
+    """A bursty run of one request per phase, phases back to back."""
+    comps, t = [], 0.0
+    for phase, seconds in enumerate(phase_seconds):
+        comps.append(Completion(f"{phase}/0", t, t + seconds, 100, "x"))
+        t += seconds
+    return Run("bursty", variant, family, comps, repeat)
 
-    def run(variant, family, phase_seconds):
-        comps, t = [], 0.0
-        for phase, seconds in enumerate(phase_seconds):
-            comps.append(Completion(f"{phase}/0", t, t + seconds, 100, "x"))
-            t += seconds
-        return Run("bursty", variant, family, comps)
-    runs = [run("target", "target", [4.0, 1.0]),    # fast at high load
-            run("fixed-2", "fixed", [2.0, 2.0]),    # fast at low load; best fixed: 50 tok/s
-            run("online", "online", [1.0, 1.0])]    # not a fixed choice: ignored
+
+def test_phase_bound_takes_the_fastest_fixed_choice_of_each_phase():
+    from vllm_vspec.bench.report import bound_lines, phase_bounds
+
+    runs = [_phased("target", "target", [4.0, 1.0]),    # fast at high load
+            _phased("fixed-2", "fixed", [2.0, 2.0]),    # fast at low load; best fixed: 50 tok/s
+            _phased("online", "online", [1.0, 1.0])]    # not a fixed choice: not picked
     bound = phase_bounds(runs)["bursty"]
     assert bound["vs_best_fixed"] == pytest.approx((200 / 3.0) / 50.0)
-    assert bound["phase_choices"] == {"0:fixed-2": 1, "1:target": 1}
-    assert phase_bounds([run("fixed-2", "fixed", [2.0])]) == {}    # one phase: no bound
+    assert bound["best_fixed"] == "fixed-2"
+    assert bound["phase_choices"] == {"0": "fixed-2", "1": "target"}
+    assert bound["phase_seconds"]["online"] == [1.0, 1.0]    # reported beside the choices
+    assert "| fixed-2 | **2.00** | 2.00 | 4.00 |" in bound_lines({"bursty": bound})[1]
+    assert phase_bounds([_phased("fixed-2", "fixed", [2.0])]) == {}    # one phase: no bound
     # Partial results: a round that has served only target-only so far.
-    second_round = run("target", "target", [4.0, 1.0])
-    second_round.repeat = 1
-    assert phase_bounds(runs + [second_round])["bursty"] == bound
+    assert phase_bounds(runs + [_phased("target", "target", [4.0, 1.0], 1)])["bursty"] == bound
+
+
+def test_phase_bound_takes_medians_over_rounds_not_the_luckiest_round():
+    from vllm_vspec.bench.report import phase_bounds
+
+    # Both variants equally fast in truth; each is lucky in one phase of one
+    # round. Picking per round would find a 2.0 s + 2.0 s path every time.
+    runs = [_phased("fixed-1", "fixed", [2.0, 3.0], 0), _phased("fixed-2", "fixed", [3.0, 2.0], 0),
+            _phased("fixed-1", "fixed", [3.0, 3.0], 1), _phased("fixed-2", "fixed", [3.0, 3.0], 1),
+            _phased("fixed-1", "fixed", [3.0, 3.0], 2), _phased("fixed-2", "fixed", [3.0, 3.0], 2)]
+    assert phase_bounds(runs)["bursty"]["vs_best_fixed"] == pytest.approx(1.0)
 
 
 def test_exact_match_counts_identical_outputs_and_names_the_others():

@@ -140,35 +140,41 @@ def rows(runs: list[Run]) -> list[Row]:
 def phase_bounds(runs: list[Run]) -> dict[str, dict]:
     """For every workload of several phases (bursty): the tokens/s had each
     phase been served by its fastest FIXED choice (target-only or a fixed
-    gamma) of the same round, as a ratio to the best fixed variant (median
-    over rounds). It bounds what switching between the measured fixed
-    choices could gain here: 1.10x over the best fixed gamma needs phases
-    whose best choices differ by that much."""
+    gamma), as a ratio to the best fixed variant. It bounds what switching
+    between the measured fixed choices could gain here: 1.10x over the best
+    fixed gamma needs phases whose best choices differ by that much.
+
+    A phase's time is its span (first request sent to last response), the
+    median over rounds per variant; the fastest choice is taken on those
+    medians. (Taking the fastest choice round by round instead would pick
+    the luckiest of several noisy spans in every phase and inflate the bound.)
+    Also returns every variant's median phase spans, vspec ones included, to
+    show where a variant gains or loses against that choice."""
     out = {}
     for workload in dict.fromkeys(r.workload for r in runs):
-        group = [r for r in runs if r.workload == workload and r.family in ("target", "fixed")]
-        phases = {c.key.split("/")[0] for r in group for c in r.completions}
-        if len(phases) < 2 or not any(r.family == "fixed" for r in group):
+        group = [r for r in runs if r.workload == workload]
+        phases = sorted({c.key.split("/")[0] for r in group for c in r.completions}, key=int)
+        choices = [r for r in group if r.family in ("target", "fixed")]
+        if len(phases) < 2 or not any(r.family == "fixed" for r in choices):
             continue
-        ratios, picks = [], Counter()
-        for repeat in sorted({r.repeat for r in group}):
-            this = [r for r in group if r.repeat == repeat]
-            if not any(r.family == "fixed" for r in this):
-                continue    # a round still in progress (partial results)
-            wall = 0.0
-            for phase in sorted(phases, key=int):
-                spans = {r.variant: _span([c for c in r.completions
-                                           if c.key.split("/")[0] == phase]) for r in this}
-                best = min(spans, key=spans.__getitem__)
-                picks[(phase, best)] += 1
-                wall += spans[best]
-            best_fixed = max(r.tokens_per_s for r in this if r.family == "fixed")
-            tokens = max(r.tokens for r in this)
-            if wall > 0 and best_fixed > 0:
-                ratios.append(tokens / wall / best_fixed)
-        if ratios:
-            out[workload] = {"vs_best_fixed": statistics.median(ratios),
-                             "phase_choices": {f"{ph}:{v}": n for (ph, v), n in sorted(picks.items())}}
+        seconds: dict[str, list[float]] = {}
+        for variant in dict.fromkeys(r.variant for r in group):
+            rounds = [r for r in group if r.variant == variant]
+            seconds[variant] = [statistics.median(
+                _span([c for c in r.completions if c.key.split("/")[0] == phase])
+                for r in rounds) for phase in phases]
+        candidates = list(dict.fromkeys(r.variant for r in choices))
+        picks = {phase: min(candidates, key=lambda v: seconds[v][i])
+                 for i, phase in enumerate(phases)}
+        wall = sum(seconds[v][i] for i, v in enumerate(picks.values()))
+        speed = {v: statistics.median(r.tokens_per_s for r in group if r.variant == v)
+                 for v in dict.fromkeys(r.variant for r in choices if r.family == "fixed")}
+        best_fixed = max(speed, key=speed.__getitem__)
+        tokens = max(r.tokens for r in choices)
+        if wall > 0 and speed[best_fixed] > 0:
+            out[workload] = {"vs_best_fixed": tokens / wall / speed[best_fixed],
+                             "best_fixed": best_fixed, "phase_choices": picks,
+                             "phase_seconds": seconds}
     return out
 
 
@@ -246,11 +252,23 @@ def render_table(table_rows: list[Row]):
 
 
 def bound_lines(bounds: dict[str, dict]) -> list[str]:
-    """One line per multi-phase workload: the best-fixed-choice-per-phase bound."""
-    return [f"{w}: the fastest fixed choice per phase would give "
-            f"{_times(b['vs_best_fixed'])} the best fixed gamma (phase:variant x rounds "
-            f"{', '.join(f'{k} x{n}' for k, n in b['phase_choices'].items())})"
-            for w, b in bounds.items()]
+    """Per multi-phase workload: the fastest-fixed-choice-per-phase bound, and
+    a markdown table of every variant's median seconds per phase (the
+    fastest fixed choice of each phase in bold)."""
+    out = []
+    for w, b in bounds.items():
+        picks = b["phase_choices"]
+        out.append(f"{w}: the fastest fixed choice per phase (median span over rounds) would "
+                   f"give {_times(b['vs_best_fixed'])} the best fixed gamma ({b['best_fixed']}); "
+                   f"choices: {', '.join(f'phase {p} {v}' for p, v in picks.items())}")
+        lines = ["| variant | " + " | ".join(f"phase {p} s" for p in picks) + " | sum s |",
+                 "|---|" + "---:|" * (len(picks) + 1)]
+        for variant, spans in b["phase_seconds"].items():
+            cells = [f"**{s:.2f}**" if picks[p] == variant else f"{s:.2f}"
+                     for p, s in zip(picks, spans)]
+            lines.append(f"| {variant} | " + " | ".join(cells) + f" | {sum(spans):.2f} |")
+        out.append("\n".join(lines))
+    return out
 
 
 def markdown_table(table_rows: list[Row]) -> str:
