@@ -345,11 +345,15 @@ def overlay_files(overlay_root: Path = ROOT / "overlay") -> list[tuple[Path, str
     """(source file, path inside the tree) for every overlay file, sorted."""
     out = []
     for top in OVERLAY_DIRS:
-        for path in sorted((overlay_root / top).rglob("*")):
-            rel = path.relative_to(overlay_root).as_posix()
-            if path.is_file() and not any(Path(rel).match(j) or j.strip("*") in rel for j in JUNK):
-                out.append((path, rel))
-    return out
+        # os.walk follows links (vllm_vspec/_configs is one to configs/); Path.rglob does not.
+        for folder, _, names in os.walk(overlay_root / top, followlinks=True):
+            for name in names:
+                path = Path(folder) / name
+                rel = path.relative_to(overlay_root).as_posix()
+                if path.is_file() and not any(Path(rel).match(j) or j.strip("*") in rel
+                                              for j in JUNK):
+                    out.append((path, rel))
+    return sorted(out, key=lambda pr: pr[1])
 
 
 def copy_overlay(tree: Path) -> list[str]:

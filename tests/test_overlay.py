@@ -69,6 +69,8 @@ def test_wheel_holds_the_patched_host_and_every_overlay_file(members):
         assert rel in members, rel
     assert members["vllm_ascend/vspec/proposers.py"] == \
         (REPO / "overlay/vllm_ascend/vspec/proposers.py").read_bytes()
+    # The presets, through the package's link to configs/ (`vllm-vspec serve --preset`).
+    assert members["vllm_vspec/_configs/draft.toml"] == (REPO / "configs/draft.toml").read_bytes()
     assert not [n for n in members if "__pycache__" in n or n.endswith(".pyc")]
 
 

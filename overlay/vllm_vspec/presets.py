@@ -30,8 +30,9 @@ from typing import Any, Callable, Literal, Mapping
 from vllm_vspec.config import (MAX_VERIFY_WIDTH, VSpecConfig, VSpecConfigError,
                                _coerce, field_docs)
 
-# Presets live next to the package in a source checkout (editable install).
-PRESET_DIR = Path(__file__).resolve().parents[2] / "configs"
+# The top-level configs/, through the package's `_configs` link (a wheel
+# carries the files themselves as package data).
+PRESET_DIR = Path(__file__).resolve().parent / "_configs"
 
 TABLES = ("launch", "vspec", "env")
 TOP_LEVEL_KEYS = ("description", "extends")
