@@ -52,6 +52,30 @@ def test_requests_are_deterministic_and_repeated_families_continue():
     assert first == again
     assert [[r.prompt for r in phase] for phase in first] == [["a", "b"], ["c", "d", "a"]]
     assert [r.key for r in first[1]] == ["1/0", "1/1", "1/2"]
+    assert {r.output_len for phase in first for r in phase} == {64}
+
+
+def test_output_lengths_in_a_range_are_drawn_per_request_the_same_every_time():
+    w = workloads.Workload("w", (workloads.Phase(1, "code", 40), workloads.Phase(4, "code", 40)))
+    pool = {"code": ["a", "b"]}
+    lengths = [r.output_len for phase in w.requests(pool, (32, 96)) for r in phase]
+    assert lengths == [r.output_len for phase in w.requests(pool, (32, 96)) for r in phase]
+    assert min(lengths) >= 32 and max(lengths) <= 96 and len(set(lengths)) > 20
+
+
+@pytest.mark.parametrize("text, expected", [("64", (64, 64)), ("32:96", (32, 96))])
+def test_output_len_takes_n_or_a_range(text, expected):
+    from vllm_vspec.bench.command import _output_len
+    assert _output_len(text) == expected
+
+
+@pytest.mark.parametrize("text", ["0", "96:32", "x", "1:2:3", "-4"])
+def test_a_bad_output_len_names_the_value_and_what_is_allowed(text):
+    import argparse
+
+    from vllm_vspec.bench.command import _output_len
+    with pytest.raises(argparse.ArgumentTypeError, match=f"'{text}' is not allowed: .*LO:HI"):
+        _output_len(text)
 
 
 def test_prompt_file_line_without_prompt_is_named(tmp_path):
@@ -238,8 +262,9 @@ def test_materialized_prompt_is_used_as_is_and_bad_lines_are_named(tmp_path):
 
 
 def test_protocol_sends_a_fixed_prompt_count_wrapping_a_small_dataset():
-    reqs = protocols.fixed_count(["a", "b"], 5)
+    reqs = protocols.fixed_count(["a", "b"], 5, 7)
     assert [r.prompt for r in reqs] == ["a", "b", "a", "b", "a"]
+    assert {r.output_len for r in reqs} == {7}
 
 
 def test_protocol_defaults_follow_the_seed():
@@ -367,21 +392,22 @@ def stand_in():
 
 def test_load_generator_keeps_concurrency_and_request_order(stand_in):
     _StandIn.max_in_flight = 0
-    reqs = [Request(f"0/{i}", f"p{i}") for i in range(12)]
+    reqs = [Request(f"0/{i}", f"p{i}", 5 + i % 2) for i in range(12)]
 
     async def go():
         async with client_for(3) as client:
-            return await run_phase(client, stand_in, "m", reqs, 3, 5)
+            return await run_phase(client, stand_in, "m", reqs, 3)
 
     out = asyncio.run(go())
     assert [c.text for c in out] == [f"P{i}" for i in range(12)]
-    assert all(c.tokens == 5 and c.error is None for c in out)
+    assert [c.tokens for c in out] == [5 + i % 2 for i in range(12)]    # each its own length
+    assert all(c.error is None for c in out)
     assert _StandIn.max_in_flight == 3
 
 
 def test_protocol_run_writes_the_seed_style_summary(stand_in):
     result = protocols.run_protocol_sync(protocols.PROTOCOLS["arc-easy"], stand_in,
-                                         protocols.fixed_count(["q"], 6), 7, 2)
+                                         protocols.fixed_count(["q"], 6, 7), 7, 2)
     assert result["model"] == "stand-in"
     assert (result["completed"], result["failed"], result["total_output_tokens"]) == (6, 0, 42)
     assert result["request_rate"] == "inf" and result["temperature"] == 0.0
@@ -392,7 +418,7 @@ def test_one_variant_serves_every_workload_with_gamma_counts_from_its_trace(stan
                                    families=("code",))
     plan = runner.Plan(ServerSpec(model=tmp_path), [], list(ws.values()),
                        {w.name: w.requests({"code": ["a", "b", "c"]}) for w in ws.values()},
-                       output_len=3, out_dir=tmp_path)
+                       output_len=(3, 3), out_dir=tmp_path)
     trace = tmp_path / "trace.jsonl"
     DecisionTrace(trace, {"policy": "online"}).close()  # header only: no steps recorded
     v = variants.Variant("online", "online", vspec={"policy": "online"})
@@ -411,7 +437,7 @@ def test_a_variant_whose_server_dies_is_reported_and_the_rest_still_run(tmp_path
     ws = workloads.build_workloads(families=("code",))
     plan = runner.Plan(ServerSpec(model=tmp_path), [variants.Variant("target", "target")],
                        [ws["bursty"]], {"bursty": ws["bursty"].requests({"code": ["a"]})},
-                       output_len=3, out_dir=tmp_path)
+                       output_len=(3, 3), out_dir=tmp_path)
     monkeypatch.setattr(runner, "serve_argv", lambda spec, args, port: [
         sys.executable, "-c", "print('model not found'); raise SystemExit(3)"])
     saved = []
@@ -434,7 +460,7 @@ def test_protocol_against_a_real_tiny_server_completes_every_request(tmp_path):
     port = free_port()
     with Server(serve_argv(spec, [], port), port, tmp_path / "server.log") as srv:
         result = protocols.run_protocol_sync(protocols.PROTOCOLS["arc-easy"], srv.base_url,
-                                             protocols.fixed_count(prompts, 4), 8, 2)
+                                             protocols.fixed_count(prompts, 4, 8), 8, 2)
         proc = srv.proc
     assert proc.poll() is not None  # stopped with its process group
     assert (result["completed"], result["failed"], result["total_output_tokens"]) == (4, 0, 32)

@@ -43,8 +43,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--out", type=Path, default=DEFAULT_OUT,
                    help="directory for results.json, the plot, server logs and traces "
                         "(protocol mode: the results JSON file is --output)")
-    p.add_argument("--output-len", type=int, default=None,
-                   help="completion tokens per request (unset: 64; protocol mode: the protocol's own)")
+    p.add_argument("--output-len", type=_output_len, default=None, metavar="N|LO:HI",
+                   help="completion tokens per request; LO:HI draws each request's length "
+                        "uniformly from that range, the same for every variant (unset: 64; "
+                        "protocol mode: a single N, unset the protocol's own)")
     g = p.add_argument_group("serving benchmark (starts its own servers)")
     g.add_argument("--target", type=Path, default=DEFAULT_TARGET,
                    help="target model (the deepened bundled target: `make install` derives it)")
@@ -104,10 +106,14 @@ def _protocol_main(args: argparse.Namespace) -> int:
         if not value:
             raise SystemExit(f"bench --protocol {proto.name}: {flag} is required")
     n = args.num_prompts or proto.num_prompts
-    out_len = args.output_len or proto.output_len
+    if args.output_len and args.output_len[0] != args.output_len[1]:
+        raise SystemExit(f"bench --protocol {proto.name}: --output-len "
+                         f"{args.output_len[0]}:{args.output_len[1]} is not allowed: a protocol "
+                         "sends one output length, give a single N")
+    out_len = args.output_len[0] if args.output_len else proto.output_len
     conc = args.max_concurrency or proto.concurrency
     output = args.output or args.out / f"{proto.name}.json"
-    requests = protocols.fixed_count(protocols.load_dataset(args.dataset, proto), n)
+    requests = protocols.fixed_count(protocols.load_dataset(args.dataset, proto), n, out_len)
     if args.dry_run:
         print(f"protocol {proto.name}: {n} prompts from {args.dataset}, output {out_len} "
               f"tokens, max concurrency {conc}, request rate inf, temperature 0")
@@ -155,8 +161,10 @@ def build_plan(args: argparse.Namespace) -> runner.Plan:
                       max_num_seqs=max(ServerSpec.max_num_seqs, args.high_concurrency),
                       kv_cache_memory_bytes=args.kv_cache_memory_bytes,
                       enforce_eager=args.enforce_eager)
-    return runner.Plan(spec, chosen, chosen_w, {w.name: w.requests(prompts) for w in chosen_w},
-                       args.output_len or 64, args.out, args.repeats)
+    output_len = args.output_len or (64, 64)
+    return runner.Plan(spec, chosen, chosen_w,
+                       {w.name: w.requests(prompts, output_len) for w in chosen_w},
+                       output_len, args.out, args.repeats)
 
 
 def _serving_main(args: argparse.Namespace) -> int:
@@ -212,7 +220,7 @@ def _meta(plan: runner.Plan, started: float, failures: dict[str, str]) -> dict:
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
             "duration_s": time.time() - started, "host": platform.node(),
             "server": {k: str(v) for k, v in plan.spec.__dict__.items()},
-            "output_len": plan.output_len, "repeats": plan.repeats,
+            "output_len": _length_text(plan.output_len), "repeats": plan.repeats,
             "variants": {v.name: v.serve_args(plan.trace_path(v)) for v in plan.variants},
             "workloads": {w.name: [p.__dict__ for p in w.phases] for w in plan.workloads},
             "failed_variants": failures}
@@ -222,7 +230,8 @@ def _print_plan(plan: runner.Plan) -> None:
     rounds = f" x {plan.repeats} rounds" if plan.repeats > 1 else ""
     print(f"# {len(plan.variants)} servers{rounds}, one at a time; each answers "
           f"{plan.total_requests // len(plan.variants)} requests "
-          f"(+{runner.WARMUP_REQUESTS} warm-up), output {plan.output_len} tokens, temperature 0")
+          f"(+{runner.WARMUP_REQUESTS} warm-up), output {_length_text(plan.output_len)} tokens "
+          "per request, temperature 0")
     for v in plan.variants:
         print(f"\n## variant {v.name}")
         print(shlex.join(plan.argv(v, port=0)).replace("--port 0", "--port <free>"))
@@ -233,6 +242,24 @@ def _print_plan(plan: runner.Plan) -> None:
         print(f"{w.name}: {phases}")
     print(f"\nresults -> {plan.out_dir / 'results.json'}, plot -> "
           f"{plan.out_dir / 'gamma_batch.png'}; model name served: {SERVED_MODEL_NAME}")
+
+
+def _output_len(text: str) -> tuple[int, int]:
+    """`N` or `LO:HI` -> (lo, hi) with 1 <= lo <= hi."""
+    parts = text.split(":")
+    try:
+        lo, hi = (int(parts[0]), int(parts[-1])) if len(parts) <= 2 else (0, 0)
+    except ValueError:
+        lo = hi = 0
+    if not 1 <= lo <= hi:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not allowed: give a positive integer N, or LO:HI with 1 <= LO <= HI")
+    return lo, hi
+
+
+def _length_text(output_len: tuple[int, int]) -> str:
+    lo, hi = output_len
+    return str(lo) if lo == hi else f"{lo}:{hi}"
 
 
 def _csv(text: str) -> list[str]:

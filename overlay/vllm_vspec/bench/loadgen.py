@@ -1,6 +1,6 @@
 """Async OpenAI-API clients that replay a workload against one server.
 
-Every request is greedy (temperature 0) with a fixed output length
+Every request is greedy (temperature 0) with its own fixed output length
 (`ignore_eos`), so all variants generate the same number of tokens and the
 same text when decoding is exact. Requests are sent as fast as the phase's
 concurrency allows (unlimited request rate).
@@ -33,11 +33,10 @@ def completion_body(model: str, prompt: str, output_len: int) -> dict:
             "temperature": 0.0, "ignore_eos": True}
 
 
-async def _one(client: httpx.AsyncClient, url: str, model: str, req: Request,
-               output_len: int) -> Completion:
+async def _one(client: httpx.AsyncClient, url: str, model: str, req: Request) -> Completion:
     start = time.time()
     try:
-        resp = await client.post(url, json=completion_body(model, req.prompt, output_len))
+        resp = await client.post(url, json=completion_body(model, req.prompt, req.output_len))
         resp.raise_for_status()
         body = resp.json()
         return Completion(req.key, start, time.time(), int(body["usage"]["completion_tokens"]),
@@ -47,7 +46,7 @@ async def _one(client: httpx.AsyncClient, url: str, model: str, req: Request,
 
 
 async def run_phase(client: httpx.AsyncClient, base_url: str, model: str,
-                    requests: list[Request], concurrency: int, output_len: int,
+                    requests: list[Request], concurrency: int,
                     on_done: Callable[[Completion], None] = lambda c: None,
                     ) -> list[Completion]:
     """Send `requests` with at most `concurrency` in flight; results in request order."""
@@ -60,7 +59,7 @@ async def run_phase(client: httpx.AsyncClient, base_url: str, model: str,
     async def worker() -> None:
         while not queue.empty():
             i = queue.get_nowait()
-            results[i] = await _one(client, url, model, requests[i], output_len)
+            results[i] = await _one(client, url, model, requests[i])
             on_done(results[i])
 
     await asyncio.gather(*(worker() for _ in range(min(concurrency, len(requests)))))

@@ -79,9 +79,9 @@ def load_dataset(path: Path, protocol: Protocol) -> list[str]:
     return prompts
 
 
-def fixed_count(prompts: list[str], n: int) -> list[Request]:
+def fixed_count(prompts: list[str], n: int, output_len: int) -> list[Request]:
     """Exactly n requests: the first n prompts, wrapping around a smaller dataset."""
-    return [Request(f"0/{i}", prompts[i % len(prompts)]) for i in range(n)]
+    return [Request(f"0/{i}", prompts[i % len(prompts)], output_len) for i in range(n)]
 
 
 def summarize(completions: list[Completion], duration_s: float) -> dict[str, Any]:
@@ -112,8 +112,7 @@ async def run_protocol(protocol: Protocol, base_url: str, requests: list[Request
     async with client_for(concurrency) as client:
         model = await served_model(client, base_url)
         t0 = time.time()
-        completions = await run_phase(client, base_url, model, requests, concurrency,
-                                      output_len, on_done)
+        completions = await run_phase(client, base_url, model, requests, concurrency, on_done)
         duration = time.time() - t0
     return {"protocol": protocol.name, "base_url": base_url, "model": model,
             "num_prompts": len(requests), "output_len": output_len,

@@ -36,7 +36,7 @@ class Plan:
     variants: list[Variant]
     workloads: list[Workload]
     requests: dict[str, list[list[Request]]]  # workload -> phases -> requests
-    output_len: int
+    output_len: tuple[int, int]  # completion tokens per request: uniform in [lo, hi]
     out_dir: Path
     repeats: int = 1  # rounds: every variant is served this many times
 
@@ -102,9 +102,9 @@ async def _serve_workloads(plan: Plan, v: Variant, base_url: str, trace: Path | 
     step_spans: list[tuple[str, float, float]] = []  # trace record index
     runs: list[Run] = []
     async with client_for(high) as client, httpx.AsyncClient() as metrics_client:
-        warm = [Request(f"warmup/{i}", r.prompt) for i, r in
+        warm = [Request(f"warmup/{i}", r.prompt, r.output_len) for i, r in
                 enumerate(plan.requests[plan.workloads[0].name][0][:WARMUP_REQUESTS])]
-        await run_phase(client, base_url, SERVED_MODEL_NAME, warm, len(warm), plan.output_len)
+        await run_phase(client, base_url, SERVED_MODEL_NAME, warm, len(warm))
         _, trace_pos = scrape.trace_steps(trace) if trace else ([], 0)
         for w in plan.workloads:
             before = scrape.gamma_step_counts(await scrape.fetch_metrics(metrics_client, base_url))
@@ -116,7 +116,7 @@ async def _serve_workloads(plan: Plan, v: Variant, base_url: str, trace: Path | 
             for phase, reqs in zip(w.phases, plan.requests[w.name]):
                 completions += await run_phase(
                     client, base_url, SERVED_MODEL_NAME, reqs, phase.concurrency,
-                    plan.output_len, lambda c: on_progress(f"{v.name} / {w.name}"))
+                    lambda c: on_progress(f"{v.name} / {w.name}"))
             stop.set()
             await poller
             spans.append((w.name, t_start, time.time()))

@@ -2,13 +2,15 @@
 
 A workload is a sequence of phases; a phase sends `num_requests` prompts of
 one family with at most `concurrency` in flight (unlimited request rate). The
-prompts each request gets are a pure function of the workload, so every
-variant answers the same requests and outputs can be compared one by one.
+prompts and output lengths each request gets are a pure function of the
+workload, so every variant answers the same requests and outputs can be
+compared one by one.
 """
 
 from __future__ import annotations
 
 import json
+import random
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +26,7 @@ class Phase:
 class Request:
     key: str  # stable across variants: "<phase>/<index>"
     prompt: str
+    output_len: int  # completion tokens (sent as max_tokens with ignore_eos)
 
 
 @dataclass(frozen=True)
@@ -31,16 +34,22 @@ class Workload:
     name: str
     phases: tuple[Phase, ...]
 
-    def requests(self, prompts: dict[str, list[str]]) -> list[list[Request]]:
+    def requests(self, prompts: dict[str, list[str]],
+                 output_len: tuple[int, int] = (64, 64)) -> list[list[Request]]:
         """Per phase, the requests in send order. Prompts of a family are taken
         in file order and wrap around; repeated phases of a family continue
-        where the previous one stopped so they do not replay the same text."""
+        where the previous one stopped so they do not replay the same text.
+        Output lengths are uniform in [lo, hi] of `output_len`, drawn in send
+        order from a generator seeded by the workload's name."""
+        lo, hi = output_len
+        lengths = random.Random(self.name)
         cursor = {family: 0 for family in prompts}
         out = []
         for p_idx, phase in enumerate(self.phases):
             pool = prompts[phase.family]
             start = cursor[phase.family]
-            out.append([Request(f"{p_idx}/{i}", pool[(start + i) % len(pool)])
+            out.append([Request(f"{p_idx}/{i}", pool[(start + i) % len(pool)],
+                                lengths.randint(lo, hi))
                         for i in range(phase.num_requests)])
             cursor[phase.family] = start + phase.num_requests
         return out
