@@ -11,7 +11,7 @@ import pytest
 from vllm_vspec import sim
 from vllm_vspec.cli import main as cli_main
 from vllm_vspec.controller import GammaController
-from vllm_vspec.latency import load_profile
+from vllm_vspec.latency import LatencyProfile, LinearLatency, load_profile
 from vllm_vspec.policies.online import OnlinePolicy
 from vllm_vspec.policies.profile import ProfilePolicy
 
@@ -61,6 +61,51 @@ def test_every_contender_commits_the_whole_workload(results):
         assert len({r.tokens for r in results if r.workload == wl}) == 1
 
 
+# Draft passes that cost exactly 1 ms per token processed, or 1 ms per pass.
+DRAFT_PER_TOKEN = LatencyProfile(target=LinearLatency(0.0, 0.1, 10.0),
+                                 draft=LinearLatency(0.0, 1.0, 0.0))
+DRAFT_PER_PASS = LatencyProfile(target=LinearLatency(0.0, 0.1, 10.0),
+                                draft=LinearLatency(0.0, 0.0, 1.0))
+
+
+class _Schedule:
+    """Gamma 0 for the first `zeros` steps, then `gamma` (a StepPolicy)."""
+
+    def __init__(self, zeros: int, gamma: int):
+        self.zeros, self.gamma, self.steps = zeros, gamma, 0
+
+    def decide(self, batch):
+        self.steps += 1
+        return sim.Decision(0 if self.steps <= self.zeros else self.gamma, 1, "test")
+
+    def observe(self, fb):
+        pass
+
+
+def _seconds(policy, mode, drafter=True, profile=DRAFT_PER_TOKEN):
+    wl = sim.Workload("w", 4, 16, (40, 40), sim.Cycle(((1, 4),)), sim.Cycle(((1, (0.5,)),)))
+    return sim.simulate(wl, profile, policy, sim.SimClock(), name="x", max_gamma=2,
+                        noise=0.0, gamma0_mode=mode, drafter=drafter).seconds
+
+
+def test_a_sync_gamma_0_step_runs_one_draft_pass_and_target_only_none():
+    # 4 requests x 40 tokens at gamma 0: 40 steps, each a 4-token draft pass.
+    target = _seconds(_Schedule(10**6, 0), "sync", drafter=False)
+    assert _seconds(_Schedule(10**6, 0), "sync") == pytest.approx(target + 40 * 4 / 1000)
+    assert _seconds(_Schedule(10**6, 0), "lazy") == pytest.approx(target)
+
+
+def test_a_lazy_gamma_0_stretch_is_caught_up_in_one_pass_when_drafting_resumes():
+    # 10 steps at gamma 0 commit 4 x 10 tokens the draft did not see. Sync
+    # runs them through the draft in 10 passes as they come, lazy in one pass
+    # at the first drafting step: the same tokens, 9 passes fewer.
+    def gap(profile):
+        return (_seconds(_Schedule(10, 2), "sync", profile=profile)
+                - _seconds(_Schedule(10, 2), "lazy", profile=profile))
+    assert gap(DRAFT_PER_TOKEN) == pytest.approx(0.0)
+    assert gap(DRAFT_PER_PASS) == pytest.approx(9 / 1000)
+
+
 def test_static_table_follows_vllm_semantics():
     # Gaps keep the previous range's k; sizes past the last range keep its k.
     table = sim.StaticTable([[1, 1, 4], [4, 8, 2], [32, 64, 1]], max_gamma=3)
@@ -96,5 +141,6 @@ def test_sim_command_prints_a_table_and_writes_json_and_plot(tmp_path, capsys):
     assert "online/oracle" in printed and "controller overhead" in printed
     data = json.loads((tmp_path / "sim.json").read_text())
     assert {r["policy"] for r in data["results"]} == {
-        *(f"fixed-{g}" for g in range(K + 1)), "table", "online", "profile", "oracle"}
+        "target", *(f"fixed-{g}" for g in range(K + 1)), "table", "online", "profile", "oracle"}
+    assert data["gamma0_mode"] == "sync"
     assert (tmp_path / "sim.png").stat().st_size > 0

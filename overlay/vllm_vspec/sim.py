@@ -21,6 +21,13 @@ Simulated engine (closed loop, synchronous scheduling):
   positions among them, committed = accepted + 1.
 - Step time = T_target(ctx, sum of 1 + verified) + sum_{i<gamma} T_draft(ctx
   + i*B, B) from a latency profile, times log-normal noise.
+- A gamma-0 step costs what the host's gamma-0 mode makes it cost
+  (config.py `gamma0_mode`): `sync` (the Ascend overlay, EAGLE, async
+  scheduling) still runs the draft model once over the step's tokens,
+  T_draft(ctx, B); `lazy` (vspec's vLLM runner with a draft model) runs
+  nothing then, and the next drafting step first catches the draft up on
+  every token it skipped, T_draft(ctx, skipped tokens). The `target`
+  contender has no draft model at all.
 """
 
 from __future__ import annotations
@@ -141,19 +148,35 @@ class StepPolicy(Protocol):
     def observe(self, fb: StepFeedback) -> None: ...
 
 
+GAMMA0_MODES = ("sync", "lazy")
+
+
+def gamma_step_ms(profile: LatencyProfile, gamma: int, batch: int, ctx: float,
+                  gamma0_mode: str) -> float:
+    """A steady step at `gamma` (drafting and verifying it), with a sync
+    gamma-0 step's draft pass; a lazy catch-up depends on the steps before
+    and is not included."""
+    extra = profile.draft(ctx, batch) if gamma == 0 and gamma0_mode == "sync" else 0.0
+    return profile.step_ms(gamma, batch, ctx) + extra
+
+
 class Oracle:
     """Per-step oracle: the goodput argmax under the TRUE current acceptance
-    rates and the true latency model (no noise, no learning)."""
+    rates and the true latency model (no noise, no learning). Per step, so
+    it does not foresee a lazy gamma 0's catch-up."""
 
-    def __init__(self, profile: LatencyProfile, max_gamma: int, rates_now: Callable[[], tuple]):
+    def __init__(self, profile: LatencyProfile, max_gamma: int, rates_now: Callable[[], tuple],
+                 gamma0_mode: str = "sync"):
         self.profile, self.max_gamma, self.rates_now = profile, max_gamma, rates_now
+        self.gamma0_mode = gamma0_mode
 
     def decide(self, batch: BatchState) -> Decision:
         hi = max(0, feasible_max_gamma(batch, self.max_gamma))
         b = batch.num_reqs
         e = expected_tokens_all(self.rates_now(), hi)
         ctx = b * batch.mean_context_len
-        best = max(range(hi + 1), key=lambda k: e[k] / self.profile.step_ms(k, b, ctx))
+        best = max(range(hi + 1), key=lambda k: e[k] / gamma_step_ms(
+            self.profile, k, b, ctx, self.gamma0_mode))
         return Decision(best, bucket_of(b), "oracle")
 
     def observe(self, fb: StepFeedback) -> None:
@@ -188,7 +211,7 @@ class StaticTable:
 
 
 def tuned_table(workload: Workload, profile: LatencyProfile, max_gamma: int,
-                max_batch: int = 1024) -> list[list[int]]:
+                max_batch: int = 1024, gamma0_mode: str = "sync") -> list[list[int]]:
     """The table an operator would tune offline: per power-of-two batch
     range, the best fixed gamma under the workload's average acceptance."""
     segs = workload.rates.segments
@@ -200,7 +223,8 @@ def tuned_table(workload: Workload, profile: LatencyProfile, max_gamma: int,
     while start <= max_batch:
         b = bucket_of(start)
         ctx = b * (workload.prompt_len + sum(workload.output_len) / 4)
-        k = max(range(max_gamma + 1), key=lambda g: e[g] / profile.step_ms(g, b, ctx))
+        k = max(range(max_gamma + 1),
+                key=lambda g: e[g] / gamma_step_ms(profile, g, b, ctx, gamma0_mode))
         table.append([start, b, k])
         start = b + 1
     return table
@@ -232,8 +256,10 @@ class SimClock:
 
 def simulate(workload: Workload, profile: LatencyProfile, policy: StepPolicy, clock: SimClock,
              *, name: str, max_gamma: int, max_num_batched_tokens: int = 8192,
-             seed: int = 0, noise: float = 0.03,
+             seed: int = 0, noise: float = 0.03, gamma0_mode: str = "sync",
+             drafter: bool = True,
              on_rates: Callable[[tuple], None] | None = None) -> SimResult:
+    """`drafter=False`: no draft model (target-only serving; only gamma 0)."""
     rng = np.random.default_rng(seed)
     n = workload.num_requests
     lo_len, hi_len = workload.output_len
@@ -243,6 +269,7 @@ def simulate(workload: Workload, profile: LatencyProfile, policy: StepPolicy, cl
     noise_rng = np.random.default_rng(seed + 1)
     done = np.zeros(n, dtype=np.int64)             # tokens generated per request
     pending = np.zeros(n, dtype=np.int64)          # drafts awaiting verification
+    lag = np.zeros(n, dtype=np.int64)              # lazy gamma 0: tokens the draft KV misses
     started: list[int] = []                        # admitted, unfinished, in arrival order
     next_req = progress = steps = 0
     gamma_steps: dict[int, int] = {}
@@ -268,6 +295,11 @@ def simulate(workload: Workload, profile: LatencyProfile, policy: StepPolicy, cl
         accepted = np.cumprod(ok, axis=1).sum(axis=1)
         committed = np.minimum(accepted + 1, out_len[idx] - done[idx])
         ms = profile.split_step_ms(b + int(verify.sum()), gamma, b, ctx)
+        if drafter and gamma == 0 and gamma0_mode == "sync":
+            ms += profile.draft(ctx, b)
+        elif drafter and gamma > 0 and lag[idx].any():
+            ms += profile.draft(ctx, int(lag[idx].sum()))   # the catch-up pass
+            lag[idx] = 0
         ms *= math.exp(noise * noise_rng.standard_normal()) if noise else 1.0
         start = clock.now
         clock.now += ms / 1000.0
@@ -277,6 +309,8 @@ def simulate(workload: Workload, profile: LatencyProfile, policy: StepPolicy, cl
             accepted=tuple(accepted[has].tolist()), committed=int(committed.sum()),
             scheduled_at=start, completed_at=clock.now))
         done[idx] += committed
+        if gamma == 0 and gamma0_mode == "lazy":
+            lag[idx] += committed
         pending[idx] = gamma
         progress += int(committed.sum())
         started = [r for r in started if done[r] < out_len[r]]
@@ -287,34 +321,42 @@ def simulate(workload: Workload, profile: LatencyProfile, policy: StepPolicy, cl
 
 
 # ------------------------------------------------------------------ compare
+TARGET = "target"   # the contender without a draft model
+
+
 def contenders(profile_path: str, profile: LatencyProfile, workload: Workload, max_gamma: int,
-               table: Sequence[Sequence[int]] | None, vspec: dict) -> list[tuple[str, Callable]]:
+               table: Sequence[Sequence[int]] | None, vspec: dict,
+               gamma0_mode: str = "sync") -> list[tuple[str, Callable]]:
     """(name, factory(clock, rates_holder) -> StepPolicy) for every policy
     compared. fixed/online/profile are GammaController, as in the engine."""
     def controller(**over):
         cfg = VSpecConfig.from_dict({**vspec, **over}, max_gamma)
         return lambda clock, rates: GammaController(cfg, max_gamma, clock=clock)
-    out = [(f"fixed-{g}", controller(policy="fixed", min_gamma=0, fixed_gamma=g))
-           for g in range(max_gamma + 1)]
-    schedule = table or tuned_table(workload, profile, max_gamma)
+    out = [(TARGET, controller(policy="fixed", min_gamma=0, fixed_gamma=0))]
+    out += [(f"fixed-{g}", controller(policy="fixed", min_gamma=0, fixed_gamma=g))
+            for g in range(max_gamma + 1)]
+    schedule = table or tuned_table(workload, profile, max_gamma, gamma0_mode=gamma0_mode)
     out.append(("table", lambda clock, rates: StaticTable(schedule, max_gamma)))
     out.append(("online", controller(policy="online")))
     out.append(("profile", controller(policy="profile", profile_path=profile_path)))
-    out.append(("oracle", lambda clock, rates: Oracle(profile, max_gamma, lambda: rates[0])))
+    out.append(("oracle", lambda clock, rates: Oracle(profile, max_gamma, lambda: rates[0],
+                                                      gamma0_mode)))
     return out
 
 
 def compare(workloads: Sequence[Workload], profile_path: str, max_gamma: int,
             table: Sequence[Sequence[int]] | None = None, vspec: dict | None = None,
-            seed: int = 0, noise: float = 0.03) -> list[SimResult]:
+            seed: int = 0, noise: float = 0.03, gamma0_mode: str = "sync") -> list[SimResult]:
     profile = load_profile(profile_path)
     results = []
     for wl in workloads:
-        for name, factory in contenders(profile_path, profile, wl, max_gamma, table, vspec or {}):
+        for name, factory in contenders(profile_path, profile, wl, max_gamma, table,
+                                        vspec or {}, gamma0_mode):
             clock, rates = SimClock(), [()]
             policy = factory(clock, rates)
             results.append(simulate(wl, profile, policy, clock, name=name, max_gamma=max_gamma,
-                                    seed=seed, noise=noise,
+                                    seed=seed, noise=noise, gamma0_mode=gamma0_mode,
+                                    drafter=name != TARGET,
                                     on_rates=lambda r, h=rates: h.__setitem__(0, r)))
     return results
 
@@ -447,6 +489,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--vspec", default="{}", help="JSON of vspec settings for online/profile")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--noise", type=float, default=0.03, help="log-normal step-time noise sigma")
+    p.add_argument("--gamma0-mode", choices=GAMMA0_MODES, default="sync",
+                   help="what a gamma-0 step costs: sync = one draft pass over the step's "
+                        "tokens (the Ascend overlay, EAGLE, async scheduling); lazy = none, "
+                        "then a catch-up pass when drafting resumes (vspec's vLLM runner "
+                        "with a draft model)")
     p.add_argument("--out", default="results/sim", help="directory for sim.json and sim.png")
     p.set_defaults(func=_main)
 
@@ -462,9 +509,10 @@ def _main(args: argparse.Namespace) -> int:
     workloads += [from_trace(t) for t in args.trace]
     table = json.loads(args.table) if args.table else None
     results = compare(workloads, args.profile, args.max_gamma, table, json.loads(args.vspec),
-                      args.seed, args.noise)
+                      args.seed, args.noise, args.gamma0_mode)
     profile = load_profile(args.profile)
-    print(f"profile: {profile.name} ({profile.source}) {profile.note}")
+    print(f"profile: {profile.name} ({profile.source}) {profile.note}; "
+          f"gamma 0: {args.gamma0_mode}")
     print(table_text(results))
     overhead = {p: controller_overhead_us(p, 16, profile_path=args.profile)
                 for p in ("online", "profile")}
@@ -476,6 +524,7 @@ def _main(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "sim.json").write_text(json.dumps({
         "profile": args.profile, "max_gamma": args.max_gamma, "seed": args.seed,
+        "gamma0_mode": args.gamma0_mode,
         "results": [{"policy": r.policy, "workload": r.workload, "tokens": r.tokens,
                      "seconds": r.seconds, "tok_s": r.tok_s, "steps": r.steps,
                      "gamma_steps": r.gamma_steps} for r in results],
