@@ -45,8 +45,9 @@ def add_parser(subparsers) -> None:
                         "(protocol mode: the results JSON file is --output)")
     p.add_argument("--output-len", type=_output_len, default=None, metavar="N|LO:HI",
                    help="completion tokens per request; LO:HI draws each request's length "
-                        "uniformly from that range, the same for every variant (unset: 64; "
-                        "protocol mode: a single N, unset the protocol's own)")
+                        "uniformly from that range, the same for every variant (unset: "
+                        f"{_length_text(workloads.DEFAULT_OUTPUT_LEN)}; protocol mode: a single "
+                        "N, unset the protocol's own)")
     g = p.add_argument_group("serving benchmark (starts its own servers)")
     g.add_argument("--target", type=Path, default=DEFAULT_TARGET,
                    help="target model (the deepened bundled target: `make install` derives it)")
@@ -161,7 +162,7 @@ def build_plan(args: argparse.Namespace) -> runner.Plan:
                       max_num_seqs=max(ServerSpec.max_num_seqs, args.high_concurrency),
                       kv_cache_memory_bytes=args.kv_cache_memory_bytes,
                       enforce_eager=args.enforce_eager)
-    output_len = args.output_len or (64, 64)
+    output_len = args.output_len or workloads.DEFAULT_OUTPUT_LEN
     return runner.Plan(spec, chosen, chosen_w,
                        {w.name: w.requests(prompts, output_len) for w in chosen_w},
                        output_len, args.out, args.repeats)

@@ -15,6 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
+# Completion tokens per request when the bench is not told otherwise: (lo, hi).
+DEFAULT_OUTPUT_LEN = (64, 64)
+
+
 @dataclass(frozen=True)
 class Phase:
     concurrency: int
@@ -35,7 +39,7 @@ class Workload:
     phases: tuple[Phase, ...]
 
     def requests(self, prompts: dict[str, list[str]],
-                 output_len: tuple[int, int] = (64, 64)) -> list[list[Request]]:
+                 output_len: tuple[int, int] = DEFAULT_OUTPUT_LEN) -> list[list[Request]]:
         """Per phase, the requests in send order. Prompts of a family are taken
         in file order and wrap around; repeated phases of a family continue
         where the previous one stopped so they do not replay the same text.
