@@ -141,27 +141,39 @@ def host_description() -> str:
             f"torch {ver('torch')}, float32")
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The docstring as written, and every option's default in --help."""
+
+
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "profile", help="measure latency samples on this host and fit a latency profile",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--target", type=Path, default=Path("models/derived/tiny-target-deep"))
-    p.add_argument("--draft", type=Path, default=Path("models/tiny-draft"))
+        description=__doc__, formatter_class=_HelpFormatter)
+    p.add_argument("--target", type=Path, default=Path("models/derived/tiny-target-deep"),
+                   help="target model directory")
+    p.add_argument("--draft", type=Path, default=Path("models/tiny-draft"),
+                   help="draft model directory")
     p.add_argument("--kinds", default=",".join(KINDS),
                    help=f"comma-separated engine kinds to time, of {', '.join(KINDS)}")
     p.add_argument("--gammas", default="1,2,4", help="gammas of the `step` engines")
-    p.add_argument("--batch-sizes", default="1,4,16,32")
-    p.add_argument("--prompt-lens", default="64,256")
+    p.add_argument("--batch-sizes", default="1,4,16,32",
+                   help="comma-separated B: requests decoding together")
+    p.add_argument("--prompt-lens", default="64,256",
+                   help="comma-separated L: random prompt tokens per request")
     p.add_argument("--decode-steps", type=int, default=6,
                    help="samples per (engine, batch size, prompt length)")
-    p.add_argument("--kv-cache-memory-bytes", type=int, default=512 << 20)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--kv-cache-memory-bytes", type=int, default=512 << 20,
+                   help="KV cache of every engine")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
     p.add_argument("--enforce-eager", action="store_true",
                    help="time engines without torch.compile (match a server run that way)")
-    p.add_argument("--name", default="cpu-tiny-draft")
-    p.add_argument("--device", default=None, help="device text (default: this host)")
-    p.add_argument("--samples", type=Path, default=Path("profiles/cpu-tiny-draft.samples.json"))
-    p.add_argument("--profile", type=Path, default=Path("profiles/cpu-tiny-draft.json"))
+    p.add_argument("--name", default="cpu-tiny-draft", help="profile name written into the file")
+    p.add_argument("--device", default=None,
+                   help="device text written into the profile (unset: this host's)")
+    p.add_argument("--samples", type=Path, default=Path("profiles/cpu-tiny-draft.samples.json"),
+                   help="where the samples are written (`vllm-vspec fit-profile` refits them)")
+    p.add_argument("--profile", type=Path, default=Path("profiles/cpu-tiny-draft.json"),
+                   help="where the fitted profile is written")
     p.set_defaults(func=main)
 
 
