@@ -332,7 +332,11 @@ def test_every_variant_command_parses_with_vllm_serve_arguments(tmp_path):
     from vllm_vspec.serve import vllm_serve_command
 
     parser, _ = vllm_serve_command()
-    for v in variants.all_variants({"draft_model": tmp_path, "eagle": tmp_path}).values():
+    every = variants.all_variants({"draft_model": tmp_path, "eagle": tmp_path},
+                                  latency_profiles={"draft_model": tmp_path / "p.json"})
+    assert "profile" in every and "eagle-profile" not in every   # a profile per drafter
+    assert every["profile"].vspec["profile_path"] == str((tmp_path / "p.json").resolve())
+    for v in every.values():
         argv = serve_argv(ServerSpec(model=tmp_path), v.serve_args(tmp_path / "t.jsonl"), 1234)
         assert argv[1:3] == ["-m", "vllm_vspec.serve"]
         args = parser.parse_args(["serve", *argv[3:]])

@@ -28,6 +28,7 @@ DEFAULT_DRAFT = Path("models/tiny-draft")
 DEFAULT_EAGLE = Path("models/tiny-eagle")
 DEFAULT_PROMPTS = Path("models/prompts")
 DEFAULT_OUT = Path("results/bench")
+DEFAULT_LATENCY_PROFILE = Path("profiles/cpu-tiny-draft.json")
 
 
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -55,6 +56,9 @@ def add_parser(subparsers) -> None:
                    help="draft model for method draft_model")
     g.add_argument("--eagle", type=Path, default=DEFAULT_EAGLE,
                    help="EAGLE head; its variants (eagle-*) exist only if the path does")
+    g.add_argument("--latency-profile", type=Path, default=DEFAULT_LATENCY_PROFILE,
+                   help="latency profile of the draft model on this host (`vllm-vspec "
+                        "profile` writes it); the `profile` variant exists only if it does")
     g.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS,
                    help="directory of <family>.jsonl prompt files")
     g.add_argument("--variants", default=",".join(variants.DEFAULT_VARIANTS),
@@ -142,7 +146,9 @@ def build_plan(args: argparse.Namespace) -> runner.Plan:
         raise SystemExit(f"--repeats {args.repeats}: must be at least 1")
     drafters = {"draft_model": args.draft if args.draft.exists() else None,
                 "eagle": args.eagle if args.eagle.exists() else None}
-    available = variants.all_variants(drafters, args.static_table)
+    profiles = ({"draft_model": args.latency_profile}
+                if drafters["draft_model"] and args.latency_profile.exists() else {})
+    available = variants.all_variants(drafters, args.static_table, profiles)
     names = list(available) if args.variants == "all" else _csv(args.variants)
     try:
         chosen = variants.select(available, names)

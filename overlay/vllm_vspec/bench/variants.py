@@ -68,7 +68,8 @@ def _spec(method: str, model: Path, k: int, **extra: Any) -> dict[str, Any]:
     return {"method": method, "model": str(model), "num_speculative_tokens": k, **extra}
 
 
-def _method_variants(method: str, model: Path, static_table: list[list[int]]) -> list[Variant]:
+def _method_variants(method: str, model: Path, static_table: list[list[int]],
+                     latency_profile: Path | None = None) -> list[Variant]:
     prefix = METHOD_PREFIXES[method]
     out = [Variant(f"{prefix}fixed-{k}", "fixed", _spec(method, model, k), gamma=k)
            for k in range(1, MAX_GAMMA + 1)]
@@ -83,17 +84,26 @@ def _method_variants(method: str, model: Path, static_table: list[list[int]]) ->
     # gamma 0..4; gamma 0 is lazy for a draft model (gamma0_mode auto)
     out.append(Variant(f"{prefix}online-0", "online", _spec(method, model, MAX_GAMMA),
                        vspec={"policy": "online", "min_gamma": 0}))
+    if latency_profile is not None:
+        # Goodput argmax from this host's latency profile of this drafter.
+        out.append(Variant(f"{prefix}profile", "online", _spec(method, model, MAX_GAMMA),
+                           vspec={"policy": "profile",
+                                  "profile_path": str(latency_profile.resolve())}))
     return out
 
 
 def all_variants(drafters: dict[str, Path | None],
-                 static_table: list[list[int]] = DEFAULT_STATIC_TABLE) -> dict[str, Variant]:
+                 static_table: list[list[int]] = DEFAULT_STATIC_TABLE,
+                 latency_profiles: dict[str, Path] | None = None) -> dict[str, Variant]:
     """Every variant the available drafters allow, by name, target-only first.
-    `drafters` maps a vLLM method (a key of METHOD_PREFIXES) to its model path."""
+    `drafters` maps a vLLM method (a key of METHOD_PREFIXES) to its model path;
+    `latency_profiles` a method to its latency profile (the `profile` policy's
+    variant exists only with one)."""
     variants = [Variant("target", "target")]
     for method, model in drafters.items():
         if model is not None:
-            variants += _method_variants(method, model, static_table)
+            variants += _method_variants(method, model, static_table,
+                                         (latency_profiles or {}).get(method))
     return {v.name: v for v in variants}
 
 
