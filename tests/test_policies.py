@@ -237,7 +237,7 @@ def test_profile_policy_takes_the_goodput_argmax():
     for _ in range(50):  # every request accepts 2 of 4: rates 1, 1, 0, (0)
         policy.acceptance.update((4,) * 8, (2,) * 8)
     batch = BatchState(8, BUDGET)
-    g = policy.goodput(batch, 0, K)
+    g = policy.goodput(batch, 8, 0, K)
     expected = {k: 1000 * 8 * expected_tokens((1, 1, 0, 0), k) / PROFILE.step_ms(k, 8, 0.0)
                 for k in range(K + 1)}
     assert g == pytest.approx(expected)
@@ -252,7 +252,18 @@ def test_profile_policy_calibrates_latency_per_gamma(tmp_path):
                                       min_gamma=2, max_gamma=2), K)
     step = PROFILE.step_ms(2, 4, 0.0) / 1000 * 2     # the host is twice as slow
     Engine(RATES, lambda g, b: step).run(ctl, 60, num_reqs=4)
-    assert ctl.policy.calibration[2] == pytest.approx(2.0)
+    assert ctl.policy.calibration[4][2] == pytest.approx(2.0)
+
+
+def test_profile_calibration_is_per_bucket_and_shared_within_one():
+    policy = profile_policy()
+    policy.calibration = {1: {2: 1.5}, 32: {1: 1.0, 3: 1.2}}
+    assert policy.factor(1, 2) == 1.5
+    assert policy.factor(1, 4) == 1.5                    # the bucket's common factor
+    assert policy.factor(32, 2) == pytest.approx(1.1)    # mean of the bucket's gammas
+    assert policy.factor(16, 1) == pytest.approx(1.1)    # nearest bucket: 32, not 1
+    assert policy.factor(2, 1) == 1.5                    # nearest bucket: 1
+    assert profile_policy().factor(8, 1) == 1.0          # nothing measured
 
 
 def test_profile_policy_drops_to_min_gamma_when_every_draft_is_rejected(tmp_path):

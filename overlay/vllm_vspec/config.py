@@ -110,7 +110,7 @@ class VSpecConfig:
 
     latency_calibration: bool = True
     """`profile` policy: scale predicted step latency by an online EWMA of
-    measured/predicted latency per gamma."""
+    measured/predicted latency per batch-size bucket and gamma."""
 
     latency_ewma_weight: float = 0.2
     """Weight of the newest sample in the latency calibration EWMA."""

@@ -5,12 +5,18 @@
 E(k) comes from the per-position acceptance EWMA (acceptance_stats.py),
 T_step(k) from the profile at the step's batch size and context
 (latency.py), and f_k is an online EWMA of measured / predicted step time
-for gamma k (stable steps only; until measured, the mean of the measured
-f; 1.0 when `latency_calibration` is off). The switching rules are shared with the
-online policy (governor.py).
+for gamma k in the step's batch-size bucket (stable steps only; 1.0 when
+`latency_calibration` is off). Per bucket, because a profile's error
+depends on batch size: one timed in-process misses the server's per-step
+costs, which weigh most at batch 1. Until (bucket, k) is measured, f is the
+mean of the bucket's measured gammas (a profile is usually off by a common
+factor on a new machine), else that of the nearest measured bucket, else 1.
+The switching rules are shared with the online policy (governor.py).
 """
 
 from __future__ import annotations
+
+import math
 
 from vllm_vspec.acceptance_stats import PositionAcceptance, expected_tokens_all
 from vllm_vspec.config import VSpecConfig
@@ -24,28 +30,37 @@ class ProfilePolicy:
         self.profile = profile if profile is not None else load_profile(config.profile_path)
         self.acceptance = PositionAcceptance(config.max_gamma, config.ewma_weight,
                                              config.min_observations)
-        self.calibration: dict[int, float] = {}   # gamma -> measured / predicted
+        # bucket -> gamma -> measured / predicted step time
+        self.calibration: dict[int, dict[int, float]] = {}
         self.governor = Governor(config)
 
-    def goodput(self, batch, lo: int, hi: int) -> dict[int, float]:
+    def goodput(self, batch, bucket: int, lo: int, hi: int) -> dict[int, float]:
         """Predicted committed tokens per second for each gamma in [lo, hi]."""
         b = max(batch.num_reqs, 1)
         ctx = b * batch.mean_context_len
         e = expected_tokens_all(self.acceptance.rates(), hi)
-        # A gamma not yet measured assumes the mean error of those that are:
-        # the profile is usually off by a common factor on a new machine.
-        cal = self.calibration
-        default = sum(cal.values()) / len(cal) if cal else 1.0
-        return {k: 1000.0 * b * e[k] / (self.profile.step_ms(k, b, ctx) * cal.get(k, default))
+        return {k: 1000.0 * b * e[k] / (self.profile.step_ms(k, b, ctx)
+                                        * self.factor(bucket, k))
                 for k in range(lo, hi + 1)}
+
+    def factor(self, bucket: int, gamma: int) -> float:
+        """f for (bucket, gamma): measured, else as the module docstring says."""
+        own = self.calibration.get(bucket)
+        if own:
+            return own.get(gamma, sum(own.values()) / len(own))
+        if not self.calibration:
+            return 1.0
+        near = self.calibration[min(self.calibration,
+                                    key=lambda b: (abs(math.log2(b / bucket)), b))]
+        return sum(near.values()) / len(near)
 
     def decide(self, batch, bucket: int, lo: int, hi: int) -> tuple[int, str]:
         if bucket not in self.governor.gamma:
-            g = self.goodput(batch, lo, hi)
+            g = self.goodput(batch, bucket, lo, hi)
             best = max(g, key=lambda k: (g[k], -k))
             self.governor.start(bucket, best)
             return best, "profile"
-        return self.governor.step(bucket, lo, hi, lambda: self.goodput(batch, lo, hi),
+        return self.governor.step(bucket, lo, hi, lambda: self.goodput(batch, bucket, lo, hi),
                                   "profile")
 
     def observe(self, outcome) -> None:
@@ -60,5 +75,6 @@ class ProfilePolicy:
             return
         ratio = outcome.interval_s / predicted_s
         w = self.config.latency_ewma_weight
-        old = self.calibration.get(fb.gamma)
-        self.calibration[fb.gamma] = ratio if old is None else old + w * (ratio - old)
+        cal = self.calibration.setdefault(outcome.bucket, {})
+        old = cal.get(fb.gamma)
+        cal[fb.gamma] = ratio if old is None else old + w * (ratio - old)
