@@ -409,6 +409,14 @@ def test_load_generator_keeps_concurrency_and_request_order(stand_in):
     assert _StandIn.max_in_flight == 3
 
 
+def test_clients_drop_idle_connections_before_the_vllm_server_does():
+    # Otherwise a request can go out on a connection the server is closing.
+    import vllm.envs
+
+    limits = client_for(4)._transport._pool
+    assert limits._keepalive_expiry < vllm.envs.VLLM_HTTP_TIMEOUT_KEEP_ALIVE
+
+
 def test_protocol_run_writes_the_seed_style_summary(stand_in):
     result = protocols.run_protocol_sync(protocols.PROTOCOLS["arc-easy"], stand_in,
                                          protocols.fixed_count(["q"], 6, 7), 7, 2)

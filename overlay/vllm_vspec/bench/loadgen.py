@@ -66,7 +66,16 @@ async def run_phase(client: httpx.AsyncClient, base_url: str, model: str,
     return [r for r in results if r is not None]
 
 
+# Idle connections are dropped by the client before the server closes them
+# (vLLM's API server: 5 s, VLLM_HTTP_TIMEOUT_KEEP_ALIVE). With both at 5 s
+# (httpx's default), a request sent on a connection the server was closing
+# at that moment failed with ReadError: a bursty run's first request after a
+# 5 s low-concurrency phase did.
+KEEPALIVE_EXPIRY_S = 2.0
+
+
 def client_for(concurrency: int, timeout_s: float = 1800.0) -> httpx.AsyncClient:
     """One connection per in-flight request; CPU steps are slow, so a long timeout."""
-    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency)
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency,
+                          keepalive_expiry=KEEPALIVE_EXPIRY_S)
     return httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(timeout_s))
