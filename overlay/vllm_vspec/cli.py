@@ -24,6 +24,11 @@ SUBCOMMANDS: dict[str, str] = {
 }
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """For subcommands: the module docstring as written, and every option's
+    default in --help."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vllm-vspec",

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
+from vllm_vspec.cli import HelpFormatter
 from vllm_vspec.latency import fit_profile, profile_predict, save_profile, validate_samples
 
 KINDS = ("target", "draft", "step")
@@ -141,14 +142,10 @@ def host_description() -> str:
             f"torch {ver('torch')}, float32")
 
 
-class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """The docstring as written, and every option's default in --help."""
-
-
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "profile", help="measure latency samples on this host and fit a latency profile",
-        description=__doc__, formatter_class=_HelpFormatter)
+        description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--target", type=Path, default=Path("models/derived/tiny-target-deep"),
                    help="target model directory")
     p.add_argument("--draft", type=Path, default=Path("models/tiny-draft"),

@@ -22,6 +22,7 @@ from pathlib import Path
 from vllm_vspec.bench import protocols, runner, variants, workloads
 from vllm_vspec.bench.loadgen import completion_body
 from vllm_vspec.bench.server import SERVED_MODEL_NAME, ServerSpec
+from vllm_vspec.cli import HelpFormatter
 
 DEFAULT_TARGET = Path("models/derived/tiny-target-deep")
 DEFAULT_DRAFT = Path("models/tiny-draft")
@@ -31,14 +32,10 @@ DEFAULT_OUT = Path("results/bench")
 DEFAULT_LATENCY_PROFILE = Path("profiles/cpu-tiny-draft.json")
 
 
-class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """The docstring as written, and every option's default in --help."""
-
-
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "bench", help="serving benchmark: dynamic vs fixed gamma (or a seed protocol)",
-        description=__doc__, formatter_class=_HelpFormatter)
+        description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--dry-run", action="store_true",
                    help="print the server commands / request plan and exit")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT,
