@@ -133,6 +133,25 @@ def test_sticky_gamma_0_keeps_speculation_off_until_the_cohort_drains(prompts, r
     assert resumed[:2] == [3, 1], f"speculation did not resume for a new cohort: {resumed}"
 
 
+def test_reward_prefill_steps_decides_and_reports_the_prefill_step(prompts, reference, tmp_path):
+    trace = tmp_path / "prefill.jsonl"
+    llm = make_llm(speculative_config=DRAFT_MODEL,
+                   vspec={"policy": "fixed", "fixed_gamma": 2, "reward_prefill_steps": True,
+                          "trace_path": str(trace)})
+    try:
+        got = greedy(llm, prompts)
+        _, steps = read_trace(trace)
+    finally:
+        close_llm(llm)
+    assert_same_tokens(got, reference, "reward_prefill_steps")
+    # The first step prefills every prompt: it verifies nothing and commits
+    # each request's first token. (Off, the first reported step is the next
+    # one, which verifies the drafts proposed after the prefill.)
+    first = steps[0]
+    assert (first["num_reqs"], first["drafted"], first["committed"]) == (
+        len(prompts), [], len(prompts)), first
+
+
 # The target as its own draft: with complete draft KV it drafts exactly the
 # target's next tokens, so (float32) every draft is accepted. Lazy gamma 0 must
 # keep that: a catch-up that is missing or misplaced shows as rejections

@@ -76,6 +76,12 @@ class VSpecConfig:
     hysteresis: float = 0.05
     """Switch only when the best arm beats the current one by this fraction."""
 
+    reward_prefill_steps: bool = False
+    """Decide and reward the steps that carry a prefill (a new or resumed
+    prompt) like decode steps. Off: such a step keeps the last decided gamma
+    and is not reported, so rewards are decode-step throughput. On: rewards
+    are throughput over all steps, prefill work included."""
+
     ewma_weight: float = 0.1
     """Weight of the newest observation in the per-position acceptance EWMA."""
 

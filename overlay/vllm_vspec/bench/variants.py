@@ -84,6 +84,8 @@ def _method_variants(method: str, model: Path, static_table: list[list[int]],
     # gamma 0..4; gamma 0 is lazy for a draft model (gamma0_mode auto)
     out.append(Variant(f"{prefix}online-0", "online", _spec(method, model, MAX_GAMMA),
                        vspec={"policy": "online", "min_gamma": 0}))
+    out.append(Variant(f"{prefix}online-0p", "online", _spec(method, model, MAX_GAMMA),
+                       vspec={"policy": "online", "min_gamma": 0, "reward_prefill_steps": True}))
     if latency_profile is not None:
         # Goodput argmax from this host's latency profile of this drafter.
         out.append(Variant(f"{prefix}profile", "online", _spec(method, model, MAX_GAMMA),

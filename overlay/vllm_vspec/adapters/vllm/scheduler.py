@@ -163,6 +163,7 @@ class VSpecScheduler(Scheduler):
                 self._set_gamma(scheduler_output, 0)
                 return super()._update_after_schedule(scheduler_output)
         if (self.vspec is not None and _has_prefill(scheduler_output)
+                and not self.vspec_config.reward_prefill_steps
                 and not (self._sticky and self._gamma == 0)):
             # A prefill step's time is not a decode step's time: it would skew
             # the reward of whichever gamma is current. Keep that gamma for
