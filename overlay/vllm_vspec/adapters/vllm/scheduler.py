@@ -167,8 +167,9 @@ class VSpecScheduler(Scheduler):
                 and not (self._sticky and self._gamma == 0)):
             # A prefill step's time is not a decode step's time: it would skew
             # the reward of whichever gamma is current. Keep that gamma for
-            # the step and do not report it to the controller. (Not after a
-            # sticky gamma 0: a new cohort's prefill must not skip the drafter.)
+            # the step and do not report it to the controller, unless the
+            # rewards are to count all steps (reward_prefill_steps). (Not after
+            # a sticky gamma 0: a new cohort's prefill must not skip the drafter.)
             self._set_gamma(scheduler_output, self._gamma)
         elif self.vspec is not None and scheduler_output.num_scheduled_tokens:
             started = time.perf_counter()
