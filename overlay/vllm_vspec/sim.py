@@ -151,13 +151,20 @@ class StepPolicy(Protocol):
 GAMMA0_MODES = ("sync", "lazy")
 
 
+def sync_gamma0_ms(profile: LatencyProfile, gamma: int, batch: int, ctx: float,
+                   gamma0_mode: str) -> float:
+    """The draft pass a sync gamma-0 step still runs over its `batch` new
+    tokens (0 for any other step or mode)."""
+    return profile.draft(ctx, batch) if gamma == 0 and gamma0_mode == "sync" else 0.0
+
+
 def gamma_step_ms(profile: LatencyProfile, gamma: int, batch: int, ctx: float,
                   gamma0_mode: str) -> float:
     """A steady step at `gamma` (drafting and verifying it), with a sync
     gamma-0 step's draft pass; a lazy catch-up depends on the steps before
     and is not included."""
-    extra = profile.draft(ctx, batch) if gamma == 0 and gamma0_mode == "sync" else 0.0
-    return profile.step_ms(gamma, batch, ctx) + extra
+    return (profile.step_ms(gamma, batch, ctx)
+            + sync_gamma0_ms(profile, gamma, batch, ctx, gamma0_mode))
 
 
 class Oracle:
@@ -295,9 +302,9 @@ def simulate(workload: Workload, profile: LatencyProfile, policy: StepPolicy, cl
         accepted = np.cumprod(ok, axis=1).sum(axis=1)
         committed = np.minimum(accepted + 1, out_len[idx] - done[idx])
         ms = profile.split_step_ms(b + int(verify.sum()), gamma, b, ctx)
-        if drafter and gamma == 0 and gamma0_mode == "sync":
-            ms += profile.draft(ctx, b)
-        elif drafter and gamma > 0 and lag[idx].any():
+        if drafter:
+            ms += sync_gamma0_ms(profile, gamma, b, ctx, gamma0_mode)
+        if drafter and gamma > 0 and lag[idx].any():
             ms += profile.draft(ctx, int(lag[idx].sum()))   # the catch-up pass
             lag[idx] = 0
         ms *= math.exp(noise * noise_rng.standard_normal()) if noise else 1.0
