@@ -101,6 +101,22 @@ def test_online_settles_on_gamma_0_when_drafts_are_useless():
     assert most_chosen(decisions[-100:]) == 0
 
 
+def test_a_gamma_0_held_by_hysteresis_still_probes_and_follows_acceptance_up():
+    # Drafts useless, then nearly useless (gamma 1 within the 5% hysteresis
+    # of gamma 0), then good. At gamma 0 no acceptance is measured, so only
+    # probes can see the last change; the first two phases leave batch 1 at
+    # gamma 0 with gamma 1's estimate just above it.
+    step_s = lambda g, b: 1.0 + 0.19 * g  # noqa: E731
+    ctl, engine = online(min_gamma=0), Engine((0.0,) * K, step_s)
+    engine.run(ctl, 200, num_reqs=1)
+    engine.rates = (0.2, 0.0, 0.0, 0.0)
+    engine.run(ctl, 400, num_reqs=1)
+    engine.rates = (0.9,) * K
+    decisions = engine.run(ctl, 300, num_reqs=1)
+    assert most_chosen(decisions[-100:]) == best_gamma(engine.rates, step_s, 1) == 4, \
+        Counter(d.gamma for d in decisions[-100:])
+
+
 def test_warmup_sweeps_from_max_gamma_downwards():
     step_s = lambda g, b: 1.0 + 0.2 * g  # noqa: E731
     # Each arm: one step to switch (not rewarded), then warm-up samples.
@@ -129,7 +145,7 @@ def test_a_bucket_far_from_every_measured_one_sweeps_upwards_instead_of_seeding(
     step_s = lambda g, b: 1.0 + g * (0.02 if b == 1 else 0.9)  # noqa: E731
     ctl, engine = online(min_gamma=0, online_warmup_samples=1), Engine(RATES, step_s)
     engine.run(ctl, 100, num_reqs=1)
-    assert ctl.policy.governor.gamma[1] == 4
+    assert ctl.policy.governor.gamma[1] >= 3     # 4, or a probe of 3
     big = engine.run(ctl, 12, num_reqs=32)       # 5 octaves away: no seed
     assert [d.reason for d in big[:2]] == ["warmup", "warmup"]
     assert [d.gamma for d in big[:4]] == [0, 0, 1, 1]

@@ -31,6 +31,11 @@ class Governor:
         self._dwell[bucket] = 0
         self._incumbent.pop(bucket, None)
 
+    def exploring(self, bucket: int) -> bool:
+        """The bucket's current gamma is an exploring move (see the module
+        docstring): the next control point goes back unless it wins."""
+        return bucket in self._incumbent
+
     def step(self, bucket: int, lo: int, hi: int,
              scores: Callable[[], Mapping[int, float]], word: str) -> tuple[int, str]:
         """One decision for a bucket that already has a gamma. `scores` is

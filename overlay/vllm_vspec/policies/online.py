@@ -254,8 +254,17 @@ class OnlinePolicy:
             out[g] = (means[g] + c * r_max * math.sqrt(2 * math.log(total + 1) / arms.count(g))
                       if g in means else math.inf)
         cur = self.governor.gamma[bucket]
-        if means.get(cur) != r_max:
-            return out          # probe only from a settled arm, so probes never chain
+        # Probe only from a settled arm, so probes never chain: one the
+        # governor keeps (not an exploring move) and will keep at this
+        # control point (the best estimate, or within hysteresis of it). The
+        # second half matters: an arm held by hysteresis below the best
+        # estimate, with no probes, would never be re-measured, and at gamma 0
+        # the acceptance that drives every other estimate is not measured
+        # either: a frozen tie that held batch 1 at gamma 0 for 300 steps in
+        # a bench run (docs/benchmarks.md, "A frozen tie at gamma 0").
+        if (self.governor.exploring(bucket)
+                or means.get(cur, 0.0) * (1.0 + self.config.hysteresis) < r_max):
+            return out
         for g in (cur - 1, cur + 1):
             # A long-lived bucket checks the seed's guess, and re-measures a
             # close neighbour: its few samples may be unlucky ones, and the
