@@ -160,6 +160,20 @@ def test_phase_bound_takes_the_fastest_fixed_choice_of_each_phase():
     assert phase_bounds(runs + [_phased("target", "target", [4.0, 1.0], 1)])["bursty"] == bound
 
 
+def test_phase_bound_within_one_server_takes_fixed_0_for_target_only():
+    from vllm_vspec.bench.report import bound_lines, phase_bounds
+
+    runs = [_phased("target", "target", [4.0, 1.0]),
+            _phased("fixed-2", "fixed", [2.0, 2.0]),
+            _phased("fixed-0", "vspec-fixed", [4.0, 1.5])]   # gamma 0 dearer than no draft
+    bound = phase_bounds(runs)["bursty"]
+    assert bound["vs_best_fixed"] == pytest.approx((200 / 3.0) / 50.0)
+    assert bound["in_server"]["vs_best_fixed"] == pytest.approx((200 / 3.5) / 50.0)
+    assert bound["in_server"]["phase_choices"] == {"0": "fixed-2", "1": "fixed-0"}
+    assert "within one speculative server" in bound_lines({"bursty": bound})[1]
+    assert "in_server" not in phase_bounds(runs[:2])["bursty"]    # fixed-0 did not run
+
+
 def test_phase_bound_takes_medians_over_rounds_not_the_luckiest_round():
     from vllm_vspec.bench.report import phase_bounds
 

@@ -149,7 +149,13 @@ def phase_bounds(runs: list[Run]) -> dict[str, dict]:
     medians. (Taking the fastest choice round by round instead would pick
     the luckiest of several noisy spans in every phase and inflate the bound.)
     Also returns every variant's median phase spans, vspec ones included, to
-    show where a variant gains or loses against that choice."""
+    show where a variant gains or loses against that choice.
+
+    When vspec's `fixed-0` ran (target-only steps inside a speculative vspec
+    server), also `in_server`: the same bound with the choices an adaptive
+    server really has, fixed gammas 0..K of a speculative server (`fixed-0`
+    instead of the target-only server, which costs less than gamma 0 does
+    in a server that also holds a draft model)."""
     out = {}
     for workload in dict.fromkeys(r.workload for r in runs):
         group = [r for r in runs if r.workload == workload]
@@ -163,18 +169,27 @@ def phase_bounds(runs: list[Run]) -> dict[str, dict]:
             seconds[variant] = [statistics.median(
                 _span([c for c in r.completions if c.key.split("/")[0] == phase])
                 for r in rounds) for phase in phases]
-        candidates = list(dict.fromkeys(r.variant for r in choices))
-        picks = {phase: min(candidates, key=lambda v: seconds[v][i])
-                 for i, phase in enumerate(phases)}
-        wall = sum(seconds[v][i] for i, v in enumerate(picks.values()))
         speed = {v: statistics.median(r.tokens_per_s for r in group if r.variant == v)
                  for v in dict.fromkeys(r.variant for r in choices if r.family == "fixed")}
         best_fixed = max(speed, key=speed.__getitem__)
         tokens = max(r.tokens for r in choices)
-        if wall > 0 and speed[best_fixed] > 0:
-            out[workload] = {"vs_best_fixed": tokens / wall / speed[best_fixed],
-                             "best_fixed": best_fixed, "phase_choices": picks,
-                             "phase_seconds": seconds}
+
+        def bound(candidates: list[str]) -> tuple[float, dict[str, str]]:
+            picks = {phase: min(candidates, key=lambda v: seconds[v][i])
+                     for i, phase in enumerate(phases)}
+            wall = sum(seconds[v][i] for i, v in enumerate(picks.values()))
+            return (tokens / wall / speed[best_fixed] if wall > 0 else 0.0), picks
+
+        if speed[best_fixed] <= 0:
+            continue
+        ratio, picks = bound(list(dict.fromkeys(r.variant for r in choices)))
+        out[workload] = {"vs_best_fixed": ratio, "best_fixed": best_fixed,
+                         "phase_choices": picks, "phase_seconds": seconds}
+        in_server = [v for v in seconds if v in speed] + list(dict.fromkeys(
+            r.variant for r in group if r.family == "vspec-fixed"))
+        if len(in_server) > len(speed):
+            ratio, picks = bound(in_server)
+            out[workload]["in_server"] = {"vs_best_fixed": ratio, "phase_choices": picks}
     return out
 
 
@@ -261,6 +276,11 @@ def bound_lines(bounds: dict[str, dict]) -> list[str]:
         out.append(f"{w}: the fastest fixed choice per phase (median span over rounds) would "
                    f"give {_times(b['vs_best_fixed'])} the best fixed gamma ({b['best_fixed']}); "
                    f"choices: {', '.join(f'phase {p} {v}' for p, v in picks.items())}")
+        if "in_server" in b:
+            s = b["in_server"]
+            out.append(f"{w}: within one speculative server (fixed gammas 0..K, fixed-0 for "
+                       f"target-only) it would give {_times(s['vs_best_fixed'])}; choices: "
+                       + ", ".join(f"phase {p} {v}" for p, v in s["phase_choices"].items()))
         lines = ["| variant | " + " | ".join(f"phase {p} s" for p in picks) + " | sum s |",
                  "|---|" + "---:|" * (len(picks) + 1)]
         for variant, spans in b["phase_seconds"].items():
