@@ -74,10 +74,7 @@ class VSpecConfig:
     """Largest change of gamma in one decision (after warm-up)."""
 
     hysteresis: float = 0.05
-    """Switch only when the best arm beats the current one by this fraction.
-    The `online` policy needs it only to move to a higher gamma (a lower one
-    has only to score higher): the costs its rewards leave out, such as the
-    drafts proposed in steps that carry a prefill, grow with gamma."""
+    """Switch only when the best arm beats the current one by this fraction."""
 
     reward_prefill_steps: bool = False
     """Decide and reward the steps that carry a prefill (a new or resumed

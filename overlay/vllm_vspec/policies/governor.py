@@ -1,8 +1,7 @@
 """The switching rules shared by adaptive policies, per batch-size bucket:
 dwell (reconsider only every `control_interval` decisions), hysteresis
-(switch only for a gain above `hysteresis`; with `one_sided`, only a move
-to a higher gamma needs that margin), and at most `max_gamma_step` change
-per decision.
+(switch only for a gain above `hysteresis`), and at most `max_gamma_step`
+change per decision.
 
 A move to an arm scored +inf (never measured, or a probe) is exploration,
 not a verdict: the arm it left stays the incumbent, so the next decision
@@ -18,15 +17,9 @@ from vllm_vspec.config import VSpecConfig
 
 
 class Governor:
-    def __init__(self, config: VSpecConfig, one_sided: bool = False):
+    def __init__(self, config: VSpecConfig):
         self.control_interval = config.control_interval
         self.hysteresis = config.hysteresis
-        # A policy whose scores are measured rewards sets it: the costs a
-        # step's reward leaves out grow with gamma (the drafts proposed in
-        # the unrewarded steps that carry a prefill, the draft model's
-        # prefill of arriving requests after a lazy gamma 0, the catch-up
-        # pass), so a near tie is settled downwards.
-        self.one_sided = one_sided
         self.max_step = config.max_gamma_step
         self.gamma: dict[int, int] = {}      # bucket -> current gamma
         self._dwell: dict[int, int] = {}     # bucket -> decisions since last reconsidered
@@ -60,15 +53,11 @@ class Governor:
         s = scores()
         ref = self._incumbent.pop(bucket, cur)
         ref = ref if ref in s else cur
-
-        def qualifies(g: int) -> bool:
-            margin = 0.0 if self.one_sided and g < ref else self.hysteresis
-            return g == ref or s[g] > s[ref] * (1.0 + margin)
-
         # Ties favour the reference arm, then the smaller gamma (cheaper).
-        rank = lambda g: (s[g], g == ref, -g)  # noqa: E731
-        best = max(filter(qualifies, s), key=rank)
-        reason = word if best == max(s, key=rank) else "hysteresis"
+        best = max(s, key=lambda g: (s[g], g == ref, -g))
+        reason = word
+        if best != ref and s[best] <= s[ref] * (1.0 + self.hysteresis):
+            best, reason = ref, "hysteresis"
         if best == cur:
             return cur, reason
         move = max(-self.max_step, min(self.max_step, best - cur))

@@ -159,7 +159,7 @@ def _line(points: dict[int, float]):
 class OnlinePolicy:
     def __init__(self, config: VSpecConfig):
         self.config = config
-        self.governor = Governor(config, one_sided=True)
+        self.governor = Governor(config)
         self.acceptance = PositionAcceptance(config.max_gamma, config.ewma_weight,
                                              config.min_observations)
         self.buckets: dict[int, _Arms] = {}
