@@ -180,9 +180,10 @@ def phase_bounds(runs: list[Run]) -> dict[str, dict]:
             wall = sum(seconds[v][i] for i, v in enumerate(picks.values()))
             return (tokens / wall / speed[best_fixed] if wall > 0 else 0.0), picks
 
-        if speed[best_fixed] <= 0:
+        ratio, picks = (bound(list(dict.fromkeys(r.variant for r in choices)))
+                        if speed[best_fixed] > 0 else (0.0, {}))
+        if ratio <= 0:
             continue
-        ratio, picks = bound(list(dict.fromkeys(r.variant for r in choices)))
         out[workload] = {"vs_best_fixed": ratio, "best_fixed": best_fixed,
                          "phase_choices": picks, "phase_seconds": seconds}
         in_server = [v for v in seconds if v in speed] + list(dict.fromkeys(

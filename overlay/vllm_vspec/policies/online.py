@@ -19,7 +19,8 @@ different time scales and with very different noise:
 UCB: score(g) = R(g) + c * R_max * sqrt(2 ln(N + 1) / n(g)), with n(g) the
 window size, N the bucket's total, R_max the best estimate (c is
 scale-free). An arm with no sample scores +inf. When the current arm is
-the best estimate and the bucket has run `online_probe_interval` stable
+settled (the best estimate, or held by hysteresis within reach of it; not a
+probe) and the bucket has run `online_probe_interval` stable
 steps since a neighbour's newest sample, that neighbour is probed (+inf) if
 its speed here is only a seed's guess (short-lived buckets, such as the
 batch sizes a burst passes through, trust the seed) or its own estimate is
