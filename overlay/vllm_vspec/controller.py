@@ -23,7 +23,7 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 from vllm_vspec.config import VSpecConfig
 from vllm_vspec.policies import make_policy
@@ -70,6 +70,13 @@ class StepOutcome:
 def bucket_of(num_reqs: int) -> int:
     """Batch-size bucket: the next power of two >= num_reqs (1 for B <= 1)."""
     return 1 if num_reqs <= 1 else 1 << math.ceil(math.log2(num_reqs))
+
+
+def nearest_bucket(buckets: Iterable[int], bucket: int) -> int | None:
+    """Of `buckets`, the one nearest to `bucket` in doublings of batch size
+    (buckets are powers of two: distance is the log ratio); ties prefer the
+    smaller. None when `buckets` is empty."""
+    return min(buckets, key=lambda b: (abs(math.log2(b / bucket)), b), default=None)
 
 
 def feasible_max_gamma(batch: BatchState, max_gamma: int) -> int:

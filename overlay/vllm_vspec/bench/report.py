@@ -175,18 +175,19 @@ def phase_bounds(runs: list[Run]) -> dict[str, dict]:
         tokens = max(r.tokens for r in choices)
 
         def bound(candidates: list[str]) -> tuple[float, dict[str, str]]:
+            """Tokens/s of the fastest candidate per phase / best fixed (0: unmeasurable)."""
             picks = {phase: min(candidates, key=lambda v: seconds[v][i])
                      for i, phase in enumerate(phases)}
             wall = sum(seconds[v][i] for i, v in enumerate(picks.values()))
-            return (tokens / wall / speed[best_fixed] if wall > 0 else 0.0), picks
+            ok = wall > 0 and speed[best_fixed] > 0
+            return (tokens / wall / speed[best_fixed] if ok else 0.0), picks
 
-        ratio, picks = (bound(list(dict.fromkeys(r.variant for r in choices)))
-                        if speed[best_fixed] > 0 else (0.0, {}))
+        ratio, picks = bound(list(dict.fromkeys(r.variant for r in choices)))
         if ratio <= 0:
             continue
         out[workload] = {"vs_best_fixed": ratio, "best_fixed": best_fixed,
                          "phase_choices": picks, "phase_seconds": seconds}
-        in_server = [v for v in seconds if v in speed] + list(dict.fromkeys(
+        in_server = list(speed) + list(dict.fromkeys(
             r.variant for r in group if r.family == "vspec-fixed"))
         if len(in_server) > len(speed):
             ratio, picks = bound(in_server)

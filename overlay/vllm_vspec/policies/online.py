@@ -55,6 +55,7 @@ from collections import deque
 
 from vllm_vspec.acceptance_stats import PositionAcceptance, expected_tokens_all
 from vllm_vspec.config import VSpecConfig
+from vllm_vspec.controller import nearest_bucket
 from vllm_vspec.policies.governor import Governor
 
 
@@ -196,13 +197,8 @@ class OnlinePolicy:
         return self._warmup(bucket, arms, lo, hi)
 
     def _nearest_measured(self, bucket: int) -> int | None:
-        measured = [b for b, a in self.buckets.items()
-                    if b != bucket and a.warmup is None and a.rate]
-        if not measured:
-            return None
-        # Buckets are powers of two: distance is the log ratio; ties prefer
-        # the smaller bucket.
-        return min(measured, key=lambda b: (abs(math.log2(b / bucket)), b))
+        return nearest_bucket((b for b, a in self.buckets.items()
+                               if b != bucket and a.warmup is None and a.rate), bucket)
 
     def _warmup(self, bucket: int, arms: _Arms, lo: int, hi: int) -> tuple[int, str]:
         need = self.config.online_warmup_samples

@@ -16,10 +16,9 @@ The switching rules are shared with the online policy (governor.py).
 
 from __future__ import annotations
 
-import math
-
 from vllm_vspec.acceptance_stats import PositionAcceptance, expected_tokens_all
 from vllm_vspec.config import VSpecConfig
+from vllm_vspec.controller import nearest_bucket
 from vllm_vspec.latency import LatencyProfile, load_profile
 from vllm_vspec.policies.governor import Governor
 
@@ -50,8 +49,7 @@ class ProfilePolicy:
             return own.get(gamma, sum(own.values()) / len(own))
         if not self.calibration:
             return 1.0
-        near = self.calibration[min(self.calibration,
-                                    key=lambda b: (abs(math.log2(b / bucket)), b))]
+        near = self.calibration[nearest_bucket(self.calibration, bucket)]
         return sum(near.values()) / len(near)
 
     def decide(self, batch, bucket: int, lo: int, hi: int) -> tuple[int, str]:
