@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_vspec import cli, doctor
+from vllm_vspec import abi_check, cli
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -47,12 +47,12 @@ HOST = {
 }
 
 
-def check(tmp_path: Path, host: dict[str, str], adapter: str) -> doctor.HostReport:
+def check(tmp_path: Path, host: dict[str, str], adapter: str) -> abi_check.HostReport:
     write(tmp_path / "host", host)
     write(tmp_path / "ours", {"vllm_vspec/__init__.py": "",
                               "vllm_vspec/adapters/__init__.py": "",
                               "vllm_vspec/adapters/mine.py": adapter})
-    return doctor.check_host("fake", {"vllm": tmp_path / "host" / "vllm",
+    return abi_check.check_host("fake", {"vllm": tmp_path / "host" / "vllm",
                                       "vllm_vspec": tmp_path / "ours" / "vllm_vspec"})
 
 

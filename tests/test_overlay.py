@@ -23,7 +23,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 import build_overlay  # noqa: E402
-from vllm_vspec import doctor  # noqa: E402
+from vllm_vspec import abi_check  # noqa: E402
 
 CACHE = REPO / ".cache"
 
@@ -156,7 +156,7 @@ def test_the_whole_patched_tree_byte_compiles(built, members):
 def test_abi_check_passes_against_the_patched_tree(built, pin):
     tree = built[1]
     vllm_023 = build_overlay.fetch_vllm_source(pin, CACHE)
-    report = doctor.check_host("patched", {"vllm_ascend": tree / "vllm_ascend",
+    report = abi_check.check_host("patched", {"vllm_ascend": tree / "vllm_ascend",
                                            "vllm_ascend.vspec": tree / "vllm_ascend" / "vspec",
                                            "vllm": vllm_023, "vllm_vspec": tree / "vllm_vspec"})
     assert report.findings == [], "\n".join(f.line() for f in report.findings)
