@@ -35,7 +35,8 @@ def test_manifest_declares_the_extension_identity():
 def test_manifest_version_matches_package_pyproject_and_installed_metadata():
     versions = {"manifest": manifests.load_manifest()["extension_version"],
                 "vllm_vspec.__version__": vllm_vspec.__version__,
-                "pyproject": PYPROJECT["project"]["version"],
+                "pyproject (dynamic, from __version__)": PYPROJECT["tool"]["setuptools"]["dynamic"][
+                    "version"]["attr"] == "vllm_vspec.__version__" and vllm_vspec.__version__,
                 "installed": importlib.metadata.version("vllm-vspec")}
     assert len(set(versions.values())) == 1, versions
 

@@ -21,6 +21,7 @@ SUBCOMMANDS: dict[str, str] = {
     "sim": "vllm_vspec.sim",
     "fit-profile": "vllm_vspec.latency",
     "profile": "vllm_vspec.profile_collect",
+    "manage": "vllm_vspec.manage",
 }
 
 
