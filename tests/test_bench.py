@@ -85,6 +85,21 @@ def test_prompt_file_line_without_prompt_is_named(tmp_path):
         workloads.load_prompts(f)
 
 
+def test_a_user_workload_keeps_its_phases_in_order():
+    w = workloads.parse_workload("mixed=1:csv:8,32:code:64,1:prose:4")
+    assert w.name == "mixed"
+    assert [(p.concurrency, p.family, p.num_requests) for p in w.phases] == [
+        (1, "csv", 8), (32, "code", 64), (1, "prose", 4)]
+
+
+@pytest.mark.parametrize("text, named", [
+    ("mixed", "'mixed'"), ("=1:csv:8", "'=1:csv:8'"), ("m=1:csv", "'1:csv'"),
+    ("m=0:csv:8", "'0:csv:8'"), ("m=1::8", "'1::8'"), ("m=1:csv:8,x", "'x'")])
+def test_a_bad_user_workload_names_the_phase_and_the_form(text, named):
+    with pytest.raises(ValueError, match=f"{named}.*NAME=CONC:FAMILY:N"):
+        workloads.parse_workload(text)
+
+
 # ------------------------------------------------------------------- report
 def _run(workload, variant, family, tokens_per_request, seconds, texts=None):
     n = len(tokens_per_request)
@@ -111,6 +126,40 @@ def test_ratios_are_to_target_and_to_the_best_fixed_gamma_of_the_same_workload()
     assert online.vs_best_fixed == pytest.approx(1.25)
     assert online.best_fixed == "fixed-1"
     assert by[("other", "target")].vs_best_fixed is None
+
+
+def test_x_best_is_the_ratio_to_the_faster_of_target_only_and_the_best_fixed_gamma():
+    runs = [_run("slow-drafts", "target", "target", [100], 0.5),    # 200 tok/s: the best
+            _run("slow-drafts", "fixed-1", "fixed", [100], 0.8),
+            _run("slow-drafts", "online", "online", [100], 0.625),  # 160 tok/s
+            _run("good-drafts", "target", "target", [100], 1.0),
+            _run("good-drafts", "fixed-1", "fixed", [100], 0.5),    # 200 tok/s: the best
+            _run("good-drafts", "online", "online", [100], 0.625)]
+    by = {(r.workload, r.variant): r for r in rows(runs)}
+    assert by[("slow-drafts", "online")].vs_best_choice == pytest.approx(0.8)
+    assert by[("good-drafts", "online")].vs_best_choice == pytest.approx(0.8)
+    assert by[("slow-drafts", "fixed-1")].vs_best_choice == pytest.approx(0.625)
+    assert "| 0.80x |" in markdown_table(rows(runs))
+
+
+def test_acceptance_per_position_is_pooled_over_rounds_of_the_widest_fixed_gamma():
+    from vllm_vspec.bench.report import acceptance_per_position, robustness_table
+    runs = []
+    for repeat, (drafts, per_pos) in enumerate(((10, (5, 2, 1)), (30, (15, 6, 3)))):
+        wide = _run("w", "fixed-3", "fixed", [100], 1.0)
+        wide.draft_counts, wide.repeat = (drafts, per_pos), repeat
+        narrow = _run("w", "fixed-1", "fixed", [100], 1.0)
+        narrow.draft_counts, narrow.repeat = (drafts, (drafts,)), repeat
+        runs += [wide, narrow]
+    online = _run("w", "online", "online", [100], 0.8)
+    online.draft_counts = (40, (40, 40, 40))      # vspec mixes draft lengths: not used
+    runs += [_run("w", "target", "target", [100], 1.25), online]
+    acc = acceptance_per_position(runs)
+    assert acc["w"][0] == "fixed-3"
+    assert acc["w"][1] == pytest.approx([0.5, 0.2, 0.1])
+    table = robustness_table(rows(runs), acc)
+    assert "| w | 0.50 0.20 0.10 (fixed-3) | fixed-3 | online | 1.56x | 1.25x | 1.25x |" in table
+    assert len(table.splitlines()) == 3             # header, rule, the one adaptive variant
 
 
 def test_repeats_take_the_median_per_variant_and_compare_outputs_round_by_round():
@@ -217,6 +266,11 @@ vspec:gamma{engine="0"} 3.0
 # TYPE vspec:steps counter
 vspec:steps_total{engine="0",gamma="3"} 12.0
 vspec:steps_total{engine="0",gamma="1"} 2.0
+# TYPE vllm:spec_decode_num_drafts counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 40.0
+# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"} 8.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 20.0
 """
 
 
@@ -225,6 +279,8 @@ def test_metrics_page_gives_batch_size_gamma_and_steps_per_gamma():
     s = scrape.sample_of(5.0, samples)
     assert (s.running, s.gamma) == (7.0, 3.0)
     assert scrape.gamma_step_counts(samples) == Counter({(None, 3): 12.0, (None, 1): 2.0})
+    assert scrape.draft_counts(samples) == (40, (20, 8))
+    assert scrape.draft_counts(scrape.parse_metrics("")) == (0, ())
 
 
 def _step(num_reqs, gamma, bucket):
@@ -335,6 +391,31 @@ def test_eagle_variants_appear_only_when_the_head_exists(bench_inputs, tmp_path,
     assert list(cmds) == ["target", "eagle-fixed-2", "eagle-online"]
     with pytest.raises(SystemExit, match="eagle-online is not available"):
         cli.main(["bench", "--dry-run", *bench_inputs, "--variants", "eagle-online"])
+
+
+def test_families_all_builds_the_steady_workloads_over_every_prompt_file(bench_inputs, capsys):
+    prompts = Path(bench_inputs[bench_inputs.index("--prompts") + 1])
+    (prompts / "csv.jsonl").write_text(json.dumps({"prompt": "a,b"}) + "\n")
+    cli.main(["bench", "--dry-run", *bench_inputs, "--families", "all"])
+    out = capsys.readouterr().out
+    for fam in ("code", "csv", "prose"):
+        assert f"steady-c1-{fam}: 8 x {fam} @ concurrency 1" in out
+    cli.main(["bench", "--dry-run", *bench_inputs])           # default: code and prose
+    assert "csv" not in capsys.readouterr().out
+
+
+def test_user_workloads_run_alone_unless_others_are_named(bench_inputs, capsys):
+    cli.main(["bench", "--dry-run", *bench_inputs, "--workload", "mixed=1:prose:2,8:code:4"])
+    out = capsys.readouterr().out
+    assert "mixed: 2 x prose @ concurrency 1, 4 x code @ concurrency 8" in out
+    assert "bursty" not in out
+    cli.main(["bench", "--dry-run", *bench_inputs, "--workload", "mixed=1:prose:2",
+              "--workloads", "mixed,bursty"])
+    assert "bursty:" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="families sql: no .*/<family>.jsonl.*code, prose"):
+        cli.main(["bench", "--dry-run", *bench_inputs, "--workload", "q=1:sql:2"])
+    with pytest.raises(SystemExit, match="--workload: workload 'q=1:sql'"):
+        cli.main(["bench", "--dry-run", *bench_inputs, "--workload", "q=1:sql"])
 
 
 def test_unknown_workload_is_named(bench_inputs):

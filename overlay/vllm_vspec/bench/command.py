@@ -28,6 +28,7 @@ DEFAULT_TARGET = Path("models/derived/tiny-target-deep")
 DEFAULT_DRAFT = Path("models/tiny-draft")
 DEFAULT_EAGLE = Path("models/tiny-eagle")
 DEFAULT_PROMPTS = Path("models/prompts")
+DEFAULT_FAMILIES = ("code", "prose")
 DEFAULT_OUT = Path("results/bench")
 DEFAULT_LATENCY_PROFILE = Path("profiles/cpu-tiny-draft.json")
 
@@ -57,10 +58,21 @@ def add_parser(subparsers) -> None:
                    help="latency profile of the draft model on this host (`vllm-vspec "
                         "profile` writes it); the `profile` variant exists only if it does")
     g.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS,
-                   help="directory of <family>.jsonl prompt files")
+                   help="directory of <family>.jsonl prompt files (one JSON object with a "
+                        "`prompt` string per line); models/prompts/families holds six "
+                        "families of clearly different acceptance (models/prompt_families.py)")
+    g.add_argument("--families", default=",".join(DEFAULT_FAMILIES),
+                   help="comma-separated prompt families (file stems under --prompts) that "
+                        "the steady-* and bursty workloads are built over, or 'all' for "
+                        "every <family>.jsonl there")
+    g.add_argument("--workload", action="append", default=[], metavar="NAME=CONC:FAMILY:N,...",
+                   help="define a workload of your own, its phases in order (repeatable), "
+                        "e.g. mixed=1:csv:8,32:code:64,1:prose:8")
     g.add_argument("--variants", default=",".join(variants.DEFAULT_VARIANTS),
                    help="comma-separated variant names or 'all' (target-only always runs)")
-    g.add_argument("--workloads", default="all", help="comma-separated workload names or 'all'")
+    g.add_argument("--workloads", default=None,
+                   help="comma-separated workload names or 'all' (unset: the --workload "
+                        "ones if any are defined, else every built-in one)")
     g.add_argument("--low-concurrency", type=int, default=1,
                    help="requests in flight in steady-c<low> workloads and bursty's low phases")
     g.add_argument("--high-concurrency", type=int, default=32,
@@ -151,15 +163,32 @@ def build_plan(args: argparse.Namespace) -> runner.Plan:
         chosen = variants.select(available, names)
     except ValueError as e:
         raise SystemExit(str(e)) from None
+    available_families = workloads.families_in(args.prompts)
+    built_over = available_families if args.families == "all" else _csv(args.families)
     all_workloads = workloads.build_workloads(args.low_concurrency, args.high_concurrency,
-                                              args.requests_low, args.requests_high)
-    wnames = list(all_workloads) if args.workloads == "all" else _csv(args.workloads)
+                                              args.requests_low, args.requests_high,
+                                              tuple(built_over))
+    defined = {}
+    for text in args.workload:
+        try:
+            w = workloads.parse_workload(text)
+        except ValueError as e:
+            raise SystemExit(f"--workload: {e}") from None
+        defined[w.name] = all_workloads[w.name] = w
+    if args.workloads is None:
+        wnames = list(defined or all_workloads)
+    else:
+        wnames = list(all_workloads) if args.workloads == "all" else _csv(args.workloads)
     unknown = [w for w in wnames if w not in all_workloads]
     if unknown:
         raise SystemExit(f"--workloads {','.join(unknown)} is not known: choose from "
                          f"{', '.join(all_workloads)}")
     chosen_w = [all_workloads[w] for w in wnames]
     families = sorted(set().union(*(w.families for w in chosen_w)))
+    missing = [f for f in families if f not in available_families]
+    if missing:
+        raise SystemExit(f"prompt families {', '.join(missing)}: no {args.prompts}/<family>.jsonl "
+                         f"for them; families there: {', '.join(available_families) or 'none'}")
     prompts = {f: workloads.load_prompts(args.prompts / f"{f}.jsonl") for f in families}
     spec = ServerSpec(model=args.target, dtype=args.dtype,
                       max_num_seqs=max(ServerSpec.max_num_seqs, args.high_concurrency),
@@ -197,6 +226,10 @@ def _serving_main(args: argparse.Namespace) -> int:
         results.write_text(json.dumps(report.results_json(
             runs, _meta(plan, started, failures), table_rows, bounds), indent=2) + "\n")
         lines = report.bound_lines(bounds)
+        robustness = report.robustness_table(table_rows, report.acceptance_per_position(runs))
+        if robustness.count("\n") > 1:   # a header only: no adaptive variant ran
+            lines.append("per workload: acceptance, best fixed gamma, adaptive variants\n\n"
+                         + robustness)
         (plan.out_dir / "table.md").write_text(
             report.markdown_table(table_rows) + "\n" + "".join(f"\n{b}\n" for b in lines))
         return table_rows, lines

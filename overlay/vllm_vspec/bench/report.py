@@ -29,6 +29,9 @@ class Run:
     gamma_source: str | None = None  # "trace", "metrics" or None
     # controller wall time / decode-step time, from the vspec trace
     controller_overhead: float | None = None
+    # vLLM's spec-decode counters over the workload: (drafts verified,
+    # accepted tokens per draft position); None when nothing was drafted
+    draft_counts: tuple[int, tuple[int, ...]] | None = None
 
     @property
     def tokens(self) -> int:
@@ -100,6 +103,10 @@ class Row:
     controller_overhead: float | None = None
     # tokens/s of every round (one entry without repeats)
     rounds_tokens_per_s: tuple[float, ...] = ()
+    # ratio to the faster of target-only and the best fixed gamma: 1.00x is
+    # what a user who had measured both would have chosen
+    vs_best_choice: float | None = None
+    family: str = ""  # Variant.family
 
 
 def rows(runs: list[Run]) -> list[Row]:
@@ -117,6 +124,7 @@ def rows(runs: list[Run]) -> list[Row]:
         targets = {r.repeat: r for r in by_variant.get(target, [])}
         fixed = [v for v, rs in by_variant.items() if rs[0].family == "fixed"]
         best = max(fixed, key=speed.__getitem__) if fixed else None
+        choice = max((speed[v] for v in (target, best) if v is not None), default=0.0)
         for v, rs in by_variant.items():
             same = compared = errors = 0
             counts: Counter = Counter()
@@ -133,8 +141,49 @@ def rows(runs: list[Run]) -> list[Row]:
                 _ratio(speed[v], speed[best]) if best else None,
                 best, same, compared, errors, format_gamma_counts(counts),
                 statistics.mean(shares) if shares else None,
-                tuple(r.tokens_per_s for r in rs)))
+                tuple(r.tokens_per_s for r in rs),
+                _ratio(speed[v], choice) if target and best else None, rs[0].family))
     return out
+
+
+def acceptance_per_position(runs: list[Run]) -> dict[str, tuple[str, list[float]]]:
+    """Per workload: (variant, fraction of drafts whose position i was
+    accepted, pooled over rounds) from the fixed gamma that drafted the
+    most positions (stock vLLM always drafts K there, so every position is
+    measured; vspec's counts mix draft lengths)."""
+    out = {}
+    for workload in dict.fromkeys(r.workload for r in runs):
+        fixed = [r for r in runs if r.workload == workload and r.family == "fixed"
+                 and r.draft_counts]
+        if not fixed:
+            continue
+        widest = max(fixed, key=lambda r: len(r.draft_counts[1])).variant
+        counts = [r.draft_counts for r in fixed if r.variant == widest]
+        drafts = sum(c[0] for c in counts)
+        per_pos = [sum(c[1][i] for c in counts if i < len(c[1]))
+                   for i in range(max(len(c[1]) for c in counts))]
+        out[workload] = (widest, [a / drafts for a in per_pos])
+    return out
+
+
+def robustness_table(table_rows: list[Row], acceptance: dict[str, tuple[str, list[float]]]
+                     ) -> str:
+    """Markdown, one line per (workload, adaptive variant): the workload's
+    acceptance per position, its best fixed gamma and the variant against
+    target-only, the best fixed gamma and the faster of the two
+    (`acceptance` = acceptance_per_position(runs))."""
+    lines = ["| workload | acceptance per position | best fixed | variant | x target "
+             "| x best fixed | x best of (target, fixed) |",
+             "|---|---|---|---|---:|---:|---:|"]
+    for row in table_rows:
+        if row.family != "online" or row.vs_best_choice is None:
+            continue
+        source, rates = acceptance.get(row.workload, ("", []))
+        acc = " ".join(f"{x:.2f}" for x in rates) + (f" ({source})" if source else "") or "-"
+        lines.append(f"| {row.workload} | {acc} | {row.best_fixed} | {row.variant} | "
+                     f"{_times(row.vs_target)} | {_times(row.vs_best_fixed)} | "
+                     f"{_times(row.vs_best_choice)} |")
+    return "\n".join(lines)
 
 
 def phase_bounds(runs: list[Run]) -> dict[str, dict]:
@@ -222,6 +271,9 @@ def results_json(runs: list[Run], meta: dict, table_rows: list[Row],
             "tokens": r.tokens, "wall_s": r.wall_s, "tokens_per_s": r.tokens_per_s,
             "errors": r.errors, "gamma_source": r.gamma_source,
             "controller_overhead": r.controller_overhead,
+            "draft_counts": ({"drafts": r.draft_counts[0],
+                              "accepted_per_position": list(r.draft_counts[1])}
+                             if r.draft_counts else None),
             "gamma_counts": [{"bucket": b, "gamma": g, "steps": int(n)}
                              for (b, g), n in sorted(r.gamma_counts.items(),
                                                          key=lambda kv: (kv[0][0] or 0, kv[0][1]))],
@@ -230,7 +282,10 @@ def results_json(runs: list[Run], meta: dict, table_rows: list[Row],
                     next(c.text for c in r.completions if c.key == k), ref_text[k])}
                 for k in differ],
         })
-    return {"meta": meta, "table": table, "phase_bounds": bounds, "runs": detail}
+    acceptance = {w: {"variant": v, "per_position": rates}
+                  for w, (v, rates) in acceptance_per_position(runs).items()}
+    return {"meta": meta, "table": table, "phase_bounds": bounds,
+            "acceptance_per_position": acceptance, "runs": detail}
 
 
 def _times(ratio: float | None) -> str:
@@ -253,7 +308,7 @@ def render_table(table_rows: list[Row]):
     from rich.table import Table
 
     t = Table(title="vllm-vspec bench (ratios within each workload, same run)")
-    numeric = ("tok/s", "x target", "x best fixed", "identical", "ctl time")
+    numeric = ("tok/s", "x target", "x best fixed", "x best", "identical", "ctl time")
     for col in ("workload", "variant") + numeric + ("gamma per bucket",):
         t.add_column(col, justify="right" if col in numeric else "left")
     previous = None
@@ -263,7 +318,8 @@ def render_table(table_rows: list[Row]):
         previous = row.workload
         ident = f"{row.identical}/{row.compared}" + (f" ({row.errors} err)" if row.errors else "")
         t.add_row(row.workload, row.variant, _speed(row), _times(row.vs_target),
-                  _times(row.vs_best_fixed), ident, _share(row.controller_overhead),
+                  _times(row.vs_best_fixed), _times(row.vs_best_choice), ident,
+                  _share(row.controller_overhead),
                   row.gamma_counts)
     return t
 
@@ -294,13 +350,14 @@ def bound_lines(bounds: dict[str, dict]) -> list[str]:
 
 
 def markdown_table(table_rows: list[Row]) -> str:
-    """The same table as GitHub markdown (for docs/benchmarks.md)."""
-    lines = ["| workload | variant | tok/s | x target | x best fixed | identical | ctl time "
-             "| gamma per bucket |",
-             "|---|---|---:|---:|---:|---:|---:|---|"]
+    """The same table as GitHub markdown (for docs/benchmarks.md). `x best`
+    is the ratio to the faster of target-only and the best fixed gamma."""
+    lines = ["| workload | variant | tok/s | x target | x best fixed | x best | identical "
+             "| ctl time | gamma per bucket |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for row in table_rows:
         lines.append(f"| {row.workload} | {row.variant} | {_speed(row)} | "
                      f"{_times(row.vs_target)} | {_times(row.vs_best_fixed)} | "
-                     f"{row.identical}/{row.compared} | {_share(row.controller_overhead)} | "
+                     f"{_times(row.vs_best_choice)} | {row.identical}/{row.compared} | {_share(row.controller_overhead)} | "
                      f"{row.gamma_counts} |")
     return "\n".join(lines)

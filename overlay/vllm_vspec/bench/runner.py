@@ -107,7 +107,8 @@ async def _serve_workloads(plan: Plan, v: Variant, base_url: str, trace: Path | 
         await run_phase(client, base_url, SERVED_MODEL_NAME, warm, len(warm))
         _, trace_pos = scrape.trace_steps(trace) if trace else ([], 0)
         for w in plan.workloads:
-            before = scrape.gamma_step_counts(await scrape.fetch_metrics(metrics_client, base_url))
+            page = await scrape.fetch_metrics(metrics_client, base_url)
+            before, drafts_before = scrape.gamma_step_counts(page), scrape.draft_counts(page)
             stop = asyncio.Event()
             poller = asyncio.create_task(scrape.poll_metrics(metrics_client, base_url,
                                                              samples, stop))
@@ -120,8 +121,10 @@ async def _serve_workloads(plan: Plan, v: Variant, base_url: str, trace: Path | 
             stop.set()
             await poller
             spans.append((w.name, t_start, time.time()))
-            after = scrape.gamma_step_counts(await scrape.fetch_metrics(metrics_client, base_url))
-            run = Run(w.name, v.name, v.family, completions)
+            page = await scrape.fetch_metrics(metrics_client, base_url)
+            after, drafts_after = scrape.gamma_step_counts(page), scrape.draft_counts(page)
+            run = Run(w.name, v.name, v.family, completions,
+                      draft_counts=_delta(drafts_after, drafts_before))
             if trace is not None:
                 w_steps, trace_pos = scrape.trace_steps(trace, trace_pos)
                 step_spans.append((w.name, len(steps), len(steps) + len(w_steps)))
@@ -143,3 +146,13 @@ async def _serve_workloads(plan: Plan, v: Variant, base_url: str, trace: Path | 
     return runs, Timeline(v.name, "s", [s.t - t0 for s in samples],
                           [s.running for s in samples], [s.gamma for s in samples],
                           [(n, a - t0, b - t0) for n, a, b in spans])
+
+
+def _delta(after: tuple[int, tuple[int, ...]], before: tuple[int, tuple[int, ...]]
+           ) -> tuple[int, tuple[int, ...]] | None:
+    """Spec-decode counts of one workload (None when nothing was drafted)."""
+    drafts = after[0] - before[0]
+    if drafts <= 0:
+        return None
+    old = before[1] + (0,) * (len(after[1]) - len(before[1]))
+    return drafts, tuple(a - b for a, b in zip(after[1], old))

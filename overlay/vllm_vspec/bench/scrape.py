@@ -22,6 +22,8 @@ from vllm_vspec.trace import read_trace
 RUNNING = "vllm:num_requests_running"
 GAMMA = "vspec:gamma"  # gauge: gamma verified in the last step
 STEPS = "vspec:steps_total"  # counter: steps per verified gamma
+DRAFTS = "vllm:spec_decode_num_drafts_total"  # counter: requests' drafts verified
+ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"  # label `position`
 
 
 def parse_metrics(text: str) -> list[tuple[str, dict[str, str], float]]:
@@ -54,6 +56,18 @@ def gamma_step_counts(samples: list[tuple[str, dict[str, str], float]]) -> Count
             bucket = int(labels["bucket"]) if "bucket" in labels else None
             counts[(bucket, int(labels["gamma"]))] += value
     return counts
+
+
+def draft_counts(samples: list[tuple[str, dict[str, str], float]]) -> tuple[int, tuple[int, ...]]:
+    """(drafts verified, accepted tokens per draft position) from vLLM's
+    spec-decode counters; (0, ()) for a server that does not speculate."""
+    drafts = int(sum(v for n, _, v in samples if n == DRAFTS))
+    per_pos: dict[int, float] = {}
+    for name, labels, value in samples:
+        if name == ACCEPTED_PER_POS and "position" in labels:
+            pos = int(labels["position"])
+            per_pos[pos] = per_pos.get(pos, 0.0) + value
+    return drafts, tuple(int(per_pos.get(i, 0)) for i in range(max(per_pos, default=-1) + 1))
 
 
 async def fetch_metrics(client: httpx.AsyncClient, base_url: str

@@ -1,10 +1,13 @@
-"""Request schedules: steady concurrency and bursts, over the bundled prompts.
+"""Request schedules: steady concurrency and bursts, over prompt families.
 
 A workload is a sequence of phases; a phase sends `num_requests` prompts of
-one family with at most `concurrency` in flight (unlimited request rate). The
-prompts and output lengths each request gets are a pure function of the
-workload, so every variant answers the same requests and outputs can be
-compared one by one.
+one family (a `<family>.jsonl` file of the prompts directory) with at most
+`concurrency` in flight (unlimited request rate). The prompts and output
+lengths each request gets are a pure function of the workload, so every
+variant answers the same requests and outputs can be compared one by one.
+
+Workloads are built per family (`build_workloads`) or written by the user
+as `NAME=CONC:FAMILY:N[,CONC:FAMILY:N...]` (`parse_workload`).
 """
 
 from __future__ import annotations
@@ -81,6 +84,32 @@ def build_workloads(low: int = 1, high: int = 32, requests_low: int = 8,
                    Phase(high, fam, max(1, requests_high // 2))]
     workloads["bursty"] = Workload("bursty", tuple(bursty))
     return workloads
+
+
+def parse_workload(text: str) -> Workload:
+    """`NAME=CONC:FAMILY:N[,CONC:FAMILY:N...]`: a workload of the phases
+    listed, in order (e.g. `mixed=1:csv:8,32:code:64,1:prose:8`)."""
+    name, sep, spec = text.partition("=")
+    form = "NAME=CONC:FAMILY:N[,CONC:FAMILY:N...], e.g. mixed=1:csv:8,32:code:64"
+    if not sep or not name.strip() or not spec.strip():
+        raise ValueError(f"workload {text!r} is not allowed: write {form}")
+    phases = []
+    for part in spec.split(","):
+        fields = part.strip().split(":")
+        conc = n = 0
+        if len(fields) == 3 and fields[0].isdigit() and fields[2].isdigit():
+            conc, n = int(fields[0]), int(fields[2])
+        if conc < 1 or n < 1 or not fields[1]:
+            raise ValueError(f"workload {text!r}: phase {part.strip()!r} is not allowed: "
+                             f"CONC and N are positive integers, FAMILY a prompt file "
+                             f"name; write {form}")
+        phases.append(Phase(conc, fields[1], n))
+    return Workload(name.strip(), tuple(phases))
+
+
+def families_in(prompts_dir: Path) -> list[str]:
+    """Every prompt family of a directory: the stems of its `*.jsonl` files."""
+    return sorted(p.stem for p in Path(prompts_dir).glob("*.jsonl"))
 
 
 def load_prompts(path: Path) -> list[str]:
