@@ -12,13 +12,16 @@ TORCH_PIN := torch==2.13.0
 HOST_STAMP := $(VENV)/.host-installed
 PROJECT_STAMP := $(VENV)/.project-installed
 DERIVED := models/derived/tiny-target-deep/config.json
+# vspec's custom ops (csrc/), CPU reference + CUDA composites; vllm_vspec.ops loads it from here.
+OPS_BUILD := build/csrc-cpu
+OPS_LIB := $(OPS_BUILD)/lib/libvspec_ops.so
 PYTEST_ARGS ?=
 
-.PHONY: install demo test bench wheel overlay clean help
+.PHONY: install ops demo test bench wheel overlay clean help
 help:
 	@grep -E '^#   make' Makefile | sed 's/^#   //'
 
-install: $(PROJECT_STAMP) $(DERIVED)
+install: $(PROJECT_STAMP) $(OPS_LIB) $(DERIVED)
 
 $(HOST_STAMP):
 	$(PY) -m venv $(VENV)
@@ -32,6 +35,13 @@ $(HOST_STAMP):
 $(PROJECT_STAMP): $(HOST_STAMP) pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
 	$(PYTHON) -m vllm_vspec.smoke
+	touch $@
+
+# cmake finds torch through the venv's Python; rebuilt when csrc/ changes.
+ops: $(OPS_LIB)
+$(OPS_LIB): $(PROJECT_STAMP) $(wildcard csrc/*.h csrc/*.cpp) csrc/CMakeLists.txt
+	cmake -S csrc -B $(OPS_BUILD) -DPython3_EXECUTABLE=$(abspath $(PYTHON))
+	cmake --build $(OPS_BUILD) -j 2
 	touch $@
 
 # Derived, not committed: the bundled target deepened with zero-output layers

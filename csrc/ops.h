@@ -1,25 +1,76 @@
-// vspec custom ops: one schema, two implementations (not yet run on NPU).
+// vspec custom ops: one schema, one set of argument checks, three backends.
 //
-//   vspec::uniform_spec_metadata(Tensor seq_lens, int gamma)
+//   CPU          cpu_ops.cpp (the reference; CI runs it on the engine's hot path)
+//   PrivateUse1  npu_ops.cpp + kernels/*.cpp (AscendC; not yet run on NPU)
+//   CUDA         cpu_ops.cpp's ATen composites (tensor ops on the device; not
+//                run on a GPU)
+//   Meta / fake  vllm_vspec/ops.py (torch.library.register_fake: shapes only,
+//                so an op can sit inside a captured graph)
+//
+// Every wrapper calls the same check_* functions below before it touches
+// data, so CPU and NPU accept and refuse exactly the same arguments. The
+// checks read only metadata (dtype, shape), never values: a value check on
+// the NPU would force a device-to-host sync on the hot path. Instead every op
+// defines its result for ANY values (e.g. "the leading run of valid ids"),
+// and both backends compute that definition.
+//
+// ---------------------------------------------------------------------------
+// vspec::commit_accepted(Tensor sampled, Tensor discard, Tensor backup,
+//                        int vocab_size) -> (Tensor num_valid, Tensor next_token)
+//   What a verification step commits, per request: the drafter's
+//   prepare_next_token_ids_padded (vLLM 0.32 and vLLM-Ascend 0.23 both have
+//   it) computes exactly this, and vspec's proposers call this op there.
+//     sampled  int32 [B, W], 1 <= W <= kMaxCommitWidth: the rejection
+//              sampler's output, -1 after the first rejected position
+//     discard  bool  [B]: requests whose sampled tokens do not count (a
+//              partial prefill chunk)
+//     backup   int32 [B]: the token to continue from when a row commits nothing
+//   Per request b, with valid(x) = 0 <= x < vocab_size:
+//     num_valid[b]  = 0 if discard[b], else the length of the leading run of
+//                     valid ids in sampled[b] (the accepted drafts + 1 bonus)
+//     next_token[b] = sampled[b, num_valid[b] - 1] if num_valid[b] > 0,
+//                     else backup[b]
+//   A row of -1 (or a discarded row) is therefore not an error: it commits
+//   nothing and continues from its backup token, the hosts' own rule.
+//   Outputs are int32 [B].
+//
+// vspec::uniform_spec_metadata(Tensor seq_lens, int gamma)
 //       -> (Tensor query_start_loc, Tensor positions)
-//     Verification metadata of a uniform decode step where every request
-//     verifies 1 + gamma tokens (its last committed token and gamma drafts):
-//       query_start_loc[b] = b * (1 + gamma),            b in [0, B]
-//       positions[b * (1 + gamma) + j] = seq_lens[b] + j, j in [0, gamma]
-//     seq_lens: int32 [B], tokens already in the KV cache of request b.
+//   Verification metadata of a uniform decode step where every request
+//   verifies 1 + gamma tokens (its last committed token and gamma drafts):
+//     query_start_loc[b] = b * (1 + gamma),             b in [0, B]
+//     positions[b * (1 + gamma) + j] = seq_lens[b] + j, j in [0, gamma]
+//   seq_lens: int32 [B], tokens already in the KV cache of request b;
+//   0 <= gamma and 1 + gamma <= kMaxVerifyWidth (FIA verifies at most 16
+//   query tokens a request). Outputs are int32. Not on the serving path yet
+//   (docs/ascend.md says why).
 //
-//   vspec::commit_accepted(Tensor sampled, Tensor seq_lens)
-//       -> (Tensor num_accepted, Tensor next_token, Tensor new_seq_lens)
-//     Commit of one verification step. sampled: int64 [B, 1 + gamma], the
-//     rejection sampler's output, -1 after the first rejection. Per request:
-//       num_accepted[b] = length of the leading run of ids >= 0 (>= 1: the
-//                         bonus / recovered token always commits)
-//       next_token[b]   = sampled[b, num_accepted[b] - 1]
-//       new_seq_lens[b] = seq_lens[b] + num_accepted[b]
-//
-// The CPU implementation (cpu_ops.cpp) is the reference; the AscendC kernels
-// (kernels/*.cpp, dispatched for PrivateUse1 in npu_ops.cpp) must match it.
-// Invariant for both: 1 + gamma <= 16 (FIA verifies at most 16 query tokens).
+// vspec::tree_commit(Tensor path, Tensor target_tokens, Tensor slots,
+//                    Tensor seq_lens)
+//       -> (Tensor new_seq_lens, Tensor next_token, Tensor src_slots,
+//           Tensor dst_slots)
+//   Commit of a verified draft TREE. A request's tree of N nodes is laid out
+//   in topological order (a node's parent has a smaller index); node 0 is the
+//   root, the last committed token, at position seq_lens[b]. Verification
+//   wrote node i's KV to slots[b, i] (the slots of positions seq_lens[b] + i)
+//   and sampled the target's token after node i, target_tokens[b, i].
+//     path           int32 [B, D], 1 <= D <= kMaxCommitWidth: the accepted
+//                    path, root first, padded with -1
+//     target_tokens  int32 [B, N], N >= 1
+//     slots          int64 [B, N] (vLLM's slot mapping dtype)
+//     seq_lens       int32 [B]
+//   Per request b, L[b] = the length of the leading run of path[b] that is a
+//   root path: path[b, 0] == 0, then each entry greater than the one before
+//   and < N (so -1 padding, an out-of-range or a non-increasing entry ends it).
+//     new_seq_lens[b]  = seq_lens[b] + L[b]      (root + accepted drafts)
+//     next_token[b]    = target_tokens[b, path[b, L[b] - 1]] if L[b] > 0,
+//                        else -1 (the bonus token, not yet in the KV cache)
+//     src_slots[b, j], dst_slots[b, j] for j < L[b] and path[b, j] != j:
+//                        slots[b, path[b, j]] and slots[b, j]; otherwise -1.
+//   The caller moves KV from src to dst for every pair that is not -1. The
+//   moves are independent (may run in any order or in parallel): path[b, j]
+//   >= j for a root path, so no destination is another move's source.
+//   Outputs: int32 [B], int32 [B], int64 [B, D], int64 [B, D].
 #pragma once
 
 #include <torch/torch.h>
@@ -28,16 +79,30 @@
 
 namespace vspec {
 
+// FIA (the NPU's verification attention) takes at most 16 query tokens a request.
 constexpr int64_t kMaxVerifyWidth = 16;
+// Widest sampled row / deepest accepted path the commit ops take; it bounds
+// one row's footprint in the NPU kernels' on-chip tiles (64 x 8 bytes).
+constexpr int64_t kMaxCommitWidth = 64;
+
+std::tuple<at::Tensor, at::Tensor> commit_accepted_cpu(const at::Tensor& sampled,
+                                                       const at::Tensor& discard,
+                                                       const at::Tensor& backup,
+                                                       int64_t vocab_size);
 
 std::tuple<at::Tensor, at::Tensor> uniform_spec_metadata_cpu(const at::Tensor& seq_lens,
                                                              int64_t gamma);
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> commit_accepted_cpu(const at::Tensor& sampled,
-                                                                   const at::Tensor& seq_lens);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> tree_commit_cpu(
+    const at::Tensor& path, const at::Tensor& target_tokens, const at::Tensor& slots,
+    const at::Tensor& seq_lens);
 
-// Shared argument checks: the error names the argument, its value and what is allowed.
-void check_gamma(int64_t gamma);
-void check_commit_args(const at::Tensor& sampled, const at::Tensor& seq_lens);
+// Shared argument checks (metadata only): the error names the argument, its
+// value and what is allowed.
+void check_commit_accepted_args(const at::Tensor& sampled, const at::Tensor& discard,
+                                const at::Tensor& backup, int64_t vocab_size);
+void check_uniform_spec_metadata_args(const at::Tensor& seq_lens, int64_t gamma);
+void check_tree_commit_args(const at::Tensor& path, const at::Tensor& target_tokens,
+                            const at::Tensor& slots, const at::Tensor& seq_lens);
 
 }  // namespace vspec

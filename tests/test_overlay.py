@@ -279,47 +279,6 @@ def test_retarget_reports_conflicting_hunks_and_writes_nothing(pin, pristine, tm
     assert not (build_overlay.PATCHES_DIR / "0.24.0").exists()
 
 
-@pytest.fixture(scope="module")
-def vspec_ops():
-    """csrc/ built CPU-only (the reference the AscendC kernels must match);
-    the build dir persists under build/ so unchanged sources do not recompile."""
-    import subprocess
-
-    if shutil.which("cmake") is None or shutil.which("c++") is None:
-        pytest.skip("cmake and a C++ compiler are needed to build csrc/ (CPU reference)")
-    out = REPO / "build" / "csrc-cpu"
-    for cmd in (["cmake", "-S", str(REPO / "csrc"), "-B", str(out),
-                 f"-DPython3_EXECUTABLE={sys.executable}"],
-                ["cmake", "--build", str(out), "-j", "1"]):
-        run = subprocess.run(cmd, capture_output=True, text=True)
-        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    torch.ops.load_library(str(out / "lib" / "libvspec_ops.so"))
-    return torch.ops.vspec
-
-
-def test_uniform_spec_metadata_reference(vspec_ops):
-    qsl, positions = vspec_ops.uniform_spec_metadata(torch.tensor([5, 9], dtype=torch.int32), 2)
-    assert qsl.tolist() == [0, 3, 6]
-    assert positions.tolist() == [5, 6, 7, 9, 10, 11]
-
-
-def test_commit_accepted_reference(vspec_ops):
-    sampled = torch.tensor([[3, 4, -1], [7, -1, -1], [1, 2, 3]])
-    accepted, next_token, new_lens = vspec_ops.commit_accepted(
-        sampled, torch.tensor([10, 20, 30], dtype=torch.int32))
-    assert accepted.tolist() == [2, 1, 3]
-    assert next_token.tolist() == [4, 7, 3]
-    assert new_lens.tolist() == [12, 21, 33]
-
-
-def test_ops_refuse_a_verify_width_over_16(vspec_ops):
-    with pytest.raises(RuntimeError, match=r"gamma=16 is not allowed: an integer in \[0, 15\]"):
-        vspec_ops.uniform_spec_metadata(torch.tensor([1], dtype=torch.int32), 16)
-    with pytest.raises(RuntimeError, match="gamma=16 is not allowed"):
-        vspec_ops.commit_accepted(torch.zeros((1, 17), dtype=torch.int64),
-                                  torch.zeros(1, dtype=torch.int32))
-
-
 # ------------------------------------------------------------------------------
 # The NPU-side decisions that need no NPU: the step's gamma and the routing.
 # (vllm_ascend.vspec resolves to overlay/vllm_ascend/vspec in a checkout.)

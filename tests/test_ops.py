@@ -1,0 +1,263 @@
+"""torch.ops.vspec (csrc/ops.h) against plain-Python references.
+
+Each op is run three ways over random shapes and values (hypothesis):
+- "cpu": the C++ CPU twin of the AscendC kernel (what the engine calls on CPU);
+- "composite": the ATen composite registered for CUDA, called on CPU tensors
+  through the dispatcher (the CUDA build of it is not run on a GPU);
+- "meta": the fake implementation (shapes and dtypes only, as in a captured graph).
+The references below are the ops.h definitions written as per-row loops.
+The AscendC kernels are not run here (no NPU); their wrappers share the
+C++ checks that `test_every_backend_refuses_the_same_arguments` exercises.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from vllm_vspec import ops
+
+BACKENDS = ("cpu", "composite", "meta")
+CUDA_KERNEL = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
+
+
+@pytest.fixture(scope="module")
+def vspec():
+    return ops.load()
+
+
+def run(op: str, backend: str, *args):
+    """Call torch.ops.vspec.<op> on one backend; returns its outputs."""
+    overload = getattr(ops.load(), op).default
+    if backend == "composite":
+        return overload.redispatch(CUDA_KERNEL, *args)
+    if backend == "meta":
+        args = tuple(a.to("meta") if isinstance(a, torch.Tensor) else a for a in args)
+    return overload(*args)
+
+
+def check(backend: str, got, want: list) -> None:
+    """Outputs equal the reference (meta: same shapes and dtypes)."""
+    assert len(got) == len(want)
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert (g.shape, g.dtype) == (w.shape, w.dtype), (i, g, w)
+        if backend != "meta":
+            assert torch.equal(g, w), f"output {i}: got {g.tolist()}, want {w.tolist()}"
+
+
+# ------------------------------------------------------------ references
+def ref_commit_accepted(sampled, discard, backup, vocab_size):
+    num_valid, next_token = [], []
+    for row, skip, back in zip(sampled.tolist(), discard.tolist(), backup.tolist()):
+        n = 0
+        while not skip and n < len(row) and 0 <= row[n] < vocab_size:
+            n += 1
+        num_valid.append(n)
+        next_token.append(row[n - 1] if n else back)
+    return [torch.tensor(num_valid, dtype=torch.int32), torch.tensor(next_token, dtype=torch.int32)]
+
+
+def ref_uniform_spec_metadata(seq_lens, gamma):
+    width = 1 + gamma
+    lens = seq_lens.tolist()
+    return [torch.tensor([b * width for b in range(len(lens) + 1)], dtype=torch.int32),
+            torch.tensor([s + j for s in lens for j in range(width)], dtype=torch.int32)]
+
+
+def ref_tree_commit(path, target_tokens, slots, seq_lens):
+    nodes = target_tokens.shape[1]
+    new_lens, next_token, src, dst = [], [], [], []
+    for p, tok, slot, length in zip(path.tolist(), target_tokens.tolist(), slots.tolist(),
+                                    seq_lens.tolist()):
+        n = 0
+        while n < len(p) and (p[n] == 0 if n == 0 else p[n - 1] < p[n] < nodes):
+            n += 1
+        new_lens.append(length + n)
+        next_token.append(tok[p[n - 1]] if n else -1)
+        moved = [j < n and p[j] != j for j in range(len(p))]
+        src.append([slot[p[j]] if moved[j] else -1 for j in range(len(p))])
+        dst.append([slot[j] if moved[j] else -1 for j in range(len(p))])
+    depth = path.shape[1]
+    return [torch.tensor(new_lens, dtype=torch.int32), torch.tensor(next_token, dtype=torch.int32),
+            torch.tensor(src, dtype=torch.int64).reshape(-1, depth),
+            torch.tensor(dst, dtype=torch.int64).reshape(-1, depth)]
+
+
+# ------------------------------------------------------------ strategies
+VOCAB = 50
+
+
+@st.composite
+def verification(draw):
+    """A rejection sampler's output: per row a prefix of valid ids, then -1;
+    sometimes any ids at all (out of vocab, -1 in the middle); discarded rows."""
+    batch = draw(st.integers(0, 9))
+    width = draw(st.sampled_from([1, 2, 3, 5, 16, 64]))
+    rows = []
+    for _ in range(batch):
+        if draw(st.booleans()):
+            n = draw(st.integers(0, width))
+            row = draw(st.lists(st.integers(0, VOCAB - 1), min_size=n, max_size=n))
+            row += [-1] * (width - n)
+        else:
+            row = draw(st.lists(st.integers(-2, VOCAB + 2), min_size=width, max_size=width))
+        rows.append(row)
+    sampled = torch.tensor(rows, dtype=torch.int32).reshape(batch, width)
+    discard = torch.tensor(draw(st.lists(st.booleans(), min_size=batch, max_size=batch)),
+                           dtype=torch.bool)
+    backup = torch.tensor(draw(st.lists(st.integers(0, VOCAB), min_size=batch, max_size=batch)),
+                          dtype=torch.int32)
+    return sampled, discard, backup
+
+
+@st.composite
+def verified_tree(draw):
+    """Random trees (node i's parent < i), an accepted root path each (from
+    only the root up to a whole root-to-leaf path), sometimes a malformed or
+    empty path."""
+    batch = draw(st.integers(0, 6))
+    nodes = draw(st.integers(1, 12))
+    depth = draw(st.sampled_from([1, 2, 4, 8]))
+    paths = []
+    for _ in range(batch):
+        parent = [-1] + [draw(st.integers(0, i - 1)) for i in range(1, nodes)]
+        kind = draw(st.sampled_from(["accepted", "full", "empty", "any"]))
+        if kind == "any":
+            paths.append(draw(st.lists(st.integers(-1, nodes + 1), min_size=depth,
+                                       max_size=depth)))
+            continue
+        walk = [] if kind == "empty" else [0]
+        while kind != "empty" and len(walk) < depth:
+            children = [i for i in range(nodes) if parent[i] == walk[-1]]
+            if not children or (kind == "accepted" and draw(st.booleans())):
+                break
+            walk.append(draw(st.sampled_from(children)))
+        paths.append(walk + [-1] * (depth - len(walk)))
+    path = torch.tensor(paths, dtype=torch.int32).reshape(batch, depth)
+    tokens = torch.randint(0, VOCAB, (batch, nodes), dtype=torch.int32,
+                           generator=torch.Generator().manual_seed(draw(st.integers(0, 99))))
+    slots = torch.randperm(batch * nodes * 2)[: batch * nodes].reshape(batch, nodes)
+    seq_lens = torch.tensor(draw(st.lists(st.integers(0, 500), min_size=batch, max_size=batch)),
+                            dtype=torch.int32)
+    return path, tokens, slots, seq_lens
+
+
+# ------------------------------------------------------------ commit_accepted
+ALL_REJECTED = (torch.tensor([[-1, -1, -1]], dtype=torch.int32), torch.tensor([False]),
+                torch.tensor([7], dtype=torch.int32))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@settings(max_examples=60, deadline=None)
+@given(case=verification())
+@example(case=ALL_REJECTED)
+@example(case=(torch.tensor([[5]], dtype=torch.int32), torch.tensor([False]),
+               torch.tensor([1], dtype=torch.int32)))                      # width 1 (gamma 0)
+@example(case=(torch.zeros((0, 4), dtype=torch.int32), torch.zeros(0, dtype=torch.bool),
+               torch.zeros(0, dtype=torch.int32)))                         # batch 0
+def test_commit_accepted_matches_the_reference(vspec, backend, case):
+    check(backend, run("commit_accepted", backend, *case, VOCAB),
+          ref_commit_accepted(*case, VOCAB))
+
+
+def test_a_row_that_commits_nothing_continues_from_its_backup_token(vspec):
+    sampled = torch.tensor([[3, 4, -1], [-1, -1, -1], [1, 2, 3], [VOCAB, 1, 2]], dtype=torch.int32)
+    discard = torch.tensor([False, False, True, False])
+    backup = torch.tensor([10, 11, 12, 13], dtype=torch.int32)
+    num_valid, next_token = vspec.commit_accepted(sampled, discard, backup, VOCAB)
+    assert num_valid.tolist() == [2, 0, 0, 0]
+    assert next_token.tolist() == [4, 11, 12, 13]
+
+
+# ------------------------------------------------------------ uniform_spec_metadata
+@pytest.mark.parametrize("backend", BACKENDS)
+@settings(max_examples=40, deadline=None)
+@given(lens=st.lists(st.integers(0, 10_000), max_size=9), gamma=st.integers(0, 15))
+@example(lens=[], gamma=0)
+@example(lens=[7], gamma=0)
+def test_uniform_spec_metadata_matches_the_reference(vspec, backend, lens, gamma):
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    check(backend, run("uniform_spec_metadata", backend, seq_lens, gamma),
+          ref_uniform_spec_metadata(seq_lens, gamma))
+
+
+# ------------------------------------------------------------ tree_commit
+@pytest.mark.parametrize("backend", BACKENDS)
+@settings(max_examples=60, deadline=None)
+@given(case=verified_tree())
+def test_tree_commit_matches_the_reference(vspec, backend, case):
+    check(backend, run("tree_commit", backend, *case), ref_tree_commit(*case))
+
+
+def test_tree_commit_moves_the_accepted_path_into_place(vspec):
+    # Tree: 0 -> {1, 2}, 2 -> {3}, 1 -> {4}. Request 0 accepts 0-2-3, request 1
+    # only the root (all drafts rejected), request 2 the full path 0-1-4.
+    path = torch.tensor([[0, 2, 3], [0, -1, -1], [0, 1, 4]], dtype=torch.int32)
+    tokens = torch.tensor([[10, 11, 12, 13, 14], [20, 21, 22, 23, 24], [30, 31, 32, 33, 34]],
+                          dtype=torch.int32)
+    slots = torch.arange(15).reshape(3, 5) + 100
+    new_lens, next_token, src, dst = vspec.tree_commit(
+        path, tokens, slots, torch.tensor([5, 6, 7], dtype=torch.int32))
+    assert new_lens.tolist() == [8, 7, 10]
+    assert next_token.tolist() == [13, 20, 34]
+    assert src.tolist() == [[-1, 102, 103], [-1, -1, -1], [-1, -1, 114]]
+    assert dst.tolist() == [[-1, 101, 102], [-1, -1, -1], [-1, -1, 112]]
+
+
+# ------------------------------------------------------------ arguments
+BAD_ARGUMENTS = [
+    ("commit_accepted", "sampled must be int32",
+     (torch.zeros((1, 3), dtype=torch.int64), torch.tensor([False]),
+      torch.zeros(1, dtype=torch.int32), VOCAB)),
+    ("commit_accepted", r"sampled width W=65 is not allowed: an integer in \[1, 64\]",
+     (torch.zeros((1, 65), dtype=torch.int32), torch.tensor([False]),
+      torch.zeros(1, dtype=torch.int32), VOCAB)),
+    ("commit_accepted", "sampled width W=0",
+     (torch.zeros((1, 0), dtype=torch.int32), torch.tensor([False]),
+      torch.zeros(1, dtype=torch.int32), VOCAB)),
+    ("commit_accepted", "discard must be bool",
+     (torch.zeros((2, 3), dtype=torch.int32), torch.tensor([False]),
+      torch.zeros(2, dtype=torch.int32), VOCAB)),
+    ("commit_accepted", "backup must be int32",
+     (torch.zeros((1, 3), dtype=torch.int32), torch.tensor([False]),
+      torch.zeros(1, dtype=torch.int64), VOCAB)),
+    ("commit_accepted", "vocab_size=0 is not allowed",
+     (torch.zeros((1, 3), dtype=torch.int32), torch.tensor([False]),
+      torch.zeros(1, dtype=torch.int32), 0)),
+    ("uniform_spec_metadata", r"gamma=16 is not allowed: an integer in \[0, 15\]",
+     (torch.tensor([1], dtype=torch.int32), 16)),
+    ("uniform_spec_metadata", "gamma=-1 is not allowed",
+     (torch.tensor([1], dtype=torch.int32), -1)),
+    ("uniform_spec_metadata", "seq_lens must be int32",
+     (torch.tensor([1], dtype=torch.int64), 2)),
+    ("tree_commit", "path must be int32",
+     (torch.zeros((1, 2), dtype=torch.int64), torch.zeros((1, 3), dtype=torch.int32),
+      torch.zeros((1, 3), dtype=torch.int64), torch.zeros(1, dtype=torch.int32))),
+    ("tree_commit", "target_tokens must be int32",
+     (torch.zeros((1, 2), dtype=torch.int32), torch.zeros((1, 0), dtype=torch.int32),
+      torch.zeros((1, 0), dtype=torch.int64), torch.zeros(1, dtype=torch.int32))),
+    ("tree_commit", "slots must be int64",
+     (torch.zeros((1, 2), dtype=torch.int32), torch.zeros((1, 3), dtype=torch.int32),
+      torch.zeros((1, 4), dtype=torch.int64), torch.zeros(1, dtype=torch.int32))),
+    ("tree_commit", "seq_lens must be int32",
+     (torch.zeros((1, 2), dtype=torch.int32), torch.zeros((1, 3), dtype=torch.int32),
+      torch.zeros((1, 3), dtype=torch.int64), torch.zeros(2, dtype=torch.int32))),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("op, message, args", BAD_ARGUMENTS,
+                         ids=[m.split(" ")[0] + "-" + str(i) for i, (_, m, _) in
+                              enumerate(BAD_ARGUMENTS)])
+def test_every_backend_refuses_the_same_arguments(vspec, backend, op, message, args):
+    with pytest.raises(RuntimeError, match=message):
+        run(op, backend, *args)
+
+
+def test_a_missing_library_names_the_make_command(monkeypatch, tmp_path):
+    monkeypatch.setattr(ops, "_loaded", None)
+    monkeypatch.setattr(ops, "library_candidates", lambda: [tmp_path / ops.LIBRARY])
+    with pytest.raises(ops.OpsLibraryMissing, match="run `make ops`"):
+        ops.load()
