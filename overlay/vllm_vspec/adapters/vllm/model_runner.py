@@ -7,14 +7,20 @@ VSpecRunnerMixin adds, on top of vLLM's V1 model runner:
   and the per-request cut of the drafts handed to the scheduler;
 - gamma-0 steps without a draft forward (`gamma0_mode` lazy or sticky), and
   for lazy, the drafter's catch-up before it drafts again (draft_lag.py).
-With the default settings (strict, no entropy stop) it changes nothing.
+PlainSamplingMixin samples a step in which no request has drafts (every
+gamma-0 step) with vLLM's plain sampler instead of its rejection sampler.
+With the default settings (strict, no entropy stop) that is the only change.
 Workers in worker.py build these runners; select one with vLLM's
 `worker_cls` (`--worker-cls`).
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
+import numpy as np
 import torch
+from vllm.utils.torch_utils import async_tensor_h2d
 from vllm.v1.outputs import DraftTokenIds
 from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
@@ -130,9 +136,49 @@ class VSpecRunnerMixin:
         return DraftTokenIds(out.req_ids, [d[:k] for d, k in zip(out.draft_token_ids, keep)])
 
 
-class VSpecCPUModelRunner(VSpecRunnerMixin, CPUModelRunner):
-    """vLLM's CPU model runner with vspec's rule and entropy stop."""
+class _NoDrafts(NamedTuple):
+    """What _calc_spec_decode_metadata returns for a step without drafts:
+    only the rows to sample, one per request (its last scheduled token)."""
+
+    logits_indices: torch.Tensor
 
 
-class VSpecGPUModelRunner(VSpecRunnerMixin, GPUModelRunner):
-    """vLLM's GPU (V1) model runner with vspec's rule and entropy stop."""
+class PlainSamplingMixin:
+    """A step in which no request has draft tokens takes vLLM's plain
+    sampling path, as target-only decoding does.
+
+    vLLM 0.32 builds spec-decode metadata for every step of an engine with a
+    speculative config and samples through the rejection sampler even with
+    zero drafts; at gamma 0 that made each step cost more than a target-only
+    step (docs/benchmarks.md). Without drafts the rejection sampler only
+    samples each request's bonus token with the same sampler, penalties and
+    generators, so the plain sampler gives the same tokens. Only the metadata
+    changes: the inputs, the attention metadata and vLLM's per-row draft
+    counts (which recurrent backends read) are built by the host as before.
+    The drafter then takes its no-metadata inputs (all scheduled tokens,
+    each request's last one sampled), which for zero drafts are the padded
+    path's."""
+
+    # extends GPUModelRunner._calc_spec_decode_metadata: with no drafts in the
+    # step, skip the metadata; the sampled rows are the plain path's.
+    def _calc_spec_decode_metadata(self, num_draft_tokens: np.ndarray,
+                                   cu_num_scheduled_tokens: np.ndarray):
+        if num_draft_tokens.any():
+            return super()._calc_spec_decode_metadata(num_draft_tokens, cu_num_scheduled_tokens)
+        return _NoDrafts(async_tensor_h2d(cu_num_scheduled_tokens - 1, device=self.device))
+
+    # extends GPUModelRunner._prepare_inputs: a step without drafts carries no
+    # spec-decode metadata, so _sample uses the plain sampler.
+    def _prepare_inputs(self, *args, **kwargs):
+        logits_indices, metadata, max_num_sampled = super()._prepare_inputs(*args, **kwargs)
+        if isinstance(metadata, _NoDrafts):
+            metadata = None
+        return logits_indices, metadata, max_num_sampled
+
+
+class VSpecCPUModelRunner(PlainSamplingMixin, VSpecRunnerMixin, CPUModelRunner):
+    """vLLM's CPU model runner with vspec's sampling, rule and entropy stop."""
+
+
+class VSpecGPUModelRunner(PlainSamplingMixin, VSpecRunnerMixin, GPUModelRunner):
+    """vLLM's GPU (V1) model runner with vspec's sampling, rule and entropy stop."""

@@ -1,9 +1,10 @@
 """Workers that build vspec's model runners (model_runner.py).
 
 Select with vLLM's `worker_cls`, e.g. `--worker-cls
-vllm_vspec.adapters.vllm.worker.VSpecCPUWorker` (CPU_WORKER_CLS). Needed only
-for a lossy acceptance rule or the entropy stop; dynamic gamma itself comes
-from the scheduler (scheduler.py).
+vllm_vspec.adapters.vllm.worker.VSpecCPUWorker` (CPU_WORKER_CLS). Needed for
+a lossy acceptance rule, the entropy stop, the lazy gamma 0 and gamma-0
+steps sampled without the rejection sampler; dynamic gamma itself comes from
+the scheduler (scheduler.py).
 """
 
 from __future__ import annotations
@@ -19,17 +20,22 @@ GPU_WORKER_CLS = f"{__name__}.VSpecGPUWorker"
 
 
 class VSpecCPUWorker(CPUWorker):
-    """vLLM's CPU worker running VSpecCPUModelRunner."""
+    """vLLM's CPU worker running VSpecCPUModelRunner (`runner_cls`)."""
+
+    runner_cls: type = VSpecCPUModelRunner
 
     # extends CPUWorker.init_device: it builds the stock runner as its last
     # step, before any weights or KV cache exist; replace that runner with ours.
     def init_device(self) -> None:
         super().init_device()
-        self.model_runner = VSpecCPUModelRunner(self.vllm_config, self.device)
+        self.model_runner = self.runner_cls(self.vllm_config, self.device)
 
 
 class VSpecGPUWorker(Worker):
-    """vLLM's GPU worker running VSpecGPUModelRunner (V1 runner only)."""
+    """vLLM's GPU worker running VSpecGPUModelRunner (`runner_cls`; V1
+    runner only)."""
+
+    runner_cls: type = VSpecGPUModelRunner
 
     # extends Worker._make_model_runner (the host's hook for this): our V1 runner.
     def _make_model_runner(self):
@@ -37,4 +43,4 @@ class VSpecGPUWorker(Worker):
             raise VSpecConfigError(
                 "worker_cls", GPU_WORKER_CLS,
                 "the V1 model runner: set VLLM_USE_V2_MODEL_RUNNER=0")
-        return VSpecGPUModelRunner(self.vllm_config, self.device)
+        return self.runner_cls(self.vllm_config, self.device)

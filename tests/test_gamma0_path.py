@@ -1,0 +1,98 @@
+"""Steps without drafts take vLLM's plain sampling path (vspec's runner).
+
+Spec: with vspec's worker, a step in which no request has draft tokens (every
+gamma-0 step, and the all-prefill first step) is sampled by vLLM's plain
+sampler, never by the rejection sampler with zero drafts; steps with drafts
+still go through the rejection sampler; and greedy outputs stay
+token-identical to target-only decoding with gamma changing every step,
+gamma 0 included (cycle policy), for a draft model in both gamma-0 modes
+(sync: the drafter still runs over a gamma-0 step's tokens; lazy: it skips
+it and catches up) and for EAGLE.
+
+The CPU platform turns async scheduling off, so the async runner path is not
+run here (it shares PlainSamplingMixin).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import DRAFT, EAGLE, assert_same_tokens, close_llm, greedy, make_llm, runner_of
+from vllm_vspec.adapters.vllm.worker import CPU_WORKER_CLS
+from vllm_vspec.trace import read_trace
+
+pytestmark = pytest.mark.engine
+
+K = 4
+CASES = {
+    "draft-sync": ({"method": "draft_model", "model": str(DRAFT), "num_speculative_tokens": K},
+                   "sync"),
+    "draft-lazy": ({"method": "draft_model", "model": str(DRAFT), "num_speculative_tokens": K},
+                   "lazy"),
+    "eagle-sync": ({"method": "eagle", "model": str(EAGLE), "num_speculative_tokens": K}, "sync"),
+}
+
+
+class SamplerCalls:
+    """Counts the runner's sampler calls through nn.Module hooks: the draft
+    total of every rejection-sampler call, and every call of the plain
+    sampler (which the rejection sampler also calls for its bonus tokens)."""
+
+    def __init__(self, runner) -> None:
+        self.rejection_drafts: list[int] = []
+        self.sampler_calls = 0
+        self._handles = [
+            runner.rejection_sampler.register_forward_pre_hook(
+                lambda _m, args: self.rejection_drafts.append(sum(args[0].num_draft_tokens))),
+            runner.sampler.register_forward_pre_hook(lambda _m, _args: self._count()),
+        ]
+
+    def _count(self) -> None:
+        self.sampler_calls += 1
+
+    @property
+    def plain_calls(self) -> int:
+        return self.sampler_calls - len(self.rejection_drafts)
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def cycling(request, reference, tmp_path_factory):
+    """A vspec engine on vspec's worker whose gamma changes every step
+    (4, 0, 3, 1, 2, ...). Starts after `reference`: one engine at a time."""
+    spec, mode = CASES[request.param]
+    trace = tmp_path_factory.mktemp("trace") / f"{request.param}.jsonl"
+    llm = make_llm(speculative_config=spec, worker_cls=CPU_WORKER_CLS,
+                   vspec={"policy": "cycle", "min_gamma": 0, "gamma0_mode": mode,
+                          "trace_path": str(trace)})
+    yield request.param, llm, trace
+    close_llm(llm)
+
+
+def test_outputs_are_token_identical_to_target_only(cycling, prompts, reference):
+    name, llm, _ = cycling
+    assert_same_tokens(greedy(llm, prompts), reference, f"{name}, cycle gamma with gamma 0")
+
+
+def test_steps_without_drafts_skip_the_rejection_sampler(cycling, prompts):
+    name, llm, trace = cycling
+    earlier = len(read_trace(trace)[1])
+    calls = SamplerCalls(runner_of(llm))
+    try:
+        greedy(llm, prompts[:4])
+    finally:
+        calls.remove()
+    steps = read_trace(trace)[1][earlier:]  # line-buffered: complete after generate()
+    without_drafts = sum(1 for s in steps if sum(s["drafted"]) == 0)
+    assert without_drafts > 0, f"{name}: no decode step without drafts (cycle gamma 0 missing)"
+    assert calls.rejection_drafts, f"{name}: the rejection sampler never ran: nothing was drafted"
+    assert min(calls.rejection_drafts) > 0, (
+        f"{name}: the rejection sampler sampled steps with zero drafts: "
+        f"{calls.rejection_drafts}")
+    # Decode steps without drafts, plus the prefill step the trace leaves out.
+    assert calls.plain_calls >= without_drafts + 1, (
+        f"{name}: {calls.plain_calls} plain sampler calls for {without_drafts} decode "
+        f"steps without drafts and a prefill step")
