@@ -1,0 +1,189 @@
+"""pytest plugin of the peer suite: every one of vLLM's own scheduler tests
+runs once per variant, the stock `Scheduler` and VSpecScheduler under each
+vspec setting, in one process (importing the tests costs far more than
+running them).
+
+peer_suite.py loads it (`-p peer_plugin`) into the pytest process that runs
+the fetched tests, and only there. The fetched files are not edited: for a
+vspec variant, an autouse fixture rebinds the names `Scheduler` and
+`AsyncScheduler` in the test modules (where `create_scheduler` and the tests
+look them up) to VSpecScheduler subclasses whose only addition is the
+variant's settings, put where `--additional-config '{"vspec": ...}'` puts
+them. vLLM's own classes and modules are left alone.
+
+Outcomes go to --peer-report as JSON: {test id: {variant: {outcome, message}}},
+the test id without the variant's parameter.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+PARAM = "peer_variant"
+STOCK = "stock"
+# The fetched tests' package (the sdist's tests/, not this repository's).
+PEER_PACKAGE = "tests."
+RUN = "vspec_peer_run"
+
+
+def pytest_addoption(parser) -> None:
+    group = parser.getgroup("vspec peer suite")
+    group.addoption("--peer-suite", required=True, help="suite.toml: variants and exclusions")
+    group.addoption("--peer-variants", default="",
+                    help="comma-separated subset of the suite's variants (default: all)")
+    group.addoption("--peer-report", required=True, help="where to write the outcomes (JSON)")
+
+
+def load_variants(suite: dict, subset: str) -> dict[str, dict | None]:
+    """Variant name -> vspec settings (None: vLLM's stock Scheduler)."""
+    variants: dict[str, dict | None] = {STOCK: None, **suite["variants"]}
+    if not subset:
+        return variants
+    names = subset.split(",")
+    unknown = [n for n in names if n not in variants]
+    if unknown:
+        raise pytest.UsageError(f"--peer-variants: unknown {unknown}; allowed: {list(variants)}")
+    return {n: variants[n] for n in names}
+
+
+def variant_token(name: str) -> str:
+    return f"peer={name}"
+
+
+def base_id(nodeid: str, name: str) -> str:
+    """The test id without the variant's parameter id (whichever position
+    pytest gave it among the test's own parameters)."""
+    token = variant_token(name)
+    for old, new in ((f"[{token}]", ""), (f"[{token}-", "["), (f"-{token}]", "]"),
+                     (f"-{token}-", "-")):
+        if old in nodeid:
+            return nodeid.replace(old, new, 1)
+    raise ValueError(f"{nodeid} has no parameter {token}")
+
+
+def excluded_reason(test_id: str, excluded: dict[str, str]) -> str | None:
+    return next((why for pattern, why in excluded.items() if fnmatch.fnmatchcase(test_id, pattern)),
+                None)
+
+
+def peer_classes(name: str, settings: dict):
+    """VSpecScheduler and VSpecAsyncScheduler given `settings` as vspec's
+    additional_config. The async one also subclasses the sync one, so that
+    `isinstance(AsyncScheduler(...), Scheduler)` holds after rebinding as it
+    does in vLLM."""
+    from vllm_vspec.adapters.vllm.scheduler import VSpecAsyncScheduler, VSpecScheduler
+
+    class WithSettings:
+        def __init__(self, vllm_config, *args, **kwargs):
+            # vspec settings need a speculative config (the scheduler refuses
+            # them otherwise, as the server does); tests without one run the
+            # subclass with no settings, i.e. as an engine with no vspec keys.
+            if vllm_config.speculative_config is not None:
+                vllm_config.additional_config = {**(vllm_config.additional_config or {}),
+                                                 "vspec": dict(settings)}
+            super().__init__(vllm_config, *args, **kwargs)
+
+    sync = type(f"VSpecScheduler_{name}", (WithSettings, VSpecScheduler), {})
+    return sync, type(f"VSpecAsyncScheduler_{name}", (sync, VSpecAsyncScheduler), {})
+
+
+class PeerRun:
+    """The plugin object of one peer run (registered in pytest_configure)."""
+
+    def __init__(self, config) -> None:
+        suite = tomllib.loads(Path(config.getoption("--peer-suite")).read_text())
+        self.variants = load_variants(suite, config.getoption("--peer-variants"))
+        self.excluded: dict[str, str] = suite.get("excluded", {})
+        self.report_path = Path(config.getoption("--peer-report"))
+        self.ids: dict[str, tuple[str, str]] = {}  # nodeid -> (test id, variant)
+        self.results: dict[str, dict[str, dict]] = {}
+        self.classes: dict[str, tuple] = {}
+
+    def scheduler_classes(self, name: str) -> tuple:
+        if name not in self.classes:
+            self.classes[name] = peer_classes(name, self.variants[name])
+        return self.classes[name]
+
+    def pytest_generate_tests(self, metafunc) -> None:
+        if not metafunc.module.__name__.startswith(PEER_PACKAGE):
+            return
+        metafunc.fixturenames.append(PARAM)
+        metafunc.parametrize(PARAM, list(self.variants),
+                             ids=[variant_token(n) for n in self.variants])
+
+    def pytest_collection_modifyitems(self, config, items) -> None:
+        kept, dropped = [], []
+        for item in items:
+            variant = item.callspec.params[PARAM]
+            test_id = base_id(item.nodeid, variant)
+            if excluded_reason(test_id, self.excluded) is not None:
+                dropped.append(item)
+                continue
+            self.ids[item.nodeid] = (test_id, variant)
+            kept.append(item)
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+    def pytest_runtest_logreport(self, report) -> None:
+        key = self.ids.get(report.nodeid)
+        if key is None:
+            return
+        test_id, variant = key
+        slot = self.results.setdefault(test_id, {})
+        if report.when == "call" or (report.when == "setup" and not report.passed):
+            if hasattr(report, "wasxfail"):
+                outcome = "xfailed" if report.skipped else "xpassed"
+            elif report.when == "setup" and report.failed:
+                outcome = "error"
+            else:
+                outcome = report.outcome
+            slot[variant] = {"outcome": outcome, "message": _message(report)}
+        elif report.when == "teardown" and report.failed:
+            slot[variant] = {"outcome": "error", "message": _message(report)}
+
+    def pytest_sessionfinish(self) -> None:
+        self.report_path.write_text(json.dumps(
+            {"variants": list(self.variants), "excluded": self.excluded,
+             "results": self.results}, indent=1, sort_keys=True))
+
+
+def _message(report) -> str:
+    if report.passed:
+        return ""
+    crash = getattr(report.longrepr, "reprcrash", None)
+    text = crash.message if crash is not None else str(report.longrepr)
+    return text.strip().splitlines()[0][:300] if text.strip() else ""
+
+
+def pytest_configure(config) -> None:
+    config.pluginmanager.register(PeerRun(config), RUN)
+
+
+@pytest.fixture(autouse=True)
+def _peer_scheduler(request, monkeypatch):
+    """Rebind the test modules' `Scheduler`/`AsyncScheduler` to this
+    variant's classes for the duration of one test."""
+    run: PeerRun = request.config.pluginmanager.get_plugin(RUN)
+    variant = request.node.callspec.params[PARAM]
+    if run.variants[variant] is None:
+        yield
+        return
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    sync, async_ = run.scheduler_classes(variant)
+    for module in list(sys.modules.values()):
+        if not getattr(module, "__name__", "").startswith(PEER_PACKAGE):
+            continue
+        for name, stock, ours in (("Scheduler", Scheduler, sync),
+                                  ("AsyncScheduler", AsyncScheduler, async_)):
+            if vars(module).get(name) is stock:
+                monkeypatch.setattr(module, name, ours)
+    yield

