@@ -18,7 +18,15 @@ for each class:
 - attribute: each `self.x` we read and do not set ourselves exists in the host
   (a method, a class attribute, or a `self.x = ...` in some host method), and
   a host attribute we shadow with a property has a setter when the host
-  assigns it.
+  assigns it;
+- constructor: each host class our adapter modules instantiate
+  (`ACLGraphWrapper(fn, cfg, runtime_mode=...)`) is called in a way its
+  `__init__` accepts;
+- host object: on a host object other than `self`, each attribute we read and
+  each method we call exists (and the call binds). A name is known to hold a
+  host object when our function builds it from a host class, annotates it with
+  one, or tests `isinstance(name, HostClass)` (flow-insensitive: anywhere in
+  the function).
 
 `vllm-vspec doctor` (doctor.py) chooses the hosts and prints the report.
 """
@@ -26,6 +34,7 @@ for each class:
 from __future__ import annotations
 
 import ast
+import functools
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,7 +66,7 @@ class Sources:
     def __init__(self, roots: dict[str, Path]):
         self.roots = dict(roots)
         self._cache: dict[str, Module | None] = {}
-        self._zips: dict[Path, zipfile.ZipFile] = {}
+        self._zips: dict[Path, tuple[zipfile.ZipFile, set[str]]] = {}
 
     def _locate(self, module: str) -> tuple[Path, str] | None:
         """(root, path of the module relative to the root, without suffix).
@@ -71,7 +80,13 @@ class Sources:
         return root, rel.replace(".", "/")
 
     def _zip(self, root: Path) -> zipfile.ZipFile:
-        return self._zips.setdefault(root, zipfile.ZipFile(root))
+        return self._zip_and_names(root)[0]
+
+    def _zip_and_names(self, root: Path) -> tuple[zipfile.ZipFile, set[str]]:
+        if root not in self._zips:  # reading a wheel's directory is the slow part: once
+            zf = zipfile.ZipFile(root)
+            self._zips[root] = (zf, set(zf.namelist()))
+        return self._zips[root]
 
     def read(self, module: str) -> tuple[str, str, bool] | None:
         """(display path, text, is_package) of a module, or None."""
@@ -82,7 +97,7 @@ class Sources:
         candidates = [(f"{rel}.py", False), (f"{rel}/__init__.py", True)] if rel else \
             [("__init__.py", True)]
         if root.is_file():
-            names = set(self._zip(root).namelist())
+            names = self._zip_and_names(root)[1]
             for member, pkg in candidates:
                 if member in names:
                     return f"{root.name}!{member}", self._zip(root).read(member).decode(), pkg
@@ -372,8 +387,15 @@ def class_members(ref: ClassRef) -> dict[str, ast.AST]:
 
 def self_assignments(ref: ClassRef) -> dict[str, ast.AST]:
     """`self.x = ...` (also annotated / augmented / tuple targets) in methods."""
+    return _self_assignments(ref.node)
+
+
+# Keyed by the class node (identity); bounded so that trees of hosts checked
+# earlier in a process (tests check several) do not pile up.
+@functools.lru_cache(maxsize=512)
+def _self_assignments(cls: ast.ClassDef) -> dict[str, ast.AST]:
     out: dict[str, ast.AST] = {}
-    for fn in ref.node.body:
+    for fn in cls.body:
         if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
         for node in ast.walk(fn):
@@ -425,7 +447,7 @@ class Finding:
     host: str
     cls: str
     member: str
-    kind: str  # override | call | attribute | import | base
+    kind: str  # override | call | attribute | import | base | constructor | host object
     ours: str  # file:line
     theirs: str  # file:line, or "" when the host lacks it
     problem: str
@@ -662,10 +684,127 @@ def check_imports(host_name: str, sources: Sources, roots: dict[str, Path]) -> t
     return checked, findings
 
 
+def _host_class(sources: Sources, mod: Module, node: ast.AST | None,
+                hosts: set[str]) -> ClassRef | None:
+    """The host class an expression of our module names (`Name`, `pkg.Name`
+    or a string annotation), or None."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        try:
+            node = ast.parse(node.value, mode="eval").body
+        except SyntaxError:
+            return None
+    dotted = _dotted(node) if node is not None else None
+    if dotted is None:
+        return None
+    head, _, rest = dotted.partition(".")
+    if head not in mod.imports:
+        return None
+    qualname = mod.imports[head] + (f".{rest}" if rest else "")
+    if qualname.split(".")[0] not in hosts or _ours(qualname):
+        return None
+    return resolve(sources, qualname)
+
+
+def _typed_names(sources: Sources, mod: Module, fn: ast.AST,
+                 hosts: set[str]) -> dict[str, ClassRef]:
+    """Local names of `fn` known to hold an instance of a host class."""
+    out: dict[str, ClassRef] = {}
+    args = fn.args
+    for a in args.posonlyargs + args.args + args.kwonlyargs:
+        ref = _host_class(sources, mod, a.annotation, hosts)
+        if ref is not None:
+            out[a.arg] = ref
+    for node in ast.walk(fn):
+        target, cls = None, None
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 \
+                and isinstance(node.value, ast.Call):
+            target, cls = node.targets[0], node.value.func
+        elif isinstance(node, ast.AnnAssign):
+            target, cls = node.target, node.annotation
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+              and node.func.id == "isinstance" and len(node.args) == 2):
+            target, cls = node.args[0], node.args[1]
+        if isinstance(target, ast.Name):
+            ref = _host_class(sources, mod, cls, hosts)
+            if ref is not None:
+                out[target.id] = ref
+    return out
+
+
+def _functions(mod: Module) -> Iterator[tuple[str, ast.AST]]:
+    """(qualified name, function) of every function and method in a module."""
+    for node in mod.tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield f"{mod.name}.{node.name}", node
+        elif isinstance(node, ast.ClassDef):
+            for fn in node.body:
+                if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    yield f"{mod.name}.{node.name}.{fn.name}", fn
+
+
+def _init_of(sources: Sources, ref: ClassRef) -> tuple[ClassRef, ast.AST] | None:
+    """Where a host class's constructor is defined (its own or inherited)."""
+    return host_lookup(mro(sources, ref), "__init__", concrete=True)
+
+
+def check_host_objects(host_name: str, sources: Sources,
+                       roots: dict[str, Path]) -> tuple[int, list[Finding]]:
+    """Constructor calls of host classes, and members used on host objects
+    other than `self`, in every function of our adapter modules."""
+    hosts = {r.split(".")[0] for r in roots if not _ours(r)}
+    checked, findings = 0, []
+    fn_types = (ast.FunctionDef, ast.AsyncFunctionDef)
+    for package in ADAPTER_PACKAGES:
+        for mod_name in sources.modules_under(package):
+            mod = sources.module(mod_name)
+            if mod is None:
+                continue
+            for where_fn, fn in _functions(mod):
+                typed = _typed_names(sources, mod, fn, hosts)
+                called = {id(n.func): n for n in ast.walk(fn) if isinstance(n, ast.Call)}
+                for node in ast.walk(fn):
+                    at = f"{mod.path}:{getattr(node, 'lineno', fn.lineno)}"
+                    if isinstance(node, ast.Call):
+                        cls = _host_class(sources, mod, node.func, hosts)
+                        if cls is None:
+                            continue
+                        hit = _init_of(sources, cls)
+                        if hit is None or not isinstance(hit[1], fn_types):
+                            continue  # object.__init__ or one we cannot read
+                        checked += 1
+                        for p in call_problems(node, signature(hit[1])):
+                            findings.append(Finding(host_name, where_fn, cls.qualname,
+                                                    "constructor", at, hit[0].where(hit[1]), p))
+                    elif (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load)
+                          and isinstance(node.value, ast.Name) and node.value.id in typed):
+                        cls = typed[node.value.id]
+                        chain = mro(sources, cls)
+                        hit = host_lookup(chain, node.attr, concrete=True)
+                        if hit is None and (opaque_bases(sources, chain)
+                                            or node.attr in OBJECT_MEMBERS):
+                            continue  # may be defined where we cannot read
+                        checked += 1
+                        member = f"{node.value.id}.{node.attr}"
+                        if hit is None:
+                            findings.append(Finding(
+                                host_name, where_fn, member, "host object", at, cls.where(),
+                                f"{cls.qualname} has no attribute {node.attr!r}"))
+                        elif id(node) in called and isinstance(hit[1], fn_types) \
+                                and not _is_property(hit[1]):
+                            for p in call_problems(called[id(node)], signature(hit[1])):
+                                findings.append(Finding(host_name, where_fn, member,
+                                                        "host object", at,
+                                                        hit[0].where(hit[1]), p))
+    return checked, _dedupe(findings)
+
+
 def check_host(name: str, roots: dict[str, Path]) -> HostReport:
     sources = Sources(roots)
     report = HostReport(name, {k: str(v) for k, v in sorted(roots.items())})
     report.checked, report.findings = check_imports(name, sources, roots)
+    checked, findings = check_host_objects(name, sources, roots)
+    report.checked += checked
+    report.findings += findings
     for ref in adapter_classes(sources):
         if not any(not c.ours and c.module.name.split(".")[0] in roots for c in mro(sources, ref)):
             continue
