@@ -8,28 +8,43 @@ import json
 import pytest
 
 from vllm_vspec.config import VSpecConfig
-from vllm_vspec.controller import (BatchState, GammaController, StepFeedback, bucket_of,
-                                   feasible_max_gamma)
+from vllm_vspec.controller import GammaController
+from vllm_vspec.steps import BatchState, StepFeedback, bucket_of, feasible_max_gamma
 from vllm_vspec.trace import TraceError, read_trace
 
 BUDGET = 8192
 
 
-def fixed(gamma: int, **over) -> GammaController:
-    return GammaController(VSpecConfig(policy="fixed", fixed_gamma=gamma, min_gamma=0, **over), 4)
+class Clock:
+    """The controller's clock, set by the test."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
-def feedback(gamma: int, start: float, end: float, committed: int = 10,
-             num_reqs: int = 2, drafted: int = 0) -> StepFeedback:
-    return StepFeedback(gamma=gamma, num_reqs=num_reqs, drafted=(drafted,) * num_reqs,
-                        accepted=(0,) * num_reqs, committed=committed,
-                        scheduled_at=start, completed_at=end)
+def controller(clock: Clock | None = None, **config) -> GammaController:
+    return GammaController(VSpecConfig(**config), 4, clock=clock or Clock())
+
+
+def fixed(gamma: int, clock: Clock | None = None, **over) -> GammaController:
+    return controller(clock, policy="fixed", fixed_gamma=gamma, min_gamma=0, **over)
+
+
+def feedback(committed: int = 10, num_reqs: int = 2, drafted: int = 0) -> StepFeedback:
+    return StepFeedback(drafted=(drafted,) * num_reqs, accepted=(0,) * num_reqs,
+                        committed=committed)
 
 
 def run_step(ctl: GammaController, start: float, end: float, committed: int = 10,
              num_reqs: int = 2) -> int:
+    """One step scheduled at `start` and processed at `end` (on ctl.clock)."""
+    ctl.clock.now = start
     gamma = ctl.decide(BatchState(num_reqs, BUDGET)).gamma
-    ctl.observe(feedback(gamma, start, end, committed, num_reqs))
+    ctl.clock.now = end
+    ctl.observe(feedback(committed, num_reqs))
     return gamma
 
 
@@ -52,6 +67,13 @@ def test_max_gamma_defaults_to_num_speculative_tokens():
     assert ctl.decide(BatchState(1, BUDGET)).gamma == 3
 
 
+def test_the_gamma_in_force_is_the_last_decision():
+    ctl = controller(policy="cycle", min_gamma=0)   # decides 4, 0, 3, 1, 2, ...
+    assert ctl.gamma == 4                           # before any decision: max_gamma
+    decided = [ctl.decide(BatchState(2, BUDGET)).gamma for _ in range(3)]
+    assert decided == [4, 0, 3] and ctl.gamma == 3
+
+
 def test_gamma_is_capped_when_the_batch_outgrows_the_budget():
     ctl = fixed(4)
     d = ctl.decide(BatchState(10, 35))
@@ -59,7 +81,7 @@ def test_gamma_is_capped_when_the_batch_outgrows_the_budget():
 
 
 def test_when_even_min_gamma_does_not_fit_the_controller_drafts_what_fits():
-    ctl = GammaController(VSpecConfig(min_gamma=2), 4)
+    ctl = controller(min_gamma=2)
     d = ctl.decide(BatchState(10, 25))          # only gamma 1 fits
     assert (d.gamma, d.reason) == (1, "infeasible")
 
@@ -73,20 +95,31 @@ def test_first_step_and_gamma_changes_are_not_rewarded():
 
 
 def test_a_step_after_a_gamma_change_is_unstable():
-    ctl = GammaController(VSpecConfig(min_gamma=0), 4)
-    ctl.decide(BatchState(2, BUDGET))
-    ctl.observe(feedback(3, 0.0, 1.0))
-    ctl.decide(BatchState(2, BUDGET))
-    ctl.observe(feedback(1, 1.0, 2.0))           # drafts verified were proposed at gamma 3
+    ctl = controller(policy="cycle", min_gamma=0)   # 4, 0, 3, 1, 2, ...
+    for i in range(5):
+        run_step(ctl, i, i + 1.0)                # each verifies drafts of another gamma
     assert ctl.summary()["reward_tok_s"] == {}
+
+
+def test_the_policy_learns_the_decided_gamma_and_the_controllers_interval():
+    seen = []
+    ctl = fixed(3)
+    ctl.policy.observe = seen.append
+    run_step(ctl, 1.0, 1.5, committed=6)
+    run_step(ctl, 2.0, 2.25, committed=6)
+    assert [(o.gamma, o.interval_s, o.reward, o.stable) for o in seen] == [
+        (3, 0.5, 12.0, False), (3, 0.25, 24.0, True)]
 
 
 def test_reward_uses_the_non_overlapping_interval_under_async_scheduling():
     ctl = fixed(2)
-    ctl.decide(BatchState(2, BUDGET))
+    ctl.decide(BatchState(2, BUDGET))            # at 0.0
+    ctl.clock.now = 0.5
     ctl.decide(BatchState(2, BUDGET))            # step 2 scheduled before step 1 completes
-    ctl.observe(feedback(2, 0.0, 1.0))
-    ctl.observe(feedback(2, 0.5, 1.5, committed=10))
+    ctl.clock.now = 1.0
+    ctl.observe(feedback())
+    ctl.clock.now = 1.5
+    ctl.observe(feedback(committed=10))
     # Step 2 owns only 1.0 -> 1.5, not 0.5 -> 1.5.
     assert ctl.summary()["reward_tok_s"] == {"2": 20.0}
 
@@ -94,13 +127,27 @@ def test_reward_uses_the_non_overlapping_interval_under_async_scheduling():
 def test_idle_time_before_a_step_is_not_charged_to_it():
     ctl = fixed(2)
     run_step(ctl, 0.0, 1.0)
-    run_step(ctl, 5.0, 5.5, committed=10)        # engine idle from 1.0 to 5.0
+    ctl.step_processed(busy=False)               # no request left: the engine may idle
+    run_step(ctl, 5.0, 5.5, committed=10)        # idle from 1.0 to 5.0
     assert ctl.summary()["reward_tok_s"] == {"2": 20.0}
+
+
+def test_a_busy_engines_step_starts_where_the_previous_output_was_processed():
+    # Output processing and scheduling take the same time at every gamma:
+    # leaving them out would favour low gammas.
+    ctl = fixed(2)
+    run_step(ctl, 0.0, 1.0)
+    ctl.clock.now = 1.1
+    ctl.step_processed(busy=True)                # requests remain
+    ctl.clock.now = 1.2
+    ctl.step_processed(busy=True)                # a step the controller did not decide (prefill)
+    run_step(ctl, 1.7, 2.2, committed=10)        # scheduled at 1.7, charged from 1.2
+    assert ctl.summary()["reward_tok_s"] == {"2": 10.0}
 
 
 def test_observe_without_decide_is_an_adapter_bug():
     with pytest.raises(RuntimeError, match="decide"):
-        fixed(2).observe(feedback(2, 0.0, 1.0))
+        fixed(2).observe(feedback())
 
 
 def test_summary_counts_steps_per_gamma_and_bucket_and_is_json():
@@ -119,10 +166,13 @@ def test_overhead_is_reported_per_step_per_bucket_and_as_share_of_step_time(tmp_
     path = tmp_path / "trace.jsonl"
     ctl = fixed(2, trace_path=str(path))
     for i in range(4):                           # bucket 2: 4 steps of 1 s each
-        ctl.decide(BatchState(2, BUDGET))
-        ctl.observe(feedback(2, float(i), i + 1.0), host_overhead_s=0.01)
+        ctl.clock.now = float(i)
+        ctl.decide(BatchState(2, BUDGET), host_overhead_s=0.004)
+        ctl.clock.now = i + 1.0
+        ctl.observe(feedback(), host_overhead_s=0.006)
     ctl.decide(BatchState(16, BUDGET))           # bucket 16: one step of 0.5 s
-    ctl.observe(feedback(2, 4.0, 4.5, num_reqs=16), host_overhead_s=0.05)
+    ctl.clock.now = 4.5
+    ctl.observe(feedback(num_reqs=16), host_overhead_s=0.05)
     ctl.close()
     s = ctl.summary()
     # The host's share dominates; decide/observe themselves add microseconds.

@@ -12,10 +12,11 @@ import pytest
 
 from vllm_vspec.acceptance_stats import PositionAcceptance, expected_tokens
 from vllm_vspec.config import VSpecConfig
-from vllm_vspec.controller import BatchState, GammaController, StepFeedback
+from vllm_vspec.controller import GammaController
 from vllm_vspec.latency import LatencyProfile, LinearLatency
 from vllm_vspec.policies.governor import Governor
 from vllm_vspec.policies.profile import ProfilePolicy
+from vllm_vspec.steps import BatchState, StepFeedback
 
 K = 4
 BUDGET = 8192
@@ -41,15 +42,14 @@ class Engine:
     def run(self, ctl: GammaController, steps: int, num_reqs: int,
             budget: int = BUDGET) -> list:
         decisions = []
+        ctl.clock = lambda: self.now   # the controller stamps steps on this engine's time
         for _ in range(steps):
             d = ctl.decide(BatchState(num_reqs, budget))
             decisions.append(d)
             drafted = (self.prev_gamma,) * num_reqs
             accepted = tuple(self.accepted(x) for x in drafted)
-            start = self.now
             self.now += self.step_s(d.gamma, num_reqs)
-            ctl.observe(StepFeedback(d.gamma, num_reqs, drafted, accepted,
-                                     sum(accepted) + num_reqs, start, self.now))
+            ctl.observe(StepFeedback(drafted, accepted, sum(accepted) + num_reqs))
             self.prev_gamma = d.gamma
         return decisions
 
@@ -257,7 +257,7 @@ def test_profile_policy_takes_the_goodput_argmax():
     expected = {k: 1000 * 8 * expected_tokens((1, 1, 0, 0), k) / PROFILE.step_ms(k, 8, 0.0)
                 for k in range(K + 1)}
     assert g == pytest.approx(expected)
-    assert policy.decide(batch, 8, 0, K) == (max(expected, key=expected.get), "profile")
+    assert policy.decide(batch, 8, 0, K, None) == (max(expected, key=expected.get), "profile")
 
 
 def test_profile_policy_calibrates_latency_per_gamma(tmp_path):

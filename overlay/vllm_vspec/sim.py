@@ -44,9 +44,9 @@ import numpy as np
 
 from vllm_vspec.acceptance_stats import PositionAcceptance, expected_tokens_all
 from vllm_vspec.config import VSpecConfig
-from vllm_vspec.controller import (BatchState, Decision, GammaController, StepFeedback,
-                                   bucket_of, feasible_max_gamma)
+from vllm_vspec.controller import GammaController
 from vllm_vspec.latency import LatencyProfile, load_profile
+from vllm_vspec.steps import BatchState, Decision, StepFeedback, bucket_of, feasible_max_gamma
 from vllm_vspec.trace import read_trace
 
 # Synthetic acceptance (conditional per-position rates). DRAFT_RATES is the
@@ -308,13 +308,11 @@ def simulate(workload: Workload, profile: LatencyProfile, policy: StepPolicy, cl
             ms += profile.draft(ctx, int(lag[idx].sum()))   # the catch-up pass
             lag[idx] = 0
         ms *= math.exp(noise * noise_rng.standard_normal()) if noise else 1.0
-        start = clock.now
         clock.now += ms / 1000.0
         has = verify > 0
         policy.observe(StepFeedback(
-            gamma=gamma, num_reqs=b, drafted=tuple(verify[has].tolist()),
-            accepted=tuple(accepted[has].tolist()), committed=int(committed.sum()),
-            scheduled_at=start, completed_at=clock.now))
+            drafted=tuple(verify[has].tolist()), accepted=tuple(accepted[has].tolist()),
+            committed=int(committed.sum())))
         done[idx] += committed
         if gamma == 0 and gamma0_mode == "lazy":
             lag[idx] += committed
@@ -388,15 +386,17 @@ def controller_overhead_us(policy: str = "online", batch: int = 16, steps: int =
     over = {"policy": policy, "min_gamma": 0}
     if policy == "profile":
         over["profile_path"] = profile_path
-    ctl = GammaController(VSpecConfig.from_dict(over, max_gamma), max_gamma)
-    t, state = 0.0, BatchState(batch, 8192, 300.0)
-    drafted = tuple([max_gamma] * batch)
-    accepted = tuple(i % (max_gamma + 1) for i in range(batch))
+    clock = SimClock()
+    ctl = GammaController(VSpecConfig.from_dict(over, max_gamma), max_gamma, clock=clock)
+    state = BatchState(batch, 8192, 300.0)
+    fb = StepFeedback(drafted=tuple([max_gamma] * batch),
+                      accepted=tuple(i % (max_gamma + 1) for i in range(batch)),
+                      committed=batch * 2)
     start = time.perf_counter()
     for _ in range(steps):
-        g = ctl.decide(state).gamma
-        ctl.observe(StepFeedback(g, batch, drafted, accepted, batch * 2, t, t + 0.01))
-        t += 0.01
+        ctl.decide(state)
+        clock.now += 0.01
+        ctl.observe(fb)
     return (time.perf_counter() - start) / steps * 1e6
 
 

@@ -3,8 +3,13 @@
 A policy scores gammas; the controller (controller.py) does the shared work
 around it (feasible range, bucket, reward, stability, summary, trace).
 
-    decide(batch, bucket, lo, hi) -> (gamma, reason)   # lo <= gamma <= hi
+    decide(batch, bucket, lo, hi, previous) -> (gamma, reason)   # lo <= gamma <= hi
     observe(outcome: StepOutcome) -> None
+
+`previous` is the controller's decision in force before this one (any
+bucket; None before the first): the controller owns it, a policy keeps no
+copy. The step types come from the leaf module steps.py, never from
+controller.py (which imports this package).
 """
 
 from __future__ import annotations
@@ -14,11 +19,12 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from vllm_vspec.config import VSpecConfig
-    from vllm_vspec.controller import BatchState, StepOutcome
+    from vllm_vspec.steps import BatchState, StepOutcome
 
 
 class Policy(Protocol):
-    def decide(self, batch: "BatchState", bucket: int, lo: int, hi: int) -> tuple[int, str]: ...
+    def decide(self, batch: "BatchState", bucket: int, lo: int, hi: int,
+               previous: int | None) -> tuple[int, str]: ...
 
     def observe(self, outcome: "StepOutcome") -> None: ...
 

@@ -26,7 +26,8 @@ class CyclePolicy:
     def __init__(self, config: VSpecConfig):
         self.step = 0
 
-    def decide(self, batch, bucket: int, lo: int, hi: int) -> tuple[int, str]:
+    def decide(self, batch, bucket: int, lo: int, hi: int,
+               previous: int | None) -> tuple[int, str]:
         order = cycle_order(lo, hi)
         gamma = order[self.step % len(order)]
         self.step += 1

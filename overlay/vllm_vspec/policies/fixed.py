@@ -9,7 +9,8 @@ class FixedPolicy:
     def __init__(self, config: VSpecConfig):
         self.gamma = config.fixed_gamma
 
-    def decide(self, batch, bucket: int, lo: int, hi: int) -> tuple[int, str]:
+    def decide(self, batch, bucket: int, lo: int, hi: int,
+               previous: int | None) -> tuple[int, str]:
         if self.gamma > hi:
             return hi, "infeasible"
         return self.gamma, "fixed"

@@ -55,8 +55,8 @@ from collections import deque
 
 from vllm_vspec.acceptance_stats import PositionAcceptance, expected_tokens_all
 from vllm_vspec.config import VSpecConfig
-from vllm_vspec.controller import nearest_bucket
 from vllm_vspec.policies.governor import Governor
+from vllm_vspec.steps import nearest_bucket
 
 
 # A measured neighbour estimated within this fraction of the best arm is
@@ -165,24 +165,23 @@ class OnlinePolicy:
         self.acceptance = PositionAcceptance(config.max_gamma, config.ewma_weight,
                                              config.min_observations)
         self.buckets: dict[int, _Arms] = {}
-        self._last_gamma: int | None = None   # last decision, any bucket
 
     # ------------------------------------------------------------ decide
-    def decide(self, batch, bucket: int, lo: int, hi: int) -> tuple[int, str]:
+    def decide(self, batch, bucket: int, lo: int, hi: int,
+               previous: int | None) -> tuple[int, str]:
         arms = self.buckets.get(bucket)
         if arms is None:
-            gamma, reason = self._open(bucket, lo, hi)
+            gamma, reason = self._open(bucket, lo, hi, previous)
         elif arms.warmup is not None:
             gamma, reason = self._warmup(bucket, arms, lo, hi)
         else:
             gamma, reason = self.governor.step(
                 bucket, lo, hi, lambda: self.scores(bucket, lo, hi), "ucb")
-        self._last_gamma = gamma
         return gamma, reason
 
-    def _open(self, bucket: int, lo: int, hi: int) -> tuple[int, str]:
+    def _open(self, bucket: int, lo: int, hi: int, previous: int | None) -> tuple[int, str]:
         arms = _Arms(self.config.online_window, self.config.online_probe_interval,
-                     incumbent=self._last_gamma)
+                     incumbent=previous)
         self.buckets[bucket] = arms
         source = self._nearest_measured(bucket)
         if source is not None and abs(math.log2(source / bucket)) <= SEED_MAX_OCTAVES:
@@ -284,4 +283,4 @@ class OnlinePolicy:
         self.acceptance.update(fb.drafted, fb.accepted)
         arms = self.buckets.get(outcome.bucket)
         if outcome.stable and arms is not None:
-            arms.add(fb.gamma, outcome.batch.num_reqs / outcome.interval_s)
+            arms.add(outcome.gamma, outcome.batch.num_reqs / outcome.interval_s)

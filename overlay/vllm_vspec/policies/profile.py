@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from vllm_vspec.acceptance_stats import PositionAcceptance, expected_tokens_all
 from vllm_vspec.config import VSpecConfig
-from vllm_vspec.controller import nearest_bucket
 from vllm_vspec.latency import LatencyProfile, load_profile
 from vllm_vspec.policies.governor import Governor
+from vllm_vspec.steps import nearest_bucket
 
 
 class ProfilePolicy:
@@ -52,7 +52,8 @@ class ProfilePolicy:
         near = self.calibration[nearest_bucket(self.calibration, bucket)]
         return sum(near.values()) / len(near)
 
-    def decide(self, batch, bucket: int, lo: int, hi: int) -> tuple[int, str]:
+    def decide(self, batch, bucket: int, lo: int, hi: int,
+               previous: int | None) -> tuple[int, str]:
         if bucket not in self.governor.gamma:
             g = self.goodput(batch, bucket, lo, hi)
             best = max(g, key=lambda k: (g[k], -k))
@@ -67,12 +68,12 @@ class ProfilePolicy:
         if not (outcome.stable and self.config.latency_calibration):
             return
         b = max(outcome.batch.num_reqs, 1)
-        predicted_s = self.profile.step_ms(fb.gamma, b,
+        predicted_s = self.profile.step_ms(outcome.gamma, b,
                                            b * outcome.batch.mean_context_len) / 1000.0
         if predicted_s <= 0:
             return
         ratio = outcome.interval_s / predicted_s
         w = self.config.latency_ewma_weight
         cal = self.calibration.setdefault(outcome.bucket, {})
-        old = cal.get(fb.gamma)
-        cal[fb.gamma] = ratio if old is None else old + w * (ratio - old)
+        old = cal.get(outcome.gamma)
+        cal[outcome.gamma] = ratio if old is None else old + w * (ratio - old)

@@ -29,7 +29,8 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import ModelRunnerOutput
 
 from vllm_vspec.config import VSpecConfig, VSpecConfigError, resolve_gamma0_mode
-from vllm_vspec.controller import BatchState, GammaController, StepFeedback
+from vllm_vspec.controller import GammaController
+from vllm_vspec.steps import BatchState, StepFeedback
 
 # Under "vllm.": vLLM configures only its own logger tree, so INFO from any
 # other name (e.g. plain __name__, "vllm_vspec....") would be dropped.
@@ -128,20 +129,14 @@ class VSpecScheduler(Scheduler):
         # Requests whose draft KV missed a target-only step (sticky mode only).
         self._stale: set[str] = set()
         self.vspec = GammaController(self.vspec_config, k)
-        self._gamma = self.vspec.config.max_gamma  # the last decision
         # The host pads every decode to a uniform 1+K verify width unless it
         # has a per-batch-size K table (dynamic_sd_lookup). A per-step gamma
         # must not be padded back to K, so give the host the trivial table;
         # the value it yields is replaced each step in _update_after_schedule.
         self.dynamic_sd_lookup = [k] * (self.scheduler_config.max_num_seqs + 1)
-        # id(SchedulerOutput) -> (scheduled_at, seconds spent building its BatchState)
-        self._scheduled_at: dict[int, tuple[float, float]] = {}
-        # When the host last processed a step's output, while requests remain
-        # (None once the engine may idle). A busy engine's step starts there:
-        # output processing and schedule() are per-step costs, and leaving
-        # them out of the interval would favour low gammas (they take the
-        # same time at every gamma, so they shrink the ratio of step times).
-        self._busy_since: float | None = None
+        # id() of the SchedulerOutputs the controller decided and has not
+        # yet observed (the steps it does not decide are not reported to it).
+        self._decided: set[int] = set()
         logger.info("vspec: policy=%s gamma in [%d, %d]%s, acceptance=%s%s",
                     self.vspec_config.policy, self.vspec_config.min_gamma,
                     self.vspec_config.max_gamma,
@@ -164,13 +159,13 @@ class VSpecScheduler(Scheduler):
                 return super()._update_after_schedule(scheduler_output)
         if (self.vspec is not None and _has_prefill(scheduler_output)
                 and not self.vspec_config.reward_prefill_steps
-                and not (self._sticky and self._gamma == 0)):
+                and not (self._sticky and self.vspec.gamma == 0)):
             # A prefill step's time is not a decode step's time: it would skew
             # the reward of whichever gamma is current. Keep that gamma for
             # the step and do not report it to the controller, unless the
             # rewards are to count all steps (reward_prefill_steps). (Not after
             # a sticky gamma 0: a new cohort's prefill must not skip the drafter.)
-            self._set_gamma(scheduler_output, self._gamma)
+            self._set_gamma(scheduler_output, self.vspec.gamma)
         elif self.vspec is not None and scheduler_output.num_scheduled_tokens:
             started = time.perf_counter()
             scheduled = scheduler_output.num_scheduled_tokens
@@ -179,13 +174,9 @@ class VSpecScheduler(Scheduler):
                 num_reqs=len(scheduled),
                 max_num_batched_tokens=self.scheduler_config.max_num_batched_tokens,
                 mean_context_len=context / len(scheduled))
-            batch_s = time.perf_counter() - started
-            decision = self.vspec.decide(batch)
+            decision = self.vspec.decide(batch, host_overhead_s=time.perf_counter() - started)
             self._set_gamma(scheduler_output, decision.gamma)
-            self._gamma = decision.gamma
-            now = time.perf_counter()
-            self._scheduled_at[id(scheduler_output)] = (
-                now if self._busy_since is None else self._busy_since, batch_s)
+            self._decided.add(id(scheduler_output))
             if self._sticky and decision.gamma == 0:
                 self._stale.update(scheduled)
         super()._update_after_schedule(scheduler_output)
@@ -201,16 +192,15 @@ class VSpecScheduler(Scheduler):
     def update_from_output(self, scheduler_output: SchedulerOutput,
                            model_runner_output: ModelRunnerOutput):
         outputs = super().update_from_output(scheduler_output, model_runner_output)
-        pending = (self._scheduled_at.pop(id(scheduler_output), None)
-                   if self.vspec is not None else None)
-        if pending is not None:
-            scheduled_at, batch_s = pending
-            completed_at = time.perf_counter()
-            fb = _feedback(scheduler_output, model_runner_output, scheduled_at, completed_at)
-            # The adapter's own share of the controller overhead: BatchState and fb.
-            self.vspec.observe(fb, host_overhead_s=batch_s + time.perf_counter() - completed_at)
-        if self.vspec is not None:
-            self._busy_since = time.perf_counter() if self.has_unfinished_requests() else None
+        if self.vspec is None:
+            return outputs
+        if id(scheduler_output) in self._decided:
+            self._decided.discard(id(scheduler_output))
+            started = time.perf_counter()
+            fb = _feedback(scheduler_output, model_runner_output)
+            # The adapter's own share of the controller overhead: building fb.
+            self.vspec.observe(fb, host_overhead_s=time.perf_counter() - started)
+        self.vspec.step_processed(busy=self.has_unfinished_requests())
         return outputs
 
     # extends Scheduler.shutdown: one summary line of what the controller did.
@@ -241,8 +231,7 @@ def _has_prefill(so: SchedulerOutput) -> bool:
     return any(n > 1 + len(spec.get(r, ())) for r, n in so.num_scheduled_tokens.items())
 
 
-def _feedback(so: SchedulerOutput, out: ModelRunnerOutput, scheduled_at: float,
-              completed_at: float) -> StepFeedback:
+def _feedback(so: SchedulerOutput, out: ModelRunnerOutput) -> StepFeedback:
     """Per-request drafted/accepted counts of one step, read from the host's
     own outputs (the same numbers vLLM's spec-decode metrics count)."""
     sampled = out.sampled_token_ids or []
@@ -261,7 +250,4 @@ def _feedback(so: SchedulerOutput, out: ModelRunnerOutput, scheduled_at: float,
             # grammar (padded with -1) were never verified.
             drafted.append(len(spec) - invalid.get(req_id, 0))
             accepted.append(n_out - 1)
-    return StepFeedback(
-        gamma=so.num_spec_tokens_to_schedule, num_reqs=len(so.num_scheduled_tokens),
-        drafted=tuple(drafted), accepted=tuple(accepted), committed=committed,
-        scheduled_at=scheduled_at, completed_at=completed_at)
+    return StepFeedback(drafted=tuple(drafted), accepted=tuple(accepted), committed=committed)

@@ -1,0 +1,76 @@
+"""The types of one decode step, shared by the controller, the policies, the
+host adapters and the simulator, and the batch-size bucket rules.
+
+A leaf module (no import from vllm_vspec): controller.py builds on it and
+policies/ import from it, so neither imports the other's module for a type.
+
+One owner per fact: the host reports what a step did (BatchState when it is
+scheduled, StepFeedback when its output is processed); the controller owns
+what it decided (Decision) and everything derived from the two (the step's
+interval, reward and stability, in StepOutcome). A policy reads them and
+keeps only its own estimates.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable
+
+
+@dataclass(frozen=True)
+class BatchState:
+    """The batch as the host schedules it, before gamma is chosen."""
+
+    num_reqs: int                  # decode requests scheduled this step (B)
+    max_num_batched_tokens: int    # gamma g feasible iff num_reqs * (g + 1) <= this
+    mean_context_len: float = 0.0
+
+
+@dataclass(frozen=True)
+class StepFeedback:
+    """What the host measured of one processed step. The gamma it ran and
+    its timing are not here: the controller decided the one and stamps the
+    other on its own clock (GammaController.decide/observe)."""
+
+    drafted: tuple[int, ...]       # per request: draft tokens VERIFIED in this step (proposed with the previous decision)
+    accepted: tuple[int, ...]      # per request: of those, accepted
+    committed: int                 # tokens committed this step over the batch
+
+
+@dataclass(frozen=True)
+class Decision:
+    gamma: int
+    bucket: int                    # batch-size bucket 2**ceil(log2 B)
+    reason: str                    # short word: warmup / ucb / hold / hysteresis / fixed / profile / infeasible / ...
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What a policy learns from one processed step (built by the controller)."""
+
+    feedback: StepFeedback
+    batch: BatchState              # as it was when the step was scheduled
+    gamma: int                     # the decision this step was scheduled with (it governs the drafts PROPOSED in it)
+    bucket: int
+    interval_s: float              # non-overlapping completion interval
+    reward: float                  # committed tokens per second of that interval
+    stable: bool                   # verified and proposed drafts used the same gamma
+
+
+def bucket_of(num_reqs: int) -> int:
+    """Batch-size bucket: the next power of two >= num_reqs (1 for B <= 1)."""
+    return 1 if num_reqs <= 1 else 1 << math.ceil(math.log2(num_reqs))
+
+
+def nearest_bucket(buckets: Iterable[int], bucket: int) -> int | None:
+    """Of `buckets`, the one nearest to `bucket` in doublings of batch size
+    (buckets are powers of two: distance is the log ratio); ties prefer the
+    smaller. None when `buckets` is empty."""
+    return min(buckets, key=lambda b: (abs(math.log2(b / bucket)), b), default=None)
+
+
+def feasible_max_gamma(batch: BatchState, max_gamma: int) -> int:
+    """Largest gamma with num_reqs * (gamma + 1) <= max_num_batched_tokens
+    (may be negative when not even target-only fits), capped at max_gamma."""
+    return min(max_gamma, batch.max_num_batched_tokens // max(batch.num_reqs, 1) - 1)
