@@ -23,7 +23,6 @@ TARGET = MODELS / "tiny-target"
 DEEP_TARGET = MODELS / "derived" / "tiny-target-deep"
 DRAFT = MODELS / "tiny-draft"
 EAGLE = MODELS / "tiny-eagle"
-SCHEDULER_CLS = "vllm_vspec.adapters.vllm.scheduler.VSpecScheduler"
 
 
 def load_prompts(family: str, n: int) -> list[str]:
@@ -33,20 +32,48 @@ def load_prompts(family: str, n: int) -> list[str]:
 
 def make_llm(model: Path = TARGET, *, speculative_config: dict | None = None,
              vspec: dict | None = None, **overrides):
-    """A small in-process vLLM engine; `vspec` selects VSpecScheduler."""
+    """A small in-process vLLM engine; `vspec` (a table of VSpecConfig keys)
+    selects VSpecScheduler. vLLM's own worker unless `worker_cls` is passed,
+    so a test chooses what vspec's worker adds (lazy gamma 0, lossy rules)."""
     from vllm import LLM
+
+    from vllm_vspec import wiring
 
     kwargs = dict(model=str(model), dtype="float32", max_model_len=512, seed=0,
                   gpu_memory_utilization=0.3, kv_cache_memory_bytes=128 << 20,
                   max_num_seqs=16, enforce_eager=True,
-                  distributed_executor_backend="uni", generation_config="vllm")
-    if speculative_config is not None:
-        kwargs["speculative_config"] = speculative_config
-    if vspec is not None:
-        kwargs["scheduler_cls"] = SCHEDULER_CLS
-        kwargs["additional_config"] = {"vspec": vspec}
+                  distributed_executor_backend="uni", generation_config="vllm",
+                  **wiring.engine_args(speculative_config, vspec, platform="cpu",
+                                       with_worker=False))
     kwargs.update(overrides)
     return LLM(**kwargs)
+
+
+def engine_config(method: str = "draft_model", k: int = 4, vspec: dict | None = None, *,
+                  device: str = "cpu", worker_cls: str = "auto", async_scheduling: bool = False,
+                  scheduler_cls: str | None = None, data_parallel_size: int = 1,
+                  moe: bool = False, cudagraph_mode: str = "NONE", v2_runner: bool = False,
+                  static_table: list | None = None):
+    """A stand-in for the VllmConfig fields vspec's wiring reads (no engine
+    starts); `method=None` is an engine without speculative decoding."""
+    from types import SimpleNamespace
+
+    from vllm.config import CUDAGraphMode
+
+    spec = None if method is None else SimpleNamespace(
+        method=method, num_speculative_tokens=k,
+        num_speculative_tokens_per_batch_size=static_table)
+    return SimpleNamespace(
+        speculative_config=spec,
+        additional_config={} if vspec is None else {"vspec": vspec},
+        device_config=SimpleNamespace(device_type=device),
+        model_config=SimpleNamespace(is_moe=moe),
+        parallel_config=SimpleNamespace(worker_cls=worker_cls,
+                                        data_parallel_size=data_parallel_size),
+        scheduler_config=SimpleNamespace(async_scheduling=async_scheduling,
+                                         scheduler_cls=scheduler_cls),
+        compilation_config=SimpleNamespace(cudagraph_mode=CUDAGraphMode[cudagraph_mode]),
+        use_v2_model_runner=v2_runner)
 
 
 def close_llm(llm) -> None:

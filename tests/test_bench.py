@@ -19,7 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from vllm_vspec import cli
+from vllm_vspec import cli, wiring
 from vllm_vspec.bench import protocols, runner, scrape, variants, workloads
 from vllm_vspec.bench.loadgen import Completion, client_for, run_phase
 from vllm_vspec.bench.report import Run, exact_match, format_gamma_counts, markdown_table, rows
@@ -371,7 +371,7 @@ def test_dry_run_prints_one_server_command_per_variant(bench_inputs, capsys):
     spec = json.loads(cmds["fixed-3"][cmds["fixed-3"].index("--speculative-config") + 1])
     assert (spec["method"], spec["num_speculative_tokens"]) == ("draft_model", 3)
     online = cmds["online"]
-    assert online[online.index("--scheduler-cls") + 1] == variants.VSPEC_SCHEDULER
+    assert online[online.index("--scheduler-cls") + 1] == wiring.SCHEDULER_CLS
     vspec = json.loads(online[online.index("--additional-config") + 1])["vspec"]
     assert vspec["policy"] == "online" and vspec["trace_path"].endswith("online.jsonl")
 
@@ -437,7 +437,8 @@ def test_every_variant_command_parses_with_vllm_serve_arguments(tmp_path):
         args = parser.parse_args(["serve", *argv[3:]])
         assert (args.model_tag, args.port) == (str(tmp_path), 1234), v.name
         # vspec's worker runs a lazy gamma 0 (online-0); stock variants keep vLLM's
-        want_worker = variants.vspec_worker() if v.vspec is not None else "auto"
+        want_worker = (wiring.WORKER_CLS[wiring.resolve_platform()] if v.vspec is not None
+                       else "auto")
         assert args.worker_cls == want_worker, v.name
 
 

@@ -283,13 +283,11 @@ def test_retarget_reports_conflicting_hunks_and_writes_nothing(pin, pristine, tm
 # The NPU-side decisions that need no NPU: the step's gamma and the routing.
 # (vllm_ascend.vspec resolves to overlay/vllm_ascend/vspec in a checkout.)
 def _engine_config(method="eagle", k=4, vspec=None, async_scheduling=False, scheduler_cls=None):
-    from types import SimpleNamespace
+    from conftest import engine_config
 
-    return SimpleNamespace(
-        speculative_config=SimpleNamespace(method=method, num_speculative_tokens=k),
-        additional_config={} if vspec is None else {"vspec": vspec},
-        scheduler_config=SimpleNamespace(async_scheduling=async_scheduling,
-                                         scheduler_cls=scheduler_cls))
+    return engine_config(method, k, vspec, device="npu", async_scheduling=async_scheduling,
+                         scheduler_cls=scheduler_cls,
+                         worker_cls="vllm_ascend.worker.worker.NPUWorker")
 
 
 def test_step_gamma_defaults_to_k_and_enforces_the_verify_width():
@@ -327,9 +325,11 @@ def test_bad_vspec_settings_fail_at_startup_naming_the_key():
 def test_scheduler_follows_async_scheduling_and_refuses_a_competing_scheduler():
     from vllm_ascend.vspec import routing
 
-    assert routing.scheduler_cls_for(_engine_config()) == routing.SCHEDULERS[False]
-    assert routing.scheduler_cls_for(_engine_config(async_scheduling=True)) == \
-        routing.SCHEDULERS[True]
+    from vllm_vspec.wiring import SCHEDULER_CLS
+
+    # One path: VSpecScheduler builds its async subclass under async scheduling.
+    assert routing.scheduler_cls_for(_engine_config()) == SCHEDULER_CLS
+    assert routing.scheduler_cls_for(_engine_config(async_scheduling=True)) == SCHEDULER_CLS
     assert routing.scheduler_cls_for(_engine_config(vspec={"enabled": False})) is None
     chunk = "vllm_ascend.core.scheduler_profiling_chunk.ProfilingChunkScheduler"
     with pytest.raises(ValueError, match=f"scheduler_cls='{chunk}' conflicts with vspec"):

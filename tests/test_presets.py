@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_vspec import cli, presets, serve
+from vllm_vspec import cli, presets, serve, wiring
 from vllm_vspec.config import VSpecConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -83,7 +83,7 @@ def test_every_preset_renders_a_command_vllm_serve_accepts(name, platform, capsy
     assert args.model_tag == preset.launch.target_model
     assert args.speculative_config["method"] == presets.METHODS[preset.launch.method]
     assert args.speculative_config["num_speculative_tokens"] == preset.launch.gamma
-    assert args.scheduler_cls.startswith("vllm_vspec.adapters.vllm.scheduler.VSpec")
+    assert args.scheduler_cls == wiring.SCHEDULER_CLS
     # What the engine will read back must validate as the same vspec settings.
     assert VSpecConfig.from_dict(args.additional_config["vspec"], preset.launch.gamma) == preset.vspec
 
@@ -205,9 +205,8 @@ def test_env_table_and_device_become_the_exported_environment(tmp_path, capsys):
 
 
 def test_graph_modes_map_per_platform(capsys, vllm_serve_parser):
-    for platform, expected in (("cuda", "FULL_DECODE_ONLY"), ("npu", "FULL_DECODE_ONLY")):
-        argv, _ = dry_run(capsys, "--preset", "draft", "--platform", platform)
-        assert vllm_serve_parser(argv).compilation_config.cudagraph_mode.name == expected
+    argv, _ = dry_run(capsys, "--preset", "draft", "--platform", "npu")
+    assert vllm_serve_parser(argv).compilation_config.cudagraph_mode.name == "FULL_DECODE_ONLY"
     argv, _ = dry_run(capsys, "--preset", "draft", "--platform", "cpu")
     assert "--compilation-config" not in argv and "--enforce-eager" not in argv
     argv, _ = dry_run(capsys, "--preset", "draft", "--graph-mode", "eager")
@@ -220,18 +219,29 @@ def test_every_platform_maps_every_graph_mode():
         assert set(platform.graph_args) == modes, name
 
 
-def test_async_scheduling_selects_the_async_scheduler_except_on_cpu(capsys):
+@pytest.mark.parametrize("mode", ["full", "full-decode-only"])
+def test_full_cuda_graphs_render_piecewise_with_vspec_on(mode, capsys, vllm_serve_parser):
+    # As vLLM does for its own dynamic speculation on the V1 CUDA runner.
+    argv, _ = dry_run(capsys, "--preset", "draft", "--platform", "cuda", "--graph-mode", mode)
+    assert vllm_serve_parser(argv).compilation_config.cudagraph_mode.name == "PIECEWISE"
+    argv, _ = dry_run(capsys, "--preset", "draft", "--platform", "cuda", "--graph-mode", mode,
+                      "--no-vspec-enabled")
+    assert vllm_serve_parser(argv).compilation_config.cudagraph_mode.name == mode.upper().replace(
+        "-", "_")
+
+
+def test_async_scheduling_keeps_the_one_scheduler_path_and_is_off_on_cpu(capsys):
     argv, _ = dry_run(capsys, "--preset", "draft-adaptive", "--platform", "cuda")
-    assert argv[argv.index("--scheduler-cls") + 1].endswith(".VSpecAsyncScheduler")
+    assert argv[argv.index("--scheduler-cls") + 1] == wiring.SCHEDULER_CLS
+    assert "--async-scheduling" in argv
     argv, _ = dry_run(capsys, "--preset", "draft-adaptive", "--platform", "cpu")
-    assert argv[argv.index("--scheduler-cls") + 1].endswith(".VSpecScheduler")
+    assert argv[argv.index("--scheduler-cls") + 1] == wiring.SCHEDULER_CLS
     assert "--no-async-scheduling" in argv
 
 
 def test_rendered_class_paths_name_real_vspec_classes():
     import importlib
-    paths = set(presets.SCHEDULERS.values()) | {
-        p.worker_cls for p in presets.PLATFORMS.values() if p.worker_cls}
+    paths = {wiring.SCHEDULER_CLS} | {w for w in wiring.WORKER_CLS.values() if w}
     for path in paths:
         module, _, name = path.rpartition(".")
         assert hasattr(importlib.import_module(module), name), path

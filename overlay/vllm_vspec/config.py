@@ -202,29 +202,33 @@ class VSpecConfig:
         cfg.validate(num_speculative_tokens)
         return cfg
 
-    def with_max_gamma(self, num_speculative_tokens: int) -> "VSpecConfig":
+    def with_max_gamma(self, num_speculative_tokens: int,
+                       max_verify_width: int | None = None) -> "VSpecConfig":
         """Resolve `max_gamma` / `fixed_gamma` defaults against the host's K."""
         max_g = self.max_gamma if self.max_gamma is not None else num_speculative_tokens
         fixed = self.fixed_gamma if self.fixed_gamma is not None else max_g
         cfg = dataclasses.replace(self, max_gamma=max_g, fixed_gamma=fixed)
-        cfg.validate(num_speculative_tokens)
+        cfg.validate(num_speculative_tokens, max_verify_width)
         return cfg
 
-    def validate(self, num_speculative_tokens: int | None = None) -> None:
+    def validate(self, num_speculative_tokens: int | None = None,
+                 max_verify_width: int | None = None) -> None:
+        """Check every field. `num_speculative_tokens` (K), when known, bounds
+        the gammas; `max_verify_width` is the host's limit on 1 + K, given only
+        where one is real (wiring.VERIFY_WIDTH_LIMITS: FIA on Ascend)."""
         k = num_speculative_tokens
-        if k is not None and (k < 1 or 1 + k > MAX_VERIFY_WIDTH):
-            raise VSpecConfigError(
-                "num_speculative_tokens", k,
-                f"an integer in [1, {MAX_VERIFY_WIDTH - 1}] (1 + gamma <= {MAX_VERIFY_WIDTH})")
+        if k is not None:
+            top = None if max_verify_width is None else max_verify_width - 1
+            _check_int("num_speculative_tokens", k, 1, top,
+                       why="" if top is None else
+                       f"1 + gamma <= {max_verify_width}, this host's verify width")
         hi = self.max_gamma if self.max_gamma is not None else k
-        _check_int("min_gamma", self.min_gamma, 0, hi if hi is not None else MAX_VERIFY_WIDTH - 1)
+        _check_int("min_gamma", self.min_gamma, 0, hi)
         if self.max_gamma is not None:
-            top = k if k is not None else MAX_VERIFY_WIDTH - 1
-            _check_int("max_gamma", self.max_gamma, max(self.min_gamma, 1), top,
+            _check_int("max_gamma", self.max_gamma, max(self.min_gamma, 1), k,
                        why="at least min_gamma and 1, at most num_speculative_tokens")
         if self.fixed_gamma is not None:
-            _check_int("fixed_gamma", self.fixed_gamma, 0,
-                       hi if hi is not None else MAX_VERIFY_WIDTH - 1)
+            _check_int("fixed_gamma", self.fixed_gamma, 0, hi)
         _check_choice("policy", self.policy, POLICIES)
         _check_choice("acceptance", self.acceptance, ACCEPTANCE_RULES)
         _check_choice("gamma0_mode", self.gamma0_mode, GAMMA0_MODES)

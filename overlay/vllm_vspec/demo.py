@@ -144,11 +144,9 @@ def measure(variants: list[Variant], args, pool: list[str]) -> list[Row]:
 
 def _with_trace(variant: Variant, trace: Path) -> Variant:
     """vspec variants write their decision trace to `trace`."""
-    vspec = (variant.additional_config or {}).get("vspec")
-    if vspec is None:
+    if variant.vspec is None:
         return variant
-    return dataclasses.replace(variant, additional_config={
-        **variant.additional_config, "vspec": {**vspec, "trace_path": str(trace)}})
+    return dataclasses.replace(variant, vspec={**variant.vspec, "trace_path": str(trace)})
 
 
 def _trace_steps(trace: Path) -> int:

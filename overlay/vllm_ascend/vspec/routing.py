@@ -3,9 +3,10 @@ engine config. The patched host files call these functions and fall back to
 their own class when one returns None, so with `vspec.enabled = false` the host
 runs exactly as shipped.
 
-Registries, not branches: PROPOSERS maps a speculative method to our proposer
-and SCHEDULERS maps the async-scheduling flag to our scheduler; a method absent
-from PROPOSERS (ngram, mtp, ...) keeps the host's proposer and a static K.
+The settings come from `vllm_vspec.wiring.resolve`, the one resolver every
+host shares; what is Ascend's own stays here. PROPOSERS maps a speculative
+method to our proposer; a method absent from it (ngram, mtp, ...) keeps the
+host's proposer, scheduler and a static K.
 """
 
 from __future__ import annotations
@@ -15,19 +16,13 @@ import importlib
 from typing import Any, Callable
 
 from vllm_vspec.config import VSpecConfig
+from vllm_vspec.wiring import SCHEDULER_CLS, resolve
 
 # speculative method -> "module:Class" of our proposer (imported on demand:
 # routing is imported by platform.py before torch_npu is initialised).
 PROPOSERS: dict[str, str] = {
     "eagle": "vllm_ascend.vspec.proposers:VSpecEagleProposer",
     "draft_model": "vllm_ascend.vspec.proposers:VSpecDraftModelProposer",
-}
-
-# scheduler_config.async_scheduling -> our scheduler (the lead's vLLM adapter;
-# both subclasses work on vLLM 0.23 and 0.32, see `vllm-vspec doctor`).
-SCHEDULERS: dict[bool, str] = {
-    False: "vllm_vspec.adapters.vllm.scheduler.VSpecScheduler",
-    True: "vllm_vspec.adapters.vllm.scheduler.VSpecAsyncScheduler",
 }
 
 # vLLM's own schedulers: replacing them by ours loses nothing.
@@ -38,17 +33,12 @@ SAMPLER = "vllm_ascend.vspec.sampler:VSpecAscendRejectionSampler"
 
 
 def vspec_settings(vllm_config: Any) -> VSpecConfig | None:
-    """The validated vspec settings, or None when vspec does not apply: no
-    speculative decoding, a method we do not drive, or `enabled = false`.
-    Bad settings raise VSpecConfigError (key, value, allowed) at startup."""
-    spec = getattr(vllm_config, "speculative_config", None)
-    if spec is None or spec.method not in PROPOSERS:
+    """The engine's vspec settings (wiring.resolve), or None when vspec does
+    not apply: it is off, or the method is one we do not drive."""
+    spec = vllm_config.speculative_config
+    if spec is not None and spec.method not in PROPOSERS:
         return None
-    raw = (getattr(vllm_config, "additional_config", None) or {}).get("vspec")
-    cfg = VSpecConfig.from_dict(raw, spec.num_speculative_tokens)
-    if not cfg.enabled:
-        return None
-    return cfg.with_max_gamma(spec.num_speculative_tokens)
+    return resolve(vllm_config)
 
 
 def scheduler_cls_for(vllm_config: Any) -> str | None:
@@ -58,9 +48,10 @@ def scheduler_cls_for(vllm_config: Any) -> str | None:
     override: only one scheduler class can run."""
     if vspec_settings(vllm_config) is None:
         return None
-    sched = vllm_config.scheduler_config
-    current = sched.scheduler_cls
-    ours = SCHEDULERS[bool(sched.async_scheduling)]
+    current = vllm_config.scheduler_config.scheduler_cls
+    # One class path for both modes: VSpecScheduler builds its async
+    # subclass when the engine schedules asynchronously.
+    ours = SCHEDULER_CLS
     if current not in (None, ours, *STOCK_SCHEDULERS):
         raise ValueError(
             f"scheduler_cls={current!r} conflicts with vspec, which needs {ours!r}; "

@@ -1,27 +1,18 @@
 """The serving variants the benchmark compares, as a small registry.
 
 A variant is only what differs between servers: the speculative config and,
-for vspec, the scheduler class and the `vspec` additional-config table. The
+for vspec, the `vspec` additional-config table (wiring.engine_args adds the
+scheduler and this host's vspec worker, as `vllm-vspec serve` does). The
 model paths and server sizing are shared and live in `server.ServerSpec`.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-VSPEC_SCHEDULER = "vllm_vspec.adapters.vllm.scheduler.VSpecScheduler"
-
-
-def vspec_worker() -> str | None:
-    """vspec's worker on this host (its runner skips the draft forward of a
-    lazy gamma-0 step; with other settings it changes nothing), as
-    `vllm-vspec serve` selects it."""
-    from vllm_vspec import presets
-
-    return presets.PLATFORMS[presets.resolve_platform("auto")].worker_cls
+from vllm_vspec import wiring
 
 
 # Upper bound of every speculative variant: buffers are sized by it and the
@@ -44,19 +35,10 @@ class Variant:
 
     def serve_args(self, trace_path: Path | None = None) -> list[str]:
         """vLLM serve arguments that make this variant (on top of the shared ones)."""
-        args: list[str] = []
-        if self.speculative_config is not None:
-            args += ["--speculative-config", json.dumps(self.speculative_config)]
-        if self.vspec is not None:
-            table = dict(self.vspec)
-            if trace_path is not None:
-                table["trace_path"] = str(trace_path)
-            args += ["--scheduler-cls", VSPEC_SCHEDULER,
-                     "--additional-config", json.dumps({"vspec": table})]
-            worker = vspec_worker()
-            if worker is not None:
-                args += ["--worker-cls", worker]
-        return args
+        table = self.vspec
+        if table is not None and trace_path is not None:
+            table = {**table, "trace_path": str(trace_path)}
+        return wiring.serve_argv(wiring.engine_args(self.speculative_config, table))
 
 
 # Variant-name prefix -> vLLM speculative method. A method is offered only

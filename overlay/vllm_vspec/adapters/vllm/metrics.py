@@ -29,7 +29,8 @@ from vllm.config import VllmConfig
 from vllm.v1.metrics.loggers import StatLoggerBase
 from vllm.v1.metrics.stats import IterationStats, SchedulerStats
 
-from vllm_vspec.config import VSpecConfigError
+from vllm_vspec.config import VSpecConfig, VSpecConfigError
+from vllm_vspec.wiring import SCHEDULER_CLS
 
 _REWARD_EWMA = 0.2
 
@@ -45,8 +46,8 @@ def check_vspec_scheduler(vllm_config: VllmConfig) -> bool:
     but the engine would silently ignore them (wrong scheduler class)."""
     vspec = (vllm_config.additional_config or {}).get("vspec")
     active = _uses_vspec_scheduler(vllm_config)
-    if vspec is not None and not active and vllm_config.speculative_config is not None:
-        from vllm_vspec.adapters.vllm.scheduler import SCHEDULER_CLS
+    if (vspec is not None and not active and vllm_config.speculative_config is not None
+            and VSpecConfig.from_dict(vspec).enabled):  # disabled: stock vLLM, nothing ignored
         raise VSpecConfigError(
             "vspec", vspec, "settings that only take effect with the vspec "
             f"scheduler: add --scheduler-cls {SCHEDULER_CLS} "

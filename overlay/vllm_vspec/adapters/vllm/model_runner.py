@@ -28,9 +28,9 @@ from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 from vllm_vspec.acceptance import AcceptanceRule
 from vllm_vspec.adapters.vllm.proposers import vspec_proposer
 from vllm_vspec.adapters.vllm.rejection_sampler import VSpecRejectionSampler
-from vllm_vspec.adapters.vllm.scheduler import gamma0_mode_of, vspec_config_from
 from vllm_vspec.draft_lag import DraftLag
 from vllm_vspec.entropy import EntropyStop
+from vllm_vspec.wiring import gamma0_mode, resolve
 
 
 class VSpecRunnerMixin:
@@ -43,11 +43,10 @@ class VSpecRunnerMixin:
         self._entropy_stop = False
         self._gamma0_mode = "sync"
         self._lag: DraftLag | None = None  # lazy gamma 0 only
-        cfg = vspec_config_from(vllm_config)
+        cfg = resolve(vllm_config)
         if cfg is None or not hasattr(self, "drafter"):
-            return  # no speculation, or not the rank that drafts
-        if cfg.enabled:
-            self._gamma0_mode = gamma0_mode_of(cfg, vllm_config)
+            return  # stock vLLM (no speculation, vspec off), or not the rank that drafts
+        self._gamma0_mode = gamma0_mode(cfg, vllm_config)
         rule = AcceptanceRule.from_config(cfg)
         if not rule.lossless:
             self.rejection_sampler = VSpecRejectionSampler(

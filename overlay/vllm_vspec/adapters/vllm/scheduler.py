@@ -1,8 +1,8 @@
 """VSpecScheduler: vLLM's scheduler with a per-step gamma from GammaController.
 
-Select it with `scheduler_cls="vllm_vspec.adapters.vllm.scheduler.VSpecScheduler"`
-(`--scheduler-cls` on `vllm serve`); vspec settings come from
-`additional_config={"vspec": {...}}`. One name serves both scheduling modes:
+Select it with `scheduler_cls=wiring.SCHEDULER_CLS` (`--scheduler-cls` on
+`vllm serve`); vspec settings come from `additional_config={"vspec": {...}}`
+and are read by `wiring.resolve`. One name serves both scheduling modes:
 when the engine runs with async scheduling, `VSpecScheduler(...)` builds a
 `VSpecAsyncScheduler`, which adds vLLM's AsyncScheduler to the same overrides.
 
@@ -28,81 +28,13 @@ from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import ModelRunnerOutput
 
-from vllm_vspec.config import VSpecConfig, VSpecConfigError, resolve_gamma0_mode
 from vllm_vspec.controller import GammaController
 from vllm_vspec.steps import BatchState, StepFeedback
+from vllm_vspec.wiring import gamma0_mode, resolve
 
 # Under "vllm.": vLLM configures only its own logger tree, so INFO from any
 # other name (e.g. plain __name__, "vllm_vspec....") would be dropped.
 logger = init_logger(f"vllm.{__name__}")
-
-SCHEDULER_CLS = f"{__name__}.VSpecScheduler"
-
-
-def vspec_config_from(vllm_config) -> VSpecConfig | None:
-    """The validated vspec settings of an engine, or None when speculation is
-    off. Raises VSpecConfigError (naming the key) on bad settings."""
-    spec = vllm_config.speculative_config
-    raw = (vllm_config.additional_config or {}).get("vspec")
-    if spec is None:
-        if raw:
-            raise VSpecConfigError(
-                "vspec", raw, "vspec settings need speculative decoding: pass "
-                "--speculative-config (e.g. method draft_model or eagle)")
-        return None
-    if raw is not None and not isinstance(raw, dict):
-        raise VSpecConfigError("vspec", raw, "a JSON object of vspec settings")
-    cfg = VSpecConfig.from_dict(raw, spec.num_speculative_tokens)
-    if cfg.enabled and getattr(spec, "num_speculative_tokens_per_batch_size", None):
-        raise VSpecConfigError(
-            "enabled", True, "false while speculative_config sets "
-            "num_speculative_tokens_per_batch_size (a static gamma table); "
-            "vspec chooses gamma per step itself, so remove one of the two")
-    return cfg.with_max_gamma(spec.num_speculative_tokens)
-
-
-# Settings carried out by vspec's model runner, not by the scheduler: the
-# worker that builds that runner must be selected, or they would do nothing.
-_WORKER_FEATURES = (
-    ("acceptance", lambda c: c.acceptance != "strict", "a lossy acceptance rule"),
-    ("entropy_stop", lambda c: c.entropy_stop, "the entropy stop"),
-)
-
-
-def _is_vspec_worker(vllm_config) -> bool:
-    # Ours, or vLLM-Ascend's (the overlay routes these on NPU).
-    return str(vllm_config.parallel_config.worker_cls).startswith(("vllm_vspec.", "vllm_ascend."))
-
-
-def _skips_draft_pass(vllm_config) -> bool:
-    # Only vspec's vLLM runner (model_runner.py) can skip the draft forward
-    # of a gamma-0 step; the Ascend overlay's runner does not yet.
-    return str(vllm_config.parallel_config.worker_cls).startswith("vllm_vspec.")
-
-
-def gamma0_mode_of(cfg: VSpecConfig, vllm_config) -> str:
-    """The gamma-0 mode this engine runs (config.resolve_gamma0_mode)."""
-    return resolve_gamma0_mode(cfg, vllm_config.speculative_config.method,
-                               bool(vllm_config.scheduler_config.async_scheduling),
-                               _skips_draft_pass(vllm_config))
-
-
-def _require_vspec_worker(cfg: VSpecConfig, vllm_config, gamma0_mode: str) -> None:
-    if gamma0_mode in ("lazy", "sticky") and not _skips_draft_pass(vllm_config):
-        raise VSpecConfigError(
-            "gamma0_mode", gamma0_mode, "skipping the draft forward runs in vspec's vLLM "
-            "model runner (not yet in the Ascend overlay): add --worker-cls "
-            "vllm_vspec.adapters.vllm.worker.VSpecCPUWorker (VSpecGPUWorker on CUDA), or "
-            "use `vllm-vspec serve`, which adds it; or set gamma0_mode 'sync'")
-    if _is_vspec_worker(vllm_config):
-        return
-    for key, on, what in _WORKER_FEATURES:
-        if on(cfg):
-            raise VSpecConfigError(
-                key, getattr(cfg, key), f"{what} runs in vspec's model runner: add --worker-cls "
-                "vllm_vspec.adapters.vllm.worker.VSpecCPUWorker (VSpecGPUWorker on CUDA), "
-                "or use `vllm-vspec serve`, which adds it")
-
 
 class VSpecScheduler(Scheduler):
     """vLLM Scheduler whose draft length is decided every step."""
@@ -117,15 +49,15 @@ class VSpecScheduler(Scheduler):
     # extends Scheduler.__init__: build the controller from additional_config["vspec"].
     def __init__(self, vllm_config, *args, **kwargs) -> None:
         super().__init__(vllm_config, *args, **kwargs)
-        self.vspec_config = vspec_config_from(vllm_config)
+        # None: stock vLLM (no speculation, or vspec `enabled = false`).
+        self.vspec_config = resolve(vllm_config)
         self.vspec: GammaController | None = None
         self._sticky = False
-        if self.vspec_config is None or not self.vspec_config.enabled:
+        if self.vspec_config is None:
             return
         k = vllm_config.speculative_config.num_speculative_tokens
-        gamma0_mode = gamma0_mode_of(self.vspec_config, vllm_config)
-        self._sticky = gamma0_mode == "sticky"
-        _require_vspec_worker(self.vspec_config, vllm_config, gamma0_mode)
+        mode = gamma0_mode(self.vspec_config, vllm_config)
+        self._sticky = mode == "sticky"
         # Requests whose draft KV missed a target-only step (sticky mode only).
         self._stale: set[str] = set()
         self.vspec = GammaController(self.vspec_config, k)
@@ -140,7 +72,7 @@ class VSpecScheduler(Scheduler):
         logger.info("vspec: policy=%s gamma in [%d, %d]%s, acceptance=%s%s",
                     self.vspec_config.policy, self.vspec_config.min_gamma,
                     self.vspec_config.max_gamma,
-                    f" (gamma 0: {gamma0_mode})" if self.vspec_config.min_gamma == 0 else "",
+                    f" (gamma 0: {mode})" if self.vspec_config.min_gamma == 0 else "",
                     self.vspec_config.acceptance,
                     "" if self.vspec_config.lossless else " (LOSSY: outputs may "
                     "differ from target-only decoding)")

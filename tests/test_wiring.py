@@ -1,0 +1,155 @@
+"""The one wiring of vspec into vLLM (vllm_vspec.wiring): which settings an
+engine runs, where it refuses to start, and the engine arguments that select
+it. Unit tests on stand-in configs, plus one engine start."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import DRAFT, close_llm, engine_config, greedy, make_llm, scheduler_of
+from vllm_vspec import wiring
+from vllm_vspec.config import VSpecConfigError
+
+
+# ------------------------------------------------------------------ resolve
+@pytest.mark.parametrize("device", ["cpu", "cuda", "npu"])
+def test_disabled_vspec_is_stock_vllm_whatever_k(device):
+    # Nothing of vspec applies: not its K limit, not its static-table rule.
+    assert wiring.resolve(engine_config(k=31, vspec={"enabled": False}, device=device)) is None
+    assert wiring.resolve(engine_config(k=31, vspec={"enabled": False}, device=device,
+                                        static_table=[[1, 8, 31]])) is None
+
+
+def test_disabled_vspec_still_names_an_unknown_key():
+    with pytest.raises(VSpecConfigError, match="vspec.polcy="):
+        wiring.resolve(engine_config(vspec={"enabled": False, "polcy": "online"}))
+
+
+def test_k_is_not_capped_where_the_host_has_no_verify_width_limit():
+    for device in ("cpu", "cuda"):
+        cfg = wiring.resolve(engine_config(k=31, vspec={}, device=device))
+        assert (cfg.min_gamma, cfg.max_gamma) == (1, 31), device
+
+
+def test_ascend_caps_one_plus_k_at_its_verify_width():
+    assert wiring.resolve(engine_config(k=15, vspec={}, device="npu")).max_gamma == 15
+    with pytest.raises(VSpecConfigError, match=r"vspec.num_speculative_tokens=16 .*1 \+ gamma <= 16"):
+        wiring.resolve(engine_config(k=16, vspec={}, device="npu"))
+
+
+def test_without_speculative_decoding_settings_are_refused_unless_disabled():
+    assert wiring.resolve(engine_config(method=None)) is None
+    assert wiring.resolve(engine_config(method=None, vspec={"enabled": False})) is None
+    with pytest.raises(VSpecConfigError, match="need speculative decoding"):
+        wiring.resolve(engine_config(method=None, vspec={"policy": "online"}))
+
+
+def test_settings_must_be_a_table():
+    with pytest.raises(VSpecConfigError, match="a JSON object"):
+        wiring.resolve(engine_config(vspec="online"))
+
+
+def test_a_static_gamma_table_conflicts_with_vspec_on():
+    with pytest.raises(VSpecConfigError, match="num_speculative_tokens_per_batch_size"):
+        wiring.resolve(engine_config(vspec={}, static_table=[[1, 8, 4]]))
+
+
+def test_lockstep_data_parallel_is_refused_naming_the_fix():
+    with pytest.raises(VSpecConfigError, match=r"data_parallel_size=2 on a MoE model.*enabled"):
+        wiring.resolve(engine_config(vspec={}, data_parallel_size=2, moe=True))
+    # Dense models' DP ranks are independent engines; vspec off is stock vLLM.
+    assert wiring.resolve(engine_config(vspec={}, data_parallel_size=2)) is not None
+    assert wiring.resolve(engine_config(vspec={"enabled": False}, data_parallel_size=2,
+                                        moe=True)) is None
+
+
+@pytest.mark.parametrize("mode", ["FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"])
+def test_full_cuda_graphs_on_the_v1_runner_are_refused(mode):
+    with pytest.raises(VSpecConfigError, match=f"cudagraph_mode {mode} .*PIECEWISE"):
+        wiring.resolve(engine_config(vspec={}, device="cuda", cudagraph_mode=mode))
+    # Where they are fine: the V2 runner, another host, or vspec off.
+    assert wiring.resolve(engine_config(vspec={}, device="cuda", cudagraph_mode=mode,
+                                        v2_runner=True)) is not None
+    assert wiring.resolve(engine_config(vspec={}, device="npu", cudagraph_mode=mode)) is not None
+    assert wiring.resolve(engine_config(vspec={"enabled": False}, device="cuda",
+                                        cudagraph_mode=mode)) is None
+    assert wiring.resolve(engine_config(vspec={}, device="cuda",
+                                        cudagraph_mode="PIECEWISE")) is not None
+
+
+def test_runner_features_need_the_vspec_worker():
+    lossy = {"acceptance": "margin", "margin": 1.0}
+    with pytest.raises(VSpecConfigError, match="vspec.acceptance='margin'.*--worker-cls"):
+        wiring.resolve(engine_config(vspec=lossy))
+    assert wiring.resolve(engine_config(vspec=lossy, worker_cls=wiring.WORKER_CLS["cpu"]))
+    # vLLM-Ascend's worker carries them on NPU, but not a draft-pass skip.
+    npu = "vllm_ascend.worker.worker.NPUWorker"
+    assert wiring.resolve(engine_config(vspec=lossy, device="npu", worker_cls=npu))
+    with pytest.raises(VSpecConfigError, match="vspec.gamma0_mode='lazy'"):
+        wiring.resolve(engine_config(vspec={"min_gamma": 0, "gamma0_mode": "lazy"},
+                                     device="npu", worker_cls=npu))
+
+
+def test_gamma0_auto_is_lazy_only_with_vspecs_worker():
+    settings = {"min_gamma": 0}
+    stock = engine_config(vspec=settings)
+    ours = engine_config(vspec=settings, worker_cls=wiring.WORKER_CLS["cpu"])
+    assert wiring.gamma0_mode(wiring.resolve(stock), stock) == "sync"
+    assert wiring.gamma0_mode(wiring.resolve(ours), ours) == "lazy"
+
+
+# ------------------------------------------------------------- engine args
+SPEC = {"method": "draft_model", "model": "d", "num_speculative_tokens": 4}
+
+
+def test_stock_engine_args_carry_only_the_speculative_config():
+    assert wiring.engine_args(SPEC, None, platform="cpu") == {"speculative_config": SPEC}
+    assert wiring.engine_args(None, None, platform="cpu") == {}
+
+
+def test_vspec_engine_args_name_the_scheduler_and_the_platforms_worker():
+    for platform, worker in wiring.WORKER_CLS.items():
+        args = wiring.engine_args(SPEC, {"protected_token_ids": (1, 2)}, platform=platform)
+        assert args["scheduler_cls"] == wiring.SCHEDULER_CLS
+        assert args["additional_config"] == {"vspec": {"protected_token_ids": [1, 2]}}
+        assert args.get("worker_cls") == worker, platform
+    assert "worker_cls" not in wiring.engine_args(SPEC, {}, platform="cpu", with_worker=False)
+
+
+def test_serve_argv_renders_the_same_arguments_as_flags():
+    argv = wiring.serve_argv(wiring.engine_args(SPEC, {"policy": "online"}, platform="cpu"))
+    flags = dict(zip(argv[::2], argv[1::2]))
+    assert json.loads(flags["--speculative-config"]) == SPEC
+    assert json.loads(flags["--additional-config"]) == {"vspec": {"policy": "online"}}
+    assert flags["--scheduler-cls"] == wiring.SCHEDULER_CLS
+    assert flags["--worker-cls"] == wiring.WORKER_CLS["cpu"]
+
+
+def test_full_graph_modes_render_piecewise_only_for_vspec_on_cuda():
+    assert wiring.graph_mode("full", "cuda", vspec_on=True) == "piecewise"
+    assert wiring.graph_mode("full-decode-only", "cuda", vspec_on=True) == "piecewise"
+    assert wiring.graph_mode("full", "cuda", vspec_on=False) == "full"
+    assert wiring.graph_mode("full-decode-only", "npu", vspec_on=True) == "full-decode-only"
+    assert wiring.graph_mode("eager", "cuda", vspec_on=True) == "eager"
+
+
+# -------------------------------------------------------------- one engine
+def test_disabled_vspec_runs_a_k_above_ascends_limit_as_stock_vllm(prompts):
+    """enabled false, K 17 (1 + K above 16), vspec's scheduler selected: the
+    engine starts and drafts the full K every step, as stock vLLM does."""
+    from vllm_vspec.engine_runs import read_spec_counters
+
+    k = 17
+    llm = make_llm(speculative_config={"method": "draft_model", "model": str(DRAFT),
+                                       "num_speculative_tokens": k},
+                   vspec={"enabled": False}, disable_log_stats=False)
+    try:
+        assert scheduler_of(llm).vspec is None
+        before = read_spec_counters(llm)
+        greedy(llm, prompts[:2], max_tokens=24)
+        spec = read_spec_counters(llm) - before
+        assert spec.drafts > 0 and spec.draft_tokens == k * spec.drafts, spec
+    finally:
+        close_llm(llm)
