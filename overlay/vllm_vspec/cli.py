@@ -2,6 +2,9 @@
 
 Each subcommand lives in its own module exposing `add_parser(subparsers)`
 (which sets `func` on its parser). The CLI only composes; it holds no logic.
+A subcommand's module is imported only when that subcommand runs (some pull
+in vLLM, torch or httpx at import): `vllm-vspec --help` lists the others
+from SUMMARIES without importing them.
 """
 
 from __future__ import annotations
@@ -10,8 +13,7 @@ import argparse
 import importlib
 import sys
 
-# name -> module path; a module is imported only when its subcommand runs or
-# when `--help` lists it, so `vllm-vspec --help` stays fast.
+# name -> module path.
 SUBCOMMANDS: dict[str, str] = {
     "bench": "vllm_vspec.bench.command",
     "demo": "vllm_vspec.demo",
@@ -24,13 +26,30 @@ SUBCOMMANDS: dict[str, str] = {
     "manage": "vllm_vspec.manage",
 }
 
+# name -> the one line `vllm-vspec --help` shows for it: the `help` its
+# module's add_parser gives (tests/test_cli.py checks that they agree).
+SUMMARIES: dict[str, str] = {
+    "bench": "serving benchmark: dynamic vs fixed gamma (or a seed protocol)",
+    "demo": "target-only vs speculative decoding on the bundled pair.",
+    "doctor": "host versions, features, vspec settings and the host ABI check",
+    "serve": "launch `vllm serve` from a preset (configs/*.toml)",
+    "models": "find, validate and register the default drafters",
+    "sim": "simulate gamma policies on acceptance traces and a latency profile",
+    "fit-profile": "fit a latency profile JSON from latency samples",
+    "profile": "measure latency samples on this host and fit a latency profile",
+    "manage": "status, enable/disable, upgrade/rollback, uninstall",
+}
+
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
     """For subcommands: the module docstring as written, and every option's
     default in --help."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser with the real sub-parser of `command` (its module
+    imported); every other subcommand is a stub listed with its summary.
+    None: every sub-parser real (every module imported)."""
     parser = argparse.ArgumentParser(
         prog="vllm-vspec",
         description="Speculative decoding with dynamic gamma for vLLM (vSpec Adaptive).")
@@ -38,12 +57,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"vllm-vspec {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module in SUBCOMMANDS.items():
-        importlib.import_module(module).add_parser(sub)
+        if command is None or name == command:
+            importlib.import_module(module).add_parser(sub)
+        else:
+            sub.add_parser(name, help=SUMMARIES.get(name))
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    # The top-level options take no value, so the first word is the command.
+    command = next((a for a in argv if not a.startswith("-")), "")
+    parser = build_parser(command if command in SUBCOMMANDS else "")
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

@@ -96,9 +96,11 @@ class VSpecConfig:
     online_probe_interval: int = 16
     """`online` policy: stable steps in a bucket after which the current
     arm's neighbours are re-checked: one known only from a seed, one whose
-    estimate is within a tenth of the best, and the arm above when it could win
-    were the one draft position the current gamma cannot see always
-    accepted. Smaller notices a change sooner and spends more steps probing."""
+    estimate is within a tenth of the best, one not measured for two
+    `online_window`s of the bucket's steps (its old samples are replaced),
+    and the arm above when it could win were the one draft position the
+    current gamma cannot see always accepted. Smaller notices a change sooner
+    and spends more steps probing."""
 
     online_exploration: float = 0.01
     """`online` policy: UCB exploration constant c in
