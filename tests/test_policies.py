@@ -117,6 +117,62 @@ def test_a_gamma_0_held_by_hysteresis_still_probes_and_follows_acceptance_up():
         Counter(d.gamma for d in decisions[-100:])
 
 
+def busy_during(steps: range, factor: float, step_s: Callable[[int, int], float]):
+    """step_s, but the engine's steps numbered in `steps` (from 1) take
+    `factor` times as long: a slow spell of a shared host."""
+    count = [0]
+
+    def timed(g: int, b: int) -> float:
+        count[0] += 1
+        return step_s(g, b) * (factor if count[0] in steps else 1.0)
+    return timed
+
+
+# Gamma 2 makes 11% more tokens/s than gamma 3 (and 17% more than gamma 1,
+# 27% more than gamma 4): the first draft positions are easy, the rest not.
+LOW_TAIL = (0.9, 0.9, 0.2, 0.2)
+LOW_TAIL_STEP_S = lambda g, b: 1.0 + 0.28 * g  # noqa: E731
+
+
+def test_a_slow_spell_in_warmup_does_not_hold_batch_1_above_the_best_gamma():
+    # The host is busy while the downward sweep measures gamma 3, so gamma 3
+    # scores 10% below gamma 4. The old rule stopped the sweep there and
+    # extrapolated gammas 2 and 1 as no faster than 3: gamma 4 for all 400
+    # steps. The sweep now measures a third arm before it may stop.
+    assert best_gamma(LOW_TAIL, LOW_TAIL_STEP_S, 1, lo=1) == 2
+    step_s = busy_during(range(4, 8), 1.5, LOW_TAIL_STEP_S)
+    decisions = Engine(LOW_TAIL, step_s).run(online(), 400, num_reqs=1)
+    settled = Counter(d.gamma for d in decisions[50:])
+    assert settled[2] >= 0.75 * len(decisions[50:]), settled
+
+
+def test_an_arm_measured_in_a_slow_spell_is_measured_again():
+    # The host is busy for the whole sweep but its first arm: gammas 3 and 2
+    # score far below gamma 4, which the sweep starts from. Gamma 3 (its
+    # neighbour) is never probed again on the old rule (more than 10% below
+    # the best), so gamma 4 held all 400 steps. An arm left for two windows
+    # is now re-measured, its old samples replaced.
+    step_s = busy_during(range(4, 10), 2.0, LOW_TAIL_STEP_S)
+    decisions = Engine(LOW_TAIL, step_s).run(online(), 400, num_reqs=1)
+    assert Counter(d.gamma for d in decisions[:100])[4] > 90     # the slow spell's verdict
+    settled = Counter(d.gamma for d in decisions[200:])
+    assert settled[2] >= 0.75 * len(decisions[200:]), settled
+
+
+def test_an_arm_s_samples_are_replaced_after_two_windows_away():
+    from vllm_vspec.policies.online import STALE_AFTER_WINDOWS, _Arms
+    arms = _Arms(window=4, probe_interval=16, incumbent=None)
+    arms.add(2, 1.0)
+    arms.add(2, 1.0)
+    for _ in range(STALE_AFTER_WINDOWS * 4 - 1):
+        arms.add(3, 5.0)
+    assert not arms.stale(2)
+    arms.add(3, 5.0)
+    assert arms.stale(2) and not arms.stale(3)
+    arms.add(2, 4.0)
+    assert arms.own_means()[2] == 4.0 and not arms.stale(2)
+
+
 def test_warmup_sweeps_from_max_gamma_downwards():
     step_s = lambda g, b: 1.0 + 0.2 * g  # noqa: E731
     # Each arm: one step to switch (not rewarded), then warm-up samples.

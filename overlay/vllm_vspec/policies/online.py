@@ -23,11 +23,16 @@ settled (the best estimate, or held by hysteresis within reach of it; not a
 probe) and the bucket has run `online_probe_interval` stable
 steps since a neighbour's newest sample, that neighbour is probed (+inf) if
 its speed here is only a seed's guess (short-lived buckets, such as the
-batch sizes a burst passes through, trust the seed) or its own estimate is
+batch sizes a burst passes through, trust the seed), its own estimate is
 within NEIGHBOUR_PROBE_MARGIN of the best (its few samples may be unlucky
-ones); the arm above also if it could win were the one draft position the
-current gamma cannot see always accepted (a phase change may have moved
-that position's acceptance).
+ones), or its samples are stale: none in the bucket's last
+STALE_AFTER_WINDOWS windows of stable steps. A stale arm's samples are
+replaced by the new ones, not averaged with them: they were taken under
+another host load and request mix than the current arm's many recent ones,
+and on a busy host a few slow samples otherwise kept an arm out of reach
+for good. The arm above is also probed if it could win were the one draft
+position the current gamma cannot see always accepted (a phase change may
+have moved that position's acceptance).
 
 Arms a bucket has not measured are estimated, not assumed to be +inf, once
 two of its arms are measured: step time is close to linear in gamma (gamma
@@ -43,9 +48,10 @@ measurement of the starting arm) for the arms it has not measured itself.
 Otherwise it sweeps the feasible arms (`online_warmup_samples` stable steps
 each): upwards from min gamma when the measured buckets are smaller (a
 bigger batch pays more per draft token, so its best gamma is lower),
-downwards from max gamma otherwise; the sweep stops once an arm scores
-SWEEP_STOP_MARGIN below the best so far (past the peak, the rest are
-extrapolated), then starts from the best (or the incumbent).
+downwards from max gamma otherwise; from the SWEEP_MIN_ARMS-th arm on, the
+sweep stops once an arm scores SWEEP_STOP_MARGIN below the best so far
+(past the peak, the rest are extrapolated), then starts from the best (or
+the incumbent).
 """
 
 from __future__ import annotations
@@ -73,9 +79,21 @@ NEIGHBOUR_PROBE_MARGIN = 0.10
 # batch 32 at 0.75x target-only.
 SEED_MAX_OCTAVES = 1
 
-# A warm-up sweep stops at the first arm (after two) scoring this fraction
-# below the best arm swept so far.
+# A warm-up sweep stops at the first arm, from the SWEEP_MIN_ARMS-th on,
+# scoring SWEEP_STOP_MARGIN below the best arm swept so far. Two arms are too
+# few: with two samples each, one slow spell on the second arm of a downward
+# sweep stopped it at max gamma, and the line through two neighbouring arms
+# (slope clamped at 0) extrapolated every lower arm as no faster, so batch 1
+# stayed at gamma 4 where gamma 2 was faster (docs/benchmarks.md, "Overshoot
+# at low acceptance").
 SWEEP_STOP_MARGIN = 0.10
+SWEEP_MIN_ARMS = 3
+
+# A neighbour not measured for this many windows (`online_window` stable
+# steps of its bucket each) is probed again and its old samples are
+# replaced: they were taken under another host load and request mix than
+# the current arm's (see _Arms.stale).
+STALE_AFTER_WINDOWS = 2
 
 
 class _Arms:
@@ -95,9 +113,21 @@ class _Arms:
         self.seed: dict[int, tuple[float, int]] = {}   # arm -> (speed / speed of ref, samples)
 
     def add(self, gamma: int, requests_per_s: float) -> None:
+        samples = self.rate.setdefault(gamma, deque(maxlen=self.window))
+        if self.stale(gamma):
+            # Replaced, not nudged: the host's load and the request mix of
+            # the old samples are gone, and the arms in use were measured
+            # under the new ones.
+            samples.clear()
         self.steps += 1
-        self.rate.setdefault(gamma, deque(maxlen=self.window)).append(requests_per_s)
+        samples.append(requests_per_s)
         self.last_seen[gamma] = self.steps
+
+    def stale(self, gamma: int) -> bool:
+        """Measured, but not in the bucket's last STALE_AFTER_WINDOWS windows
+        of stable steps."""
+        return (gamma in self.last_seen
+                and self.steps - self.last_seen[gamma] >= STALE_AFTER_WINDOWS * self.window)
 
     def own_means(self) -> dict[int, float]:
         return {g: sum(r) / len(r) for g, r in self.rate.items() if r}
@@ -224,8 +254,9 @@ class OnlinePolicy:
         return gamma, "warmup"
 
     def _past_peak(self, bucket: int, swept: list[int], lo: int, hi: int) -> bool:
-        """The newest swept arm scores SWEEP_STOP_MARGIN below the best swept."""
-        if len(swept) < 2:
+        """The newest swept arm, from the SWEEP_MIN_ARMS-th on, scores
+        SWEEP_STOP_MARGIN below the best swept."""
+        if len(swept) < SWEEP_MIN_ARMS:
             return False
         est = self.estimates(bucket, lo, hi)
         best = max(est.get(g, 0.0) for g in swept)
@@ -266,7 +297,8 @@ class OnlinePolicy:
             # close neighbour: its few samples may be unlucky ones, and the
             # current arm's many samples keep UCB's bonus for it tiny.
             if g in means and arms.expired(g) and (
-                    not arms.rate.get(g) or means[g] >= r_max * (1.0 - NEIGHBOUR_PROBE_MARGIN)):
+                    not arms.rate.get(g) or arms.stale(g)
+                    or means[g] >= r_max * (1.0 - NEIGHBOUR_PROBE_MARGIN)):
                 out[g] = math.inf
         above = cur + 1
         if out.get(above, 0.0) < math.inf and above in means and arms.expired(above):
