@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import logging
 import sys
 import tomllib
 from pathlib import Path
@@ -187,3 +188,18 @@ def _peer_scheduler(request, monkeypatch):
             if vars(module).get(name) is stock:
                 monkeypatch.setattr(module, name, ours)
     yield
+
+
+@pytest.fixture()
+def caplog_vllm(caplog):
+    """The one fixture the fetched tests take from the sdist's tests/conftest.py
+    (not fetched): caplog seeing vLLM's log records, which reach the root
+    logger only while the "vllm" logger propagates."""
+    logger = logging.getLogger("vllm")
+    propagate = logger.propagate
+    logger.propagate = True
+    try:
+        with caplog.at_level(logging.INFO):
+            yield caplog
+    finally:
+        logger.propagate = propagate
