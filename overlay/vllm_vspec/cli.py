@@ -20,7 +20,7 @@ SUBCOMMANDS: dict[str, str] = {
     "doctor": "vllm_vspec.doctor",
     "serve": "vllm_vspec.serve",
     "models": "vllm_vspec.drafters",
-    "sim": "vllm_vspec.sim",
+    "sim": "vllm_vspec.sim_report",
     "fit-profile": "vllm_vspec.latency",
     "profile": "vllm_vspec.profile_collect",
     "manage": "vllm_vspec.manage",
