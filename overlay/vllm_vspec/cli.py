@@ -23,6 +23,8 @@ SUBCOMMANDS: dict[str, str] = {
     "sim": "vllm_vspec.sim_report",
     "fit-profile": "vllm_vspec.latency",
     "profile": "vllm_vspec.profile_collect",
+    "trace": "vllm_vspec.diagnostics",
+    "active-vocab": "vllm_vspec.active_vocab",
     "manage": "vllm_vspec.manage",
 }
 
@@ -37,6 +39,8 @@ SUMMARIES: dict[str, str] = {
     "sim": "simulate gamma policies on acceptance traces and a latency profile",
     "fit-profile": "fit a latency profile JSON from latency samples",
     "profile": "measure latency samples on this host and fit a latency profile",
+    "trace": "read vspec diagnostics traces",
+    "active-vocab": "build a drafter active-vocabulary ids file from an argmax trace",
     "manage": "status, enable/disable, upgrade/rollback, uninstall",
 }
 

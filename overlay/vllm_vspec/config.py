@@ -23,6 +23,16 @@ POLICIES = ("online", "profile", "fixed", "cycle")
 ACCEPTANCE_RULES = ("strict", "relaxed_topk", "margin")
 GAMMA0_MODES = ("auto", "sync", "lazy", "sticky")
 WARMUP_RETURNS = ("best", "incumbent")
+LM_HEAD_QUANTIZATIONS = ("none", "w8a16", "w8a8")
+
+# Seed options deliberately not offered, with the reason from_dict gives.
+NOT_OFFERED = {
+    "target_active_vocab_ids": (
+        "not offered: restricting the target's LM head changes its argmax whenever "
+        "the true argmax is outside the list, so outputs would stop being target-only "
+        "outputs (lossy), and checking that the restricted argmax is the global one "
+        "needs the full head anyway; use draft_active_vocab_ids (lossless)"),
+}
 
 # FIA attention on Ascend verifies at most 16 query tokens per request per step.
 MAX_VERIFY_WIDTH = 16
@@ -185,6 +195,50 @@ class VSpecConfig:
     """Write one JSON line per controller decision (step, batch size, gamma,
     tokens, interval, reason) to this file."""
 
+    draft_active_vocab_ids: str | None = None
+    """Active vocabulary of the drafter: path of an ids file written by
+    `vllm-vspec active-vocab`. The drafter's greedy LM head then scores only
+    these token ids and maps its argmax back to the full id. Outputs stay
+    exact under strict acceptance (the target verifies with its full head);
+    the restriction only changes which tokens can be drafted. Used in steps
+    whose whole batch is pure greedy (temperature 0, no logprobs, no
+    penalties); other steps draft with the full head. eagle and draft_model,
+    vspec's worker."""
+
+    draft_active_vocab_size: int = 0
+    """Use the first N ids of `draft_active_vocab_ids` (special tokens come
+    first, then ids by falling frequency). 0: every id in the file."""
+
+    draft_lm_head_quantization: Literal["none", "w8a16", "w8a8"] = "none"
+    """The drafter's greedy LM head in int8: `w8a16` int8 weights with float
+    activations, `w8a8` int8 weights and activations (per-token scales, int32
+    accumulation). Symmetric scales per vocabulary row and per block of
+    `draft_lm_head_quant_group_size` hidden channels. Changes only which
+    tokens are drafted: outputs stay exact under strict acceptance. eagle
+    and draft_model, vspec's worker."""
+
+    draft_lm_head_quant_group_size: int = 0
+    """Hidden channels per quantization block of the draft LM head (must
+    divide the hidden size). 0: one block per row (per-channel scales)."""
+
+    draft_trace_path: str | None = None
+    """Diagnostics (costs throughput): one JSON line per drafter step with
+    every request's draft tokens and the drafter's wall time
+    (docs/diagnostics.md)."""
+
+    draft_io_trace_dir: str | None = None
+    """Diagnostics (costs throughput): one safetensors file per drafter step
+    with every draft forward pass's inputs and output hidden states."""
+
+    target_hidden_trace_dir: str | None = None
+    """Diagnostics (costs throughput): one safetensors file per drafter step
+    with the target hidden states, token ids and positions the drafter got."""
+
+    target_argmax_trace_path: str | None = None
+    """Diagnostics (costs throughput): one JSON line per drafter step with
+    the tokens the target committed per request (its argmax for greedy
+    requests); `vllm-vspec active-vocab` builds an active vocabulary from it."""
+
     # ------------------------------------------------------------------ build
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any] | None,
@@ -196,6 +250,8 @@ class VSpecConfig:
         known = {f.name: f for f in dataclasses.fields(cls)}
         kwargs: dict[str, Any] = {}
         for key, value in raw.items():
+            if key in NOT_OFFERED:
+                raise VSpecConfigError(key, value, NOT_OFFERED[key])
             if key not in known:
                 close = ", ".join(sorted(known))
                 raise VSpecConfigError(key, value, f"unknown key; known keys: {close}")
@@ -264,6 +320,13 @@ class VSpecConfig:
         if self.entropy_stop and self.policy != "online":
             raise VSpecConfigError("entropy_stop", self.entropy_stop,
                                    "true only with policy='online'")
+        _check_choice("draft_lm_head_quantization", self.draft_lm_head_quantization,
+                      LM_HEAD_QUANTIZATIONS)
+        _check_int("draft_lm_head_quant_group_size", self.draft_lm_head_quant_group_size, 0)
+        _check_int("draft_active_vocab_size", self.draft_active_vocab_size, 0)
+        if self.draft_active_vocab_size and not self.draft_active_vocab_ids:
+            raise VSpecConfigError("draft_active_vocab_size", self.draft_active_vocab_size,
+                                   "0 unless draft_active_vocab_ids names an ids file")
 
     @property
     def lossless(self) -> bool:

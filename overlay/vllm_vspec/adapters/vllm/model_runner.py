@@ -3,7 +3,8 @@
 VSpecRunnerMixin adds, on top of vLLM's V1 model runner:
 - a VSpecRejectionSampler when the acceptance rule is lossy, fed each step
   with every request's generated-token count (the rule's strict prefix);
-- a proposer with the entropy stop (proposers.py) when `entropy_stop` is on,
+- a proposer with the entropy stop, the draft head options or the
+  diagnostics traces (proposers.py) when any of them is on,
   and the per-request cut of the drafts handed to the scheduler;
 - gamma-0 steps without a draft forward (`gamma0_mode` lazy or sticky), and
   for lazy, the drafter's catch-up before it drafts again (draft_lag.py).
@@ -26,10 +27,9 @@ from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 from vllm_vspec.acceptance import AcceptanceRule
-from vllm_vspec.adapters.vllm.proposers import vspec_proposer
+from vllm_vspec.adapters.vllm.proposers import proposer_features, vspec_proposer
 from vllm_vspec.adapters.vllm.rejection_sampler import VSpecRejectionSampler
 from vllm_vspec.draft_lag import DraftLag
-from vllm_vspec.entropy import EntropyStop
 from vllm_vspec.wiring import gamma0_mode, resolve
 
 
@@ -51,11 +51,9 @@ class VSpecRunnerMixin:
         if not rule.lossless:
             self.rejection_sampler = VSpecRejectionSampler(
                 self.sampler, self.speculative_config, self.device, rule)
-        if cfg.entropy_stop or self._gamma0_mode == "lazy":
-            self.drafter = vspec_proposer(
-                self.drafter, self.vllm_config, self.device, self,
-                EntropyStop.from_config(cfg) if cfg.entropy_stop else None,
-                catch_up=self._gamma0_mode == "lazy")
+        if proposer_features(cfg) or self._gamma0_mode == "lazy":
+            self.drafter = vspec_proposer(self.drafter, self.vllm_config, self.device, self,
+                                          cfg, catch_up=self._gamma0_mode == "lazy")
             self._entropy_stop = cfg.entropy_stop
 
     # extends GPUModelRunner._sample: tells the lossy rule how many tokens each

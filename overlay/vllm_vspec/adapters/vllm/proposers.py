@@ -9,6 +9,11 @@
 - The catch-up pass of a lazy gamma 0 (draft_lag.py, draft model only):
   after steps that skipped the drafter, it writes the draft KV of the
   positions those steps processed before the drafter drafts again.
+- The draft LM head options (draft_head.py): greedy draft tokens from an
+  active vocabulary and/or int8 weights. The target verifies with its own
+  full head, so strict acceptance stays exact.
+- The diagnostics traces (diagnostics.py): per drafter step, draft tokens,
+  draft forward inputs/outputs, target hidden states and committed tokens.
 
 PROPOSERS maps vLLM's proposer class to ours.
 """
@@ -16,18 +21,93 @@ PROPOSERS maps vLLM's proposer class to ours.
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import numpy as np
 import torch
 
 from vllm.forward_context import set_forward_context
 from vllm.v1.attention.backend import CommonAttentionMetadata
+from vllm.v1.sample.sampler import _SAMPLING_EPS
 from vllm.v1.spec_decode.draft_model import DraftModelProposer
 from vllm.v1.spec_decode.eagle import EagleProposer
 
-from vllm_vspec.config import VSpecConfigError
+from vllm_vspec.config import VSpecConfig, VSpecConfigError
+from vllm_vspec.diagnostics import TraceOptions, Tracer
+from vllm_vspec.draft_head import DraftHead, draft_head_for, drafter_features
 from vllm_vspec.draft_lag import Segment, catch_up_passes
 from vllm_vspec.entropy import EntropyStop
+
+
+def pure_greedy(sampling_metadata) -> bool:
+    """The whole batch is temperature 0 without logprobs, penalties or token
+    masks: the premise under which an active vocabulary was collected."""
+    m = sampling_metadata
+    return (m.all_greedy and m.max_num_logprobs is None and m.no_penalties
+            and m.allowed_token_ids_mask is None and not m.bad_words_token_ids)
+
+
+class DraftHeadMixin:
+    """Greedy draft tokens from vspec's DraftHead (active vocabulary, int8
+    weights) when configured; `_draft_logits` is where every greedy draft
+    distribution of our proposers comes from."""
+
+    # extends SpecDecodeBaseProposer.__init__: keeps the head settings; the
+    # head replaces the greedy path, so vLLM's other greedy variants are excluded.
+    def __init__(self, *args, head_config: VSpecConfig | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.head_config = head_config
+        self.draft_head: DraftHead | None = None
+        self._pure_greedy = False
+        if head_config is None:
+            return
+        key = _head_key(head_config)
+        if self.use_local_argmax_reduction or getattr(self, "use_heterogeneous_vocab", False):
+            raise VSpecConfigError(key, getattr(head_config, key), "not with local argmax "
+                                   "reduction or a heterogeneous draft vocabulary")
+        if self.vllm_config.parallel_config.tensor_parallel_size != 1:
+            raise VSpecConfigError(key, getattr(head_config, key),
+                                   "only with tensor_parallel_size 1 (the head is not sharded)")
+
+    # extends SpecDecodeBaseProposer.load_model: the drafter's LM head exists
+    # only now (EAGLE: the target's, shared inside load_model).
+    def load_model(self, *args, **kwargs) -> None:
+        super().load_model(*args, **kwargs)
+        if self.head_config is not None:
+            self.draft_head = draft_head_for(self.model, self.head_config)
+
+    # extends SpecDecodeBaseProposer._sample_draft_tokens: notes whether this
+    # step's batch is pure greedy (the active vocabulary is used only then).
+    def _sample_draft_tokens(self, hidden_states, sampling_metadata):
+        self._pure_greedy = pure_greedy(sampling_metadata)
+        return super()._sample_draft_tokens(hidden_states, sampling_metadata)
+
+    @property
+    def head_in_use(self) -> str:
+        """`active` when this step drafts from the active vocabulary, else `full`."""
+        head = self.draft_head
+        return "active" if head and head.active_ids is not None and self._pure_greedy else "full"
+
+    def _draft_logits(self, hidden_states: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(logits, ids): column j of logits scores token ids[j] (ids None:
+        token j)."""
+        head = self.draft_head
+        got = None if head is None else head.logits(hidden_states, restricted=self._pure_greedy)
+        return got if got is not None else (self.model.compute_logits(hidden_states), None)
+
+    # extends SpecDecodeBaseProposer._greedy_sample: argmax over our head,
+    # mapped back to full-vocabulary ids.
+    def _greedy_sample(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if self.draft_head is None:
+            return super()._greedy_sample(hidden_states)
+        logits, ids = self._draft_logits(hidden_states)
+        return DraftHead.to_full_ids(logits.argmax(dim=-1), ids)
+
+
+def _head_key(cfg: VSpecConfig) -> str:
+    return ("draft_active_vocab_ids" if cfg.draft_active_vocab_ids
+            else "draft_lm_head_quantization")
 
 
 class EntropyStopMixin:
@@ -52,14 +132,15 @@ class EntropyStopMixin:
                 "(draft_sample_method='greedy', no local argmax reduction, "
                 "no heterogeneous vocab)")
 
-    # extends SpecDecodeBaseProposer._greedy_sample: same greedy token, and
-    # records the top-k entropy of the distribution it came from.
+    # extends SpecDecodeBaseProposer._greedy_sample: same greedy token (from
+    # DraftHeadMixin's logits), and records the top-k entropy of its distribution.
     def _greedy_sample(self, hidden_states: torch.Tensor) -> torch.Tensor:
         if self.entropy_stop is None:
             return super()._greedy_sample(hidden_states)
-        logits = self.model.compute_logits(hidden_states)
+        # With an active vocabulary the entropy is over the active ids.
+        logits, ids = self._draft_logits(hidden_states)
         self._entropies.append(self.entropy_stop.entropy(logits))
-        return logits.argmax(dim=-1)
+        return DraftHead.to_full_ids(logits.argmax(dim=-1), ids)
 
     # extends SpecDecodeBaseProposer.propose: turns this step's entropies into
     # per-request draft lengths, in the row order of the returned drafts.
@@ -146,12 +227,107 @@ class CatchUpMixin:
             self.model(**model_kwargs)
 
 
-class VSpecEagleProposer(EntropyStopMixin, EagleProposer):
-    """vLLM's EagleProposer with the entropy stop."""
+class TraceMixin:
+    """Writes the diagnostics traces (diagnostics.py) of each drafter step."""
+
+    # extends SpecDecodeBaseProposer.__init__: keeps the runner (for the
+    # batch's request ids) and opens the traces.
+    def __init__(self, *args, traces: TraceOptions | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._trace_runner = kwargs.get("runner")
+        self.tracer = Tracer(traces) if traces is not None and traces.any else None
+        self._sampled: list[list[int]] | None = None   # this step's committed tokens
+        self._passes: list[dict[str, torch.Tensor]] | None = None  # set inside propose
+
+    # extends SpecDecodeBaseProposer.load_model: with the IO trace on, a
+    # forward hook on the draft model records every pass made inside propose.
+    def load_model(self, *args, **kwargs) -> None:
+        super().load_model(*args, **kwargs)
+        if self.tracer is not None and self.tracer.options.draft_io_trace_dir:
+            self.model.register_forward_hook(self._record_pass, with_kwargs=True)
+
+    def _record_pass(self, module, args, kwargs, output) -> None:
+        if self._passes is None:
+            return  # a dummy or catch-up pass, not a drafting step
+        i = len(self._passes)
+        rec = {f"pass{i}.{k}": kwargs[k] for k in ("input_ids", "positions", "hidden_states")
+               if kwargs.get(k) is not None}
+        rec[f"pass{i}.output"] = output[0] if isinstance(output, tuple) else output
+        self._passes.append({k: v.detach().to("cpu").clone() for k, v in rec.items()})
+
+    # extends SpecDecodeBaseProposer.prepare_next_token_ids_padded (the
+    # first drafter call of a step): starts the step, keeps its committed tokens.
+    def prepare_next_token_ids_padded(self, sampled_token_ids, requests, gpu_input_batch,
+                                      discard_request_mask):
+        if self.tracer is not None:
+            self.tracer.begin_step()
+            rows = sampled_token_ids.tolist()
+            discard = discard_request_mask[:len(rows)].tolist()
+            self._sampled = [[] if d else [t for t in r if t >= 0] for r, d in zip(rows, discard)]
+        return super().prepare_next_token_ids_padded(sampled_token_ids, requests,
+                                                     gpu_input_batch, discard_request_mask)
+
+    # extends SpecDecodeBaseProposer.prepare_next_token_ids_cpu: as above,
+    # without a padded batch.
+    def prepare_next_token_ids_cpu(self, sampled_token_ids, requests, gpu_input_batch,
+                                   num_scheduled_tokens):
+        if self.tracer is not None:
+            self.tracer.begin_step()
+            self._sampled = [list(t) for t in sampled_token_ids]
+        return super().prepare_next_token_ids_cpu(sampled_token_ids, requests,
+                                                  gpu_input_batch, num_scheduled_tokens)
+
+    # extends SpecDecodeBaseProposer.propose: times the call and writes the
+    # step's records. The runner passes every argument by keyword.
+    def propose(self, *args, **kwargs) -> torch.Tensor:
+        if self.tracer is None:
+            return super().propose(*args, **kwargs)
+        tracer = self.tracer
+        self._passes = [] if tracer.options.draft_io_trace_dir else None
+        if tracer.options.target_hidden_trace_dir:
+            cad = kwargs["common_attn_metadata"]
+            hidden = {"token_ids": kwargs["target_token_ids"],
+                      "positions": kwargs["target_positions"],
+                      "hidden_states": kwargs["target_hidden_states"],
+                      "next_token_ids": kwargs["next_token_ids"],
+                      "query_start_loc": cad.query_start_loc[:cad.num_reqs + 1]}
+            if kwargs.get("num_rejected_tokens_gpu") is not None:
+                hidden["num_rejected_tokens"] = kwargs["num_rejected_tokens_gpu"]
+            tracer.target_hidden(hidden)
+        start = time.perf_counter()
+        try:
+            drafts = super().propose(*args, **kwargs)
+            if drafts.device.type != "cpu":
+                torch.accelerator.synchronize()
+            ms = (time.perf_counter() - start) * 1e3
+        finally:
+            passes, self._passes = self._passes, None
+        req_ids = list(self._trace_runner.input_batch.req_ids[:drafts.shape[0]])
+        tracer.draft(req_ids, drafts, ms, self.head_in_use)
+        if self._sampled is not None:
+            m = kwargs["sampling_metadata"]
+            temp = m.temperature
+            greedy = ([True] * len(req_ids) if m.all_greedy or temp is None
+                      else (temp[:len(req_ids)] < _SAMPLING_EPS).tolist())
+            tracer.target_argmax(req_ids, self._sampled[:len(req_ids)], greedy)
+            self._sampled = None
+        if passes is not None:
+            tensors = {k: v for rec in passes for k, v in rec.items()}
+            tensors["draft_token_ids"] = drafts
+            tracer.draft_io(tensors)
+        return drafts
 
 
-class VSpecDraftModelProposer(CatchUpMixin, EntropyStopMixin, DraftModelProposer):
-    """vLLM's DraftModelProposer with the entropy stop and the catch-up pass."""
+class VSpecEagleProposer(TraceMixin, EntropyStopMixin, DraftHeadMixin,
+                         EagleProposer):
+    """vLLM's EagleProposer with the entropy stop, the draft head options and
+    the diagnostics traces."""
+
+
+class VSpecDraftModelProposer(TraceMixin, CatchUpMixin, EntropyStopMixin,
+                              DraftHeadMixin, DraftModelProposer):
+    """vLLM's DraftModelProposer with the entropy stop, the catch-up pass, the
+    draft head options and the diagnostics traces."""
 
 
 PROPOSERS: dict[type, type] = {
@@ -160,16 +336,25 @@ PROPOSERS: dict[type, type] = {
 }
 
 
-def vspec_proposer(host_drafter, vllm_config, device, runner,
-                   entropy_stop: EntropyStop | None, catch_up: bool):
-    """Our counterpart of the proposer the host runner built (entropy stop
-    on when given; `catch_up` needs one that has the catch-up pass)."""
+def proposer_features(cfg: VSpecConfig) -> list[str]:
+    """The vspec keys set in `cfg` that need vspec's proposer."""
+    return ["entropy_stop"] * cfg.entropy_stop + drafter_features(cfg)
+
+
+def vspec_proposer(host_drafter, vllm_config, device, runner, cfg: VSpecConfig,
+                   catch_up: bool):
+    """Our counterpart of the proposer the host runner built, with the
+    features `cfg` turns on (`catch_up` needs one that has the catch-up pass)."""
     cls = PROPOSERS.get(type(host_drafter))
     drafter = type(host_drafter).__name__
     if catch_up and not (cls is not None and issubclass(cls, CatchUpMixin)):
         raise VSpecConfigError("gamma0_mode", "lazy", "only with speculative method "
                                f"draft_model (this engine drafts with {drafter})")
     if cls is None:
-        raise VSpecConfigError("entropy_stop", True, "only with speculative method "
+        key = (proposer_features(cfg) or ["entropy_stop"])[0]
+        raise VSpecConfigError(key, getattr(cfg, key), "only with speculative method "
                                f"draft_model or eagle (this engine drafts with {drafter})")
-    return cls(vllm_config, device, runner=runner, entropy_stop=entropy_stop)
+    head = cfg.draft_active_vocab_ids or cfg.draft_lm_head_quantization != "none"
+    return cls(vllm_config, device, runner=runner,
+               entropy_stop=EntropyStop.from_config(cfg) if cfg.entropy_stop else None,
+               head_config=cfg if head else None, traces=TraceOptions.from_config(cfg))

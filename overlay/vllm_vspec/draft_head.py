@@ -1,0 +1,199 @@
+"""The drafter's greedy LM head: restricted to an active vocabulary, int8, or both.
+
+Plain torch, no vLLM import. The proposers (adapters/vllm/proposers.py, and the
+Ascend overlay's) build one DraftHead from the drafter's own LM head weight
+after it is loaded, and take greedy draft tokens from it.
+
+- Active vocabulary: logits are computed only for `active_ids` (a row
+  subset of the head), and the argmax row maps back to its full token id
+  through `active_ids`. The target still verifies with its full head, so
+  strict acceptance stays lossless: the restriction only changes which
+  tokens the drafter can propose.
+- Int8 weights (`w8a16`, `w8a8`): symmetric int8 per output row and per block
+  of `group_size` input channels (0: one block, i.e. per channel), scale =
+  max|w| / 127 of the block. `w8a16` keeps activations in their float dtype
+  (CPU: torch.ops.aten._weight_int8pack_mm, one call per block); `w8a8` also
+  quantizes activations per token and block the same way and multiplies in
+  int8 with int32 accumulation (torch._int_mm). Other devices compute the
+  same formulas with a dequantized float matmul (not run on a GPU).
+
+Invariants: the ids returned are always full-vocabulary ids; a head built
+with quantization `none` and no active ids is never used (the host's own
+compute_logits is).
+"""
+
+from __future__ import annotations
+
+import torch
+
+QUANT_MODES = ("none", "w8a16", "w8a8")
+INT8_MAX = 127
+
+
+def quantize_int8(t: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 of a [N, K] tensor per row and per block of
+    `group_size` columns (0: one block): returns (q [N, K] int8, scales
+    [N, K // group_size] float32) with t ~= q * scales per block and
+    |t - q * s| <= s / 2 elementwise. An all-zero block gets scale 1."""
+    n, k = t.shape
+    g = group_size or k
+    if k % g:
+        raise ValueError(f"group_size {g} does not divide the {k} input channels")
+    blocks = t.float().reshape(n, k // g, g)
+    amax = blocks.abs().amax(dim=-1)
+    scales = torch.where(amax > 0, amax / INT8_MAX, torch.ones_like(amax))
+    q = torch.round(blocks / scales.unsqueeze(-1)).clamp_(-INT8_MAX, INT8_MAX)
+    return q.to(torch.int8).reshape(n, k), scales
+
+
+def dequantize_int8(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """Float32 values of quantize_int8's output."""
+    n, k = q.shape
+    nb = scales.shape[1]
+    return (q.float().reshape(n, nb, k // nb) * scales.unsqueeze(-1)).reshape(n, k)
+
+
+class Int8Linear:
+    """y = x @ W.T + b with W stored as blockwise int8 (module docstring)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, mode: str,
+                 group_size: int) -> None:
+        if mode not in ("w8a16", "w8a8"):
+            raise ValueError(f"quantization {mode!r}: one of 'w8a16', 'w8a8'")
+        self.mode = mode
+        self.q, self.scales = quantize_int8(weight, group_size)
+        self.group = weight.shape[1] // self.scales.shape[1]
+        # _weight_int8pack_mm wants each block's weight contiguous.
+        self._blocks = [self.q[:, b * self.group:(b + 1) * self.group].contiguous()
+                        for b in range(self.scales.shape[1])]
+        self.bias = None if bias is None else bias.float()
+        self._fast = weight.device.type == "cpu"
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        out = self._w8a16(x) if self.mode == "w8a16" else self._w8a8(x)
+        if self.bias is not None:
+            out = out + self.bias.to(out.dtype)
+        return out
+
+    def _w8a16(self, x: torch.Tensor) -> torch.Tensor:
+        out = None
+        for b, w in enumerate(self._blocks):
+            xb = x[:, b * self.group:(b + 1) * self.group]
+            s = self.scales[:, b]
+            if self._fast:
+                yb = torch.ops.aten._weight_int8pack_mm(xb.contiguous(), w, s.to(x.dtype))
+            else:
+                yb = (xb.float() @ (w.float() * s.unsqueeze(1)).T).to(x.dtype)
+            out = yb if out is None else out + yb
+        return out
+
+    def _w8a8(self, x: torch.Tensor) -> torch.Tensor:
+        xq, xs = quantize_int8(x, self.group)
+        out = torch.zeros(x.shape[0], self.q.shape[0], dtype=torch.float32, device=x.device)
+        for b, w in enumerate(self._blocks):
+            xb = xq[:, b * self.group:(b + 1) * self.group]
+            if self._fast:
+                acc = torch._int_mm(xb.contiguous(), w.t()).float()
+            else:
+                acc = xb.float() @ w.float().T   # exact: |sum| < 2^24 for K <= 1040
+            out += acc * xs[:, b:b + 1] * self.scales[:, b].unsqueeze(0)
+        return out.to(x.dtype)
+
+
+def _linear(weight: torch.Tensor, bias: torch.Tensor | None, mode: str, group_size: int):
+    if mode == "none":
+        return lambda x: torch.nn.functional.linear(x, weight.to(x.dtype),
+                                                    None if bias is None else bias.to(x.dtype))
+    return Int8Linear(weight, bias, mode, group_size)
+
+
+class DraftHead:
+    """Greedy draft logits from the drafter's LM head `weight` [V, H] (the
+    host's rows beyond the vocabulary already cut off)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+                 active_ids: torch.Tensor | None = None, quantization: str = "none",
+                 group_size: int = 0) -> None:
+        if quantization not in QUANT_MODES:
+            raise ValueError(f"quantization {quantization!r}: one of {QUANT_MODES}")
+        self.vocab_size = weight.shape[0]
+        self.quantization = quantization
+        # The full head is only needed when it differs from the host's.
+        self._full = None if quantization == "none" else _linear(
+            weight, bias, quantization, group_size)
+        self.active_ids = None
+        self._active = None
+        if active_ids is not None:
+            ids = active_ids.to(device=weight.device, dtype=torch.long)
+            if ids.numel() == 0 or int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size:
+                raise ValueError(f"active ids must be non-empty and in [0, {self.vocab_size})")
+            self.active_ids = ids
+            self._active = _linear(weight[ids].contiguous(),
+                                   None if bias is None else bias[ids].contiguous(),
+                                   quantization, group_size)
+
+    def logits(self, hidden: torch.Tensor, restricted: bool
+               ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """(logits, ids) where logits column j scores token ids[j] (ids None:
+        column j is token j), or None when this head adds nothing (no
+        quantization and `restricted` false or no active ids): use the host's."""
+        if restricted and self._active is not None:
+            return self._active(hidden), self.active_ids
+        if self._full is None:
+            return None
+        return self._full(hidden), None
+
+    @staticmethod
+    def to_full_ids(columns: torch.Tensor, ids: torch.Tensor | None) -> torch.Tensor:
+        """Full-vocabulary token ids of logits columns."""
+        return columns if ids is None else ids[columns]
+
+
+# vspec keys carried out by vspec's proposers (this head and the
+# diagnostics traces), each with its test of being on.
+DRAFTER_KEYS = {
+    "draft_active_vocab_ids": lambda c: bool(c.draft_active_vocab_ids),
+    "draft_lm_head_quantization": lambda c: c.draft_lm_head_quantization != "none",
+    **{key: (lambda c, key=key: bool(getattr(c, key))) for key in (
+        "draft_trace_path", "draft_io_trace_dir", "target_hidden_trace_dir",
+        "target_argmax_trace_path")},
+}
+
+
+def drafter_features(cfg) -> list[str]:
+    """The DRAFTER_KEYS set in `cfg`."""
+    return [key for key, on in DRAFTER_KEYS.items() if on(cfg)]
+
+
+def draft_head_for(model: torch.nn.Module, cfg) -> DraftHead:
+    """The DraftHead of a loaded vLLM draft model (its `lm_head`, and the
+    vocabulary its `logits_processor` keeps) for the vspec settings `cfg`.
+    Raises VSpecConfigError naming the key that cannot apply."""
+    from vllm_vspec.active_vocab import load_ids
+    from vllm_vspec.config import VSpecConfigError
+
+    head, proc = model.lm_head, model.logits_processor
+    key = "draft_active_vocab_ids" if cfg.draft_active_vocab_ids else "draft_lm_head_quantization"
+    # The host scales (and may soft-cap) logits; greedy drafting would not
+    # care, but the entropy stop reads the logits, so only plain heads are taken.
+    if getattr(proc, "scale", 1.0) != 1.0 or getattr(proc, "soft_cap", None):
+        raise VSpecConfigError(key, getattr(cfg, key), "a draft LM head without logit "
+                               "scaling or soft cap (this model has them)")
+    vocab = proc.org_vocab_size
+    weight = head.weight[:vocab]   # the host pads the head's rows
+    bias = getattr(head, "bias", None)
+    hidden = weight.shape[1]
+    group = cfg.draft_lm_head_quant_group_size
+    if group and hidden % group:
+        raise VSpecConfigError("draft_lm_head_quant_group_size", group,
+                               f"0 or a divisor of the draft hidden size {hidden}")
+    ids = None
+    if cfg.draft_active_vocab_ids:
+        ids = torch.tensor(load_ids(cfg.draft_active_vocab_ids, cfg.draft_active_vocab_size,
+                                    vocab), dtype=torch.long)
+    return DraftHead(weight.detach(), None if bias is None else bias[:vocab].detach(),
+                     active_ids=ids, quantization=cfg.draft_lm_head_quantization,
+                     group_size=group)
+
+
+__all__ = ["DraftHead", "Int8Linear", "draft_head_for", "drafter_features", "DRAFTER_KEYS", "QUANT_MODES", "quantize_int8", "dequantize_int8"]
