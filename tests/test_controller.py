@@ -4,6 +4,7 @@ stable-step attribution, FIFO matching of decisions, summary, trace)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -203,3 +204,22 @@ def test_reading_a_foreign_file_as_a_trace_fails_naming_the_line(tmp_path):
     path.write_text('{"schema": "vllm-vspec/trace", "version": 1}\n{"step": 1}\n')
     with pytest.raises(TraceError, match=r"x.jsonl:2: missing key 'num_reqs'"):
         read_trace(path)
+
+
+def test_policies_and_step_types_do_not_import_the_controller():
+    # controller.py imports the policies; a policy importing controller.py
+    # back would be a cycle (steps.py, a leaf, holds the types both use).
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "import vllm_vspec.steps, vllm_vspec.policies\n"
+            "from vllm_vspec.policies import REGISTRY, make_policy\n"
+            "from vllm_vspec.config import VSpecConfig\n"
+            "for name in REGISTRY:\n"
+            "    make_policy(VSpecConfig(policy=name, profile_path='profiles/"
+            "ascend-910b-qwen25-14b-draft.json').with_max_gamma(4))\n"
+            "print('vllm_vspec.controller' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=Path(__file__).resolve().parents[1]).stdout
+    assert out.split() == ["False"]
