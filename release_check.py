@@ -9,7 +9,7 @@ Checks, each reported as one row (exit 1 if any fails):
                  tests, models, results, caches or bytecode
   entry-points   the manifest's entry points are exactly the wheel's, and
                  each resolves to an object (imported from the built wheel)
-  reproducible   two builds from two fresh copies give the same SHA-256
+  reproducible   two builds from two copies give the same SHA-256
                  (SOURCE_DATE_EPOCH = the HEAD commit's time)
 
 The wheels are built from copies of the sources (pyproject.toml, README.md,
@@ -163,6 +163,14 @@ def check_entry_points(wheel: Path, repo: Path = REPO) -> str | None:
     return f"entry points that do not resolve: {bad}" if bad else None
 
 
+def two_builds(repo: Path, tmp: Path, epoch: str) -> list[Path]:
+    """Two wheels built from two copies of one snapshot of the sources (a
+    file edited between two reads of the checkout is not the build's fault)."""
+    snapshot = copy_sources(tmp / "snapshot", repo)
+    copies = [shutil.copytree(snapshot, tmp / f"src{i}", symlinks=True) for i in (1, 2)]
+    return [build_wheel(Path(src), tmp / f"dist{i}", epoch) for i, src in enumerate(copies, 1)]
+
+
 def head_epoch(repo: Path = REPO) -> str:
     run = subprocess.run(["git", "log", "-1", "--format=%ct"], cwd=repo, capture_output=True,
                          text=True)
@@ -175,8 +183,7 @@ def audit(repo: Path = REPO, out: Path | None = None) -> list[tuple[str, str | N
     epoch = head_epoch(repo)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        wheels = [build_wheel(copy_sources(tmp / f"src{i}", repo), tmp / f"dist{i}", epoch)
-                  for i in (1, 2)]
+        wheels = two_builds(repo, tmp, epoch)
         results += [("one-version", check_one_version(wheels[0], repo)),
                     ("wheel-files", check_wheel_files(wheels[0])),
                     ("entry-points", check_entry_points(wheels[0], repo))]

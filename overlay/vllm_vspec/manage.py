@@ -1,8 +1,8 @@
 """vllm-vspec manage: the lifecycle of vspec in one Python environment.
 
   status      what is installed (portable package or Ascend overlay), its
-              version, whether its entry points resolve, the installation
-              default of vspec.enabled, vLLM processes that would need a restart
+              version, its entry points, the installation default of
+              vspec.enabled, vLLM processes that would need a restart
   validate    the shipped manifest against the installed distribution:
               one version, every entry point importable (exit 1 if not)
   enable      make vspec the default for engines of this environment
@@ -287,8 +287,7 @@ def validate(env: Installed) -> list[str]:
 
 
 def status(env: Installed) -> dict[str, Any]:
-    return {**asdict(env), "valid": not validate(env) if env.identity else None,
-            "running_vllm_servers": running_servers()}
+    return {**asdict(env), "running_vllm_servers": running_servers()}
 
 
 def _after_install_check(python: str, wheel: Wheel) -> list[str]:
@@ -315,7 +314,8 @@ def _after_uninstall_check(python: str) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        env = probe(args.python, entry_points=args.action in ("status", "validate"))
+        # Importing every entry point loads vLLM (seconds): only validate does.
+        env = probe(args.python, entry_points=args.action == "validate")
         if args.action == "status":
             out = status(env)
             if args.json:
@@ -356,8 +356,7 @@ def _status_text(s: dict[str, Any]) -> str:
                           f"{s['version']}"),
             ("environment", s["prefix"]),
             ("enabled by default", "yes" if s["enabled_by_default"] else "no"),
-            ("state file", s["state_path"] or "-"),
-            ("valid", "yes" if s["valid"] else "NO (run `vllm-vspec manage validate`)")]
+            ("state file", s["state_path"] or "-")]
     rows += [(f"entry point {k}", v) for k, v in sorted(s["entry_points"].items())]
     rows.append(("running vLLM servers", str(len(s["running_vllm_servers"]))))
     width = max(len(k) for k, _ in rows)
@@ -365,7 +364,7 @@ def _status_text(s: dict[str, Any]) -> str:
 
 
 ACTIONS = {
-    "status": "what is installed, entry points, default, servers to restart",
+    "status": "what is installed, its default, servers to restart",
     "validate": "the manifest against the installed distribution",
     "enable": "vspec on by default in this environment",
     "disable": "vspec off by default in this environment",
