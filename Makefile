@@ -17,7 +17,7 @@ OPS_BUILD := build/csrc-cpu
 OPS_LIB := $(OPS_BUILD)/lib/libvspec_ops.so
 PYTEST_ARGS ?=
 
-.PHONY: install ops demo test bench wheel overlay clean help
+.PHONY: install ops demo test bench wheel overlay release-check clean help
 help:
 	@grep -E '^#   make' Makefile | sed 's/^#   //'
 
@@ -64,6 +64,11 @@ wheel: $(PROJECT_STAMP)
 
 overlay: $(PROJECT_STAMP)
 	$(PYTHON) build_overlay.py --retarget $(HOST)
+
+# Release audit of the portable wheel: clean tree, one version, file list,
+# entry points, reproducible bytes (release_check.py --help).
+release-check: $(PROJECT_STAMP)
+	$(PYTHON) release_check.py
 
 clean:
 	rm -rf build dist results models/derived

@@ -207,3 +207,25 @@ def test_uninstall_reports_a_copy_still_visible_from_a_parent_environment(scratc
         assert out.returncode == 1 and "parent environment" in out.stderr, out.stderr
     finally:
         (site / "parent.pth").unlink()
+
+
+# ------------------------------------------- the installation default, read
+def test_a_disabled_environment_runs_stock_unless_the_launch_enables_vspec(tmp_path, monkeypatch):
+    from conftest import engine_config
+    from vllm_vspec import install_state, wiring
+
+    monkeypatch.setenv(install_state.STATE_ENV, str(tmp_path / "state.json"))
+    assert wiring.resolve(engine_config(vspec={})) is not None
+    install_state.write_state(False)
+    assert wiring.resolve(engine_config(vspec={})) is None
+    assert wiring.resolve(engine_config(vspec={"enabled": True})) is not None
+
+
+def test_a_state_file_that_is_not_a_choice_stops_start_up_naming_the_file(tmp_path, monkeypatch):
+    from vllm_vspec import install_state
+
+    bad = tmp_path / "state.json"
+    bad.write_text('{"enabled": "maybe"}')
+    monkeypatch.setenv(install_state.STATE_ENV, str(bad))
+    with pytest.raises(ValueError, match="state.json.*manage enable"):
+        install_state.default_enabled()

@@ -20,6 +20,7 @@ import importlib.metadata
 import json
 from typing import Any, Mapping
 
+from vllm_vspec import install_state
 from vllm_vspec.config import MAX_VERIFY_WIDTH, VSpecConfig, VSpecConfigError, resolve_gamma0_mode
 from vllm_vspec.draft_head import drafter_features
 
@@ -86,6 +87,8 @@ def resolve(vllm_config: Any) -> VSpecConfig | None:
         raise VSpecConfigError("vspec", raw, "a JSON object of vspec settings")
     if not VSpecConfig.from_dict(raw).enabled:
         return None
+    if "enabled" not in (raw or {}) and not install_state.default_enabled():
+        return None  # `vllm-vspec manage disable` made stock vLLM this environment's default
     if spec is None:
         if raw:
             raise VSpecConfigError(
