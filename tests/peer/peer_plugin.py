@@ -167,10 +167,21 @@ def pytest_configure(config) -> None:
     config.pluginmanager.register(PeerRun(config), RUN)
 
 
+def _forget_logged_once() -> None:
+    """vLLM prints some warnings once per process (lru_cache'd printers), so
+    a test asserting one would see it only under the first variant that runs
+    it. Every run of a test, in every variant, starts with that memory empty."""
+    import vllm.logger
+
+    for level in ("debug", "info", "warning", "error"):
+        getattr(vllm.logger, f"_print_{level}_once").cache_clear()
+
+
 @pytest.fixture(autouse=True)
 def _peer_scheduler(request, monkeypatch):
     """Rebind the test modules' `Scheduler`/`AsyncScheduler` to this
-    variant's classes for the duration of one test."""
+    variant's classes for the duration of one test (stock: nothing to do)."""
+    _forget_logged_once()
     run: PeerRun = request.config.pluginmanager.get_plugin(RUN)
     variant = request.node.callspec.params[PARAM]
     if run.variants[variant] is None:

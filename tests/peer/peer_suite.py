@@ -68,7 +68,7 @@ def expected_reason(test_id: str, variant: str, expected: list[dict]) -> tuple[i
     """(index, reason) of the first [[difference]] entry covering this test
     under this variant."""
     for i, entry in enumerate(expected):
-        if (fnmatch.fnmatchcase(test_id, entry["pattern"])
+        if (any(fnmatch.fnmatchcase(test_id, p) for p in entry["tests"])
                 and variant in entry.get("variants", [variant])):
             return i, entry["reason"]
     return None
@@ -136,7 +136,7 @@ def render(cmp: Comparison, variants: list[str]) -> str:
                       for d in diffs]
     if cmp.stale:
         lines.append("\nlisted differences that did not occur (stale entries?):")
-        lines += [f"  {e['pattern']} {e.get('variants', 'all')}" for e in cmp.stale]
+        lines += [f"  {', '.join(e['tests'])} {e.get('variants', 'all')}" for e in cmp.stale]
     return "\n".join(lines)
 
 
