@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping
 
-from vllm_vspec import wiring
+from vllm_vspec import graph_capture, wiring
 from vllm_vspec.config import (MAX_VERIFY_WIDTH, VSpecConfig, VSpecConfigError,
                                _coerce, field_docs)
 from vllm_vspec.wiring import resolve_platform
@@ -53,19 +53,23 @@ class Platform:
     visible_devices_env: str | None
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     async_scheduling: bool = True  # False where vLLM turns async scheduling off
+    captures_graphs: bool = True   # False where no graph is ever captured (CPU)
 
 
-def _cudagraph(mode: str) -> tuple[str, ...]:
-    return ("--compilation-config", json.dumps({"cudagraph_mode": mode}))
+# Launcher graph mode -> vLLM's CUDAGraphMode name (vLLM-Ascend reads the same
+# key for ACL graphs).
+_CUDAGRAPH_MODES = {"piecewise": "PIECEWISE", "full-decode-only": "FULL_DECODE_ONLY",
+                    "full": "FULL"}
 
 
-# vLLM's CUDAGraphMode names; vLLM-Ascend reads the same key for ACL graphs.
-_GRAPH_ARGS = {
-    "eager": ("--enforce-eager",),
-    "piecewise": _cudagraph("PIECEWISE"),
-    "full-decode-only": _cudagraph("FULL_DECODE_ONLY"),
-    "full": _cudagraph("FULL"),
-}
+def _cudagraph(mode: str, capture_sizes: list[int] | None = None) -> tuple[str, ...]:
+    config: dict[str, Any] = {"cudagraph_mode": _CUDAGRAPH_MODES[mode]}
+    if capture_sizes is not None:
+        config["cudagraph_capture_sizes"] = capture_sizes
+    return ("--compilation-config", json.dumps(config))
+
+
+_GRAPH_ARGS = {"eager": ("--enforce-eager",), **{m: _cudagraph(m) for m in _CUDAGRAPH_MODES}}
 
 PLATFORMS = {
     # vspec's GPU runner extends vLLM's V1 runner, so V2 must stay off.
@@ -81,7 +85,7 @@ PLATFORMS = {
     "cpu": Platform({"eager": ("--enforce-eager",), "piecewise": (),
                      "full-decode-only": (), "full": ()},
                     "no graph capture on CPU: non-eager modes use vLLM CPU's default "
-                    "torch.compile path", None, async_scheduling=False),
+                    "torch.compile path", None, async_scheduling=False, captures_graphs=False),
 }
 
 
@@ -131,6 +135,13 @@ class LaunchConfig:
     graph_mode: Literal["eager", "piecewise", "full-decode-only", "full"] = "eager"
     """Graph capture: `eager` (none), `piecewise`, `full-decode-only` or `full`,
     mapped per platform (see the graph-mode table)."""
+
+    capture_policy: Literal["auto", "exact", "power2", "steady"] = "auto"
+    """Which token counts get a graph (`cudagraph_capture_sizes`), for every
+    verify width dynamic gamma can run (1 and 1 + gamma): batch sizes `exact`
+    1..max_num_seqs, `power2` (the controller's buckets and max_num_seqs),
+    `steady` (vLLM's ladder 1, 2, 4, 8, 16, ...); `auto` is power2. Only where
+    graphs are captured (CUDA, NPU, graph_mode not eager)."""
 
     gpu_memory_utilization: float = 0.9
     """Fraction of device memory vLLM may use (on CPU: of host memory)."""
@@ -332,7 +343,7 @@ def render(preset: Preset, extra_args: list[str] | None = None,
             "--generation-config", launch.generation_config,
             "--enable-prefix-caching" if launch.prefix_caching else "--no-enable-prefix-caching",
             "--async-scheduling" if async_scheduling else "--no-async-scheduling",
-            *platform.graph_args[mode],
+            *_graph_args(preset, platform, mode),
             *wiring.serve_argv(wiring.engine_args(speculative, preset.vspec_raw, platform=kind))]
     for key, flag in (("max_num_batched_tokens", "--max-num-batched-tokens"),
                       ("max_model_len", "--max-model-len"),
@@ -344,6 +355,33 @@ def render(preset: Preset, extra_args: list[str] | None = None,
     if launch.device is not None:
         env[platform.visible_devices_env] = launch.device
     return argv + list(extra_args or []), env
+
+
+def _graph_args(preset: Preset, platform: Platform, mode: str) -> tuple[str, ...]:
+    """The platform's flags for `mode`, with the capture sizes dynamic gamma
+    needs where graphs are captured (graph_capture.py)."""
+    if mode == "eager" or not platform.captures_graphs:
+        return platform.graph_args[mode]
+    launch, vspec = preset.launch, preset.vspec
+    max_gamma = vspec.max_gamma if vspec.max_gamma is not None else launch.gamma
+    return _cudagraph(mode, graph_capture.capture_sizes(
+        launch.capture_policy, launch.max_num_seqs, vspec.min_gamma, max_gamma,
+        dynamic=vspec.enabled, max_num_batched_tokens=launch.max_num_batched_tokens))
+
+
+def graph_note(preset: Preset) -> str:
+    """One line for the dry run: what the rendered graph flags capture."""
+    launch = preset.launch
+    kind = resolve_platform(launch.platform)
+    platform = PLATFORMS[kind]
+    if not platform.captures_graphs:
+        return f"graphs: do not apply on {kind} ({platform.graph_note})"
+    mode = wiring.graph_mode(launch.graph_mode, kind, preset.vspec.enabled)
+    if mode == "eager":
+        return "graphs: none (graph_mode eager)"
+    sizes = json.loads(_graph_args(preset, platform, mode)[1])["cudagraph_capture_sizes"]
+    return (f"graphs: {_CUDAGRAPH_MODES[mode]}, capture_policy {launch.capture_policy}: "
+            f"{len(sizes)} token counts ({sizes[0]}..{sizes[-1]})")
 
 
 # ------------------------------------------------------------------ docs
@@ -397,4 +435,4 @@ def _toml_value(value: Any) -> str:
 
 
 __all__ = ["LaunchConfig", "Preset", "PresetError", "load", "render", "list_presets",
-           "preset_path", "config_docs", "PRESET_DIR", "PLATFORMS", "METHODS"]
+           "preset_path", "config_docs", "graph_note", "PRESET_DIR", "PLATFORMS", "METHODS"]

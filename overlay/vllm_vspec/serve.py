@@ -112,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"export {key}={shlex.quote(value)}")
         if executable[1:] != argv[1:]:
             print(f"# runs as: {shlex.join(executable[:3])} ... ({VLLM_CLI_NOTE})")
+        print(f"# {presets.graph_note(preset)}")
         print(shlex.join(argv))
         return 0
     os.execvpe(executable[0], executable, {**os.environ, **env})
