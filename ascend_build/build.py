@@ -355,11 +355,11 @@ def wheel_from_tree(tree: Path, pin: Pin, patches: list[Path], copied: list[str]
 
 # ---------------------------------------------------------- tree checks
 def byte_compile(tree: Path) -> list[str]:
-    """`file:line: message` for every .py under the tree's packages that does
-    not compile (empty: all do). Compiles in memory; writes nothing."""
+    """`file:line: message` for every .py of the packages the wheel ships
+    that does not compile (empty: all do). Compiles in memory; writes nothing."""
     failures = []
-    for top in sorted(p for p in tree.iterdir() if (p / "__init__.py").is_file()):
-        for path in sorted(top.rglob("*.py")):
+    for top in OVERLAY_DIRS:
+        for path in sorted((tree / top).rglob("*.py")):
             try:
                 compile(path.read_bytes(), str(path), "exec", dont_inherit=True)
             except SyntaxError as e:

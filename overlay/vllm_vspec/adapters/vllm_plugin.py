@@ -16,6 +16,11 @@ from vllm_vspec.adapters.vllm.models import register_models  # noqa: E402
 
 REGISTRATIONS.append(register_models)
 
+# The Ascend overlay wheel's start-up line on its kernels (nothing elsewhere).
+from vllm_vspec.ascend_wheel import log_kernel_state  # noqa: E402
+
+REGISTRATIONS.append(log_kernel_state)
+
 _done = False
 
 

