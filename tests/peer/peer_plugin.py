@@ -11,8 +11,9 @@ look them up) to VSpecScheduler subclasses whose only addition is the
 variant's settings, put where `--additional-config '{"vspec": ...}'` puts
 them. vLLM's own classes and modules are left alone.
 
-Outcomes go to --peer-report as JSON: {test id: {variant: {outcome, message}}},
-the test id without the variant's parameter.
+Outcomes go to --peer-report as JSON: {test id: {variant: {outcome, message}}}
+(the test id without the variant's parameter), with what each vspec
+variant's schedulers did ("probes": steps, draft lengths asked for).
 """
 
 from __future__ import annotations
@@ -73,11 +74,13 @@ def excluded_reason(test_id: str, excluded: dict[str, str]) -> str | None:
                 None)
 
 
-def peer_classes(name: str, settings: dict):
+def peer_classes(name: str, settings: dict, probe: dict):
     """VSpecScheduler and VSpecAsyncScheduler given `settings` as vspec's
     additional_config. The async one also subclasses the sync one, so that
     `isinstance(AsyncScheduler(...), Scheduler)` holds after rebinding as it
-    does in vLLM."""
+    does in vLLM. `probe` counts the steps they schedule and the draft lengths
+    they ask for, which shows that the rebinding took effect (read off the
+    host's SchedulerOutput, not vspec's internals)."""
     from vllm_vspec.adapters.vllm.scheduler import VSpecAsyncScheduler, VSpecScheduler
 
     class WithSettings:
@@ -89,6 +92,13 @@ def peer_classes(name: str, settings: dict):
                 vllm_config.additional_config = {**(vllm_config.additional_config or {}),
                                                  "vspec": dict(settings)}
             super().__init__(vllm_config, *args, **kwargs)
+
+        def schedule(self, *args, **kwargs):
+            output = super().schedule(*args, **kwargs)
+            probe["steps"] += 1
+            if output.num_scheduled_tokens and self.vllm_config.speculative_config is not None:
+                probe["gammas"].add(output.num_spec_tokens_to_schedule)
+            return output
 
     sync = type(f"VSpecScheduler_{name}", (WithSettings, VSpecScheduler), {})
     return sync, type(f"VSpecAsyncScheduler_{name}", (sync, VSpecAsyncScheduler), {})
@@ -105,10 +115,13 @@ class PeerRun:
         self.ids: dict[str, tuple[str, str]] = {}  # nodeid -> (test id, variant)
         self.results: dict[str, dict[str, dict]] = {}
         self.classes: dict[str, tuple] = {}
+        # variant -> steps its schedulers scheduled, draft lengths they asked for
+        self.probes: dict[str, dict] = {}
 
     def scheduler_classes(self, name: str) -> tuple:
         if name not in self.classes:
-            self.classes[name] = peer_classes(name, self.variants[name])
+            self.probes[name] = {"steps": 0, "gammas": set()}
+            self.classes[name] = peer_classes(name, self.variants[name], self.probes[name])
         return self.classes[name]
 
     def pytest_generate_tests(self, metafunc) -> None:
@@ -152,6 +165,8 @@ class PeerRun:
     def pytest_sessionfinish(self) -> None:
         self.report_path.write_text(json.dumps(
             {"variants": list(self.variants), "excluded": self.excluded,
+             "probes": {v: {"steps": p["steps"], "gammas": sorted(p["gammas"])}
+                        for v, p in self.probes.items()},
              "results": self.results}, indent=1, sort_keys=True))
 
 

@@ -58,10 +58,13 @@ class Comparison:
     unexpected: list[Difference] = field(default_factory=list)
     # [[difference]] entries that matched no difference in this run.
     stale: list[dict] = field(default_factory=list)
+    # vspec variants whose schedulers never scheduled a step: the rebinding
+    # did not take effect, and their "same as stock" would mean nothing.
+    idle: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return not self.stock_failures and not self.unexpected
+        return not self.stock_failures and not self.unexpected and not self.idle
 
 
 def expected_reason(test_id: str, variant: str, expected: list[dict]) -> tuple[int, str] | None:
@@ -75,12 +78,14 @@ def expected_reason(test_id: str, variant: str, expected: list[dict]) -> tuple[i
 
 
 def compare(results: dict[str, dict[str, dict]], variants: list[str],
-            expected: list[dict]) -> Comparison:
-    """`results`: test id -> variant -> {"outcome", "message"} (as the plugin
-    writes them). A variant with no result for a test counts as "missing"."""
+            expected: list[dict], probes: dict[str, dict]) -> Comparison:
+    """`results`: test id -> variant -> {"outcome", "message"}, `probes`:
+    variant -> {"steps", "gammas"} (as the plugin writes them). A variant with
+    no result for a test counts as "missing"."""
     counts = {v: dict(Counter(r.get(v, {"outcome": "missing"})["outcome"]
                               for r in results.values())) for v in variants}
-    cmp = Comparison(counts)
+    idle = [v for v in variants if v != STOCK and not probes.get(v, {}).get("steps")]
+    cmp = Comparison(counts, idle=idle)
     used: set[int] = set()
     for test_id in sorted(results):
         per = results[test_id]
@@ -107,15 +112,18 @@ def compare(results: dict[str, dict[str, dict]], variants: list[str],
     return cmp
 
 
-def render(cmp: Comparison, variants: list[str]) -> str:
+def render(cmp: Comparison, variants: list[str], probes: dict[str, dict]) -> str:
     outcomes = ["passed", "failed", "error", "skipped", "xfailed", "xpassed", "missing"]
     shown = [o for o in outcomes if any(cmp.counts[v].get(o) for v in variants)]
     expected = Counter(d.variant for d in cmp.expected)
     unexpected = Counter(d.variant for d in cmp.unexpected)
-    head = ["variant", *shown, "differ: listed", "differ: NOT listed"]
+    head = ["variant", *shown, "differ: listed", "differ: NOT listed", "vspec steps",
+            "gammas asked"]
     rows = [[v, *(str(cmp.counts[v].get(o, 0)) for o in shown),
-             "-" if v == STOCK else str(expected[v]),
-             "-" if v == STOCK else str(unexpected[v])] for v in variants]
+             *(["-"] * 4 if v == STOCK else
+               [str(expected[v]), str(unexpected[v]), str(probes.get(v, {}).get("steps", 0)),
+                ",".join(map(str, probes.get(v, {}).get("gammas", []))) or "-"])]
+            for v in variants]
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in [head, *rows]]
     if cmp.expected:
@@ -134,6 +142,9 @@ def render(cmp: Comparison, variants: list[str]) -> str:
             lines.append(f"\n{title}:")
             lines += [f"  {d.test_id} [{d.variant}] stock={d.stock} -> {d.outcome}: {d.message}"
                       for d in diffs]
+    if cmp.idle:
+        lines.append(f"\nNO STEP SCHEDULED BY VSpecScheduler under {', '.join(cmp.idle)}: "
+                     "the scheduler class was not rebound (peer_plugin.py)")
     if cmp.stale:
         lines.append("\nlisted differences that did not occur (stale entries?):")
         lines += [f"  {', '.join(e['tests'])} {e.get('variants', 'all')}" for e in cmp.stale]
@@ -157,8 +168,9 @@ def split_variants(variants: list[str], jobs: int) -> list[list[str]]:
 
 
 def run_pytest(tree: peer_fetch.PeerTree, suite_path: Path, tests: list[str],
-               groups: list[list[str]], keyword: str | None, workdir: Path) -> dict:
-    """Run the groups concurrently; the merged per-test results."""
+               groups: list[list[str]], keyword: str | None,
+               workdir: Path) -> tuple[dict, dict]:
+    """Run the groups concurrently; the merged per-test results and probes."""
     env = dict(os.environ, HF_HOME=str(tree.hf_home), HF_HUB_OFFLINE="1",
                TRANSFORMERS_OFFLINE="1",
                PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
@@ -174,6 +186,7 @@ def run_pytest(tree: peer_fetch.PeerTree, suite_path: Path, tests: list[str],
         procs.append((subprocess.Popen(cmd, cwd=tree.src, env=env, stdout=out,
                                        stderr=subprocess.STDOUT), report, log, out))
     results: dict[str, dict] = {}
+    probes: dict[str, dict] = {}
     for proc, report, log, out in procs:
         rc = proc.wait()
         out.close()
@@ -182,9 +195,11 @@ def run_pytest(tree: peer_fetch.PeerTree, suite_path: Path, tests: list[str],
         if rc not in (0, 1) or not report.is_file():
             tail = "\n".join(log.read_text().splitlines()[-30:])
             raise RuntimeError(f"pytest exited with {rc} (log {log}):\n{tail}")
-        for test_id, per in json.loads(report.read_text())["results"].items():
+        written = json.loads(report.read_text())
+        for test_id, per in written["results"].items():
             results.setdefault(test_id, {}).update(per)
-    return results
+        probes.update(written["probes"])
+    return results, probes
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -231,17 +246,17 @@ def main(argv: list[str] | None = None) -> int:
           f"({', '.join(variants)}) in {len(groups)} process(es); logs next to {args.json}",
           flush=True)
     started = time.monotonic()
-    results = run_pytest(tree, args.suite.resolve(), suite["tests"], groups, args.keyword,
+    results, probes = run_pytest(tree, args.suite.resolve(), suite["tests"], groups, args.keyword,
                          args.json.parent)
     wall_s = time.monotonic() - started
-    cmp = compare(results, variants, suite.get("difference", []))
-    print(render(cmp, variants))
+    cmp = compare(results, variants, suite.get("difference", []), probes)
+    print(render(cmp, variants, probes))
     print(f"\n{len(results)} tests x {len(variants)} variants in {wall_s:.0f} s; "
           f"{'OK' if cmp.ok else 'FAILED'}; written {args.json}")
     args.json.write_text(json.dumps({
         "vllm": want, "sdist_sha256": pin["sdist"]["sha256"], "variants": variants,
         "keyword": args.keyword, "wall_s": round(wall_s, 1), "ok": cmp.ok,
-        **asdict(cmp), "results": results}, indent=1))
+        **asdict(cmp), "probes": probes, "results": results}, indent=1))
     return 0 if cmp.ok else 1
 
 

@@ -15,6 +15,7 @@ import pytest
 from peer_plugin import base_id, excluded_reason, variant_token
 
 VARIANTS = ["stock", "online", "cycle"]
+STEPPED = {"online": {"steps": 5, "gammas": [2]}, "cycle": {"steps": 5, "gammas": [0, 1, 2]}}
 
 
 def outcomes(**per_variant: str) -> dict:
@@ -24,14 +25,14 @@ def outcomes(**per_variant: str) -> dict:
 def test_same_outcome_as_stock_is_no_difference():
     cmp = peer_suite.compare({"t::a": outcomes(stock="passed", online="passed", cycle="passed"),
                               "t::b": outcomes(stock="skipped", online="skipped", cycle="skipped")},
-                             VARIANTS, [])
+                             VARIANTS, [], STEPPED)
     assert cmp.ok and not cmp.expected and not cmp.unexpected
     assert cmp.counts["online"] == {"passed": 1, "skipped": 1}
 
 
 def test_unlisted_difference_fails_with_test_variant_and_message():
     cmp = peer_suite.compare({"t::a": outcomes(stock="passed", online="passed", cycle="failed")},
-                             VARIANTS, [])
+                             VARIANTS, [], STEPPED)
     assert not cmp.ok
     [diff] = cmp.unexpected
     assert (diff.test_id, diff.variant, diff.stock, diff.outcome, diff.message) == (
@@ -41,7 +42,7 @@ def test_unlisted_difference_fails_with_test_variant_and_message():
 def test_listed_difference_carries_its_reason_and_passes():
     listed = [{"tests": ["t::a*"], "reason": "asserts stock padding"}]
     cmp = peer_suite.compare({"t::a[1]": outcomes(stock="passed", online="failed", cycle="failed")},
-                             VARIANTS, listed)
+                             VARIANTS, listed, STEPPED)
     assert cmp.ok
     assert [(d.variant, d.reason) for d in cmp.expected] == [
         ("online", "asserts stock padding"), ("cycle", "asserts stock padding")]
@@ -50,35 +51,43 @@ def test_listed_difference_carries_its_reason_and_passes():
 def test_listed_difference_covers_only_its_variants():
     listed = [{"tests": ["t::a"], "variants": ["cycle"], "reason": "cycle only"}]
     cmp = peer_suite.compare({"t::a": outcomes(stock="passed", online="failed", cycle="failed")},
-                             VARIANTS, listed)
+                             VARIANTS, listed, STEPPED)
     assert [d.variant for d in cmp.expected] == ["cycle"]
     assert [d.variant for d in cmp.unexpected] == ["online"]
 
 
 def test_a_variant_without_a_result_is_a_difference():
-    cmp = peer_suite.compare({"t::a": outcomes(stock="passed", online="passed")}, VARIANTS, [])
+    cmp = peer_suite.compare({"t::a": outcomes(stock="passed", online="passed")},
+                             VARIANTS, [], STEPPED)
     assert [(d.variant, d.outcome) for d in cmp.unexpected] == [("cycle", "missing")]
 
 
 def test_stock_failure_fails_the_suite_instead_of_being_compared():
     cmp = peer_suite.compare({"t::a": outcomes(stock="error", online="error", cycle="error")},
-                             VARIANTS, [])
+                             VARIANTS, [], STEPPED)
     assert not cmp.ok and not cmp.unexpected
     assert [(d.test_id, d.outcome) for d in cmp.stock_failures] == [("t::a", "error")]
 
 
+def test_a_variant_whose_schedulers_never_stepped_fails_the_suite():
+    cmp = peer_suite.compare({"t::a": outcomes(stock="passed", online="passed", cycle="passed")},
+                             VARIANTS, [], {"online": {"steps": 3, "gammas": [2]}})
+    assert not cmp.ok and cmp.idle == ["cycle"]
+
+
 def test_listed_difference_that_did_not_occur_is_reported_stale():
-    listed = [{"tests": ["t::x", "t::a"], "reason": "used"}, {"tests": ["t::gone"], "reason": "stale"}]
+    listed = [{"tests": ["t::x", "t::a"], "reason": "used"},
+              {"tests": ["t::gone"], "reason": "stale"}]
     cmp = peer_suite.compare({"t::a": outcomes(stock="passed", online="failed", cycle="passed")},
-                             VARIANTS, listed)
+                             VARIANTS, listed, STEPPED)
     assert cmp.ok
     assert [e["tests"] for e in cmp.stale] == [["t::gone"]]
 
 
 def test_render_names_unexpected_differences():
     cmp = peer_suite.compare({"t::a": outcomes(stock="passed", online="failed", cycle="passed")},
-                             VARIANTS, [])
-    text = peer_suite.render(cmp, VARIANTS)
+                             VARIANTS, [], STEPPED)
+    text = peer_suite.render(cmp, VARIANTS, STEPPED)
     assert "UNEXPECTED DIFFERENCES" in text
     assert "t::a [online] stock=passed -> failed: online: failed" in text
 
