@@ -1,6 +1,7 @@
 # vllm-ascend-vspec: every step a fresh machine needs lives here.
 #   make demo   installs what it needs, then runs the demo on the bundled models
 #   make test   installs what it needs, then runs the test suite
+#   make peer-test  vLLM's own scheduler tests against VSpecScheduler (docs/testing.md)
 SHELL := /bin/bash
 PY ?= python3
 VENV := .venv
@@ -16,8 +17,9 @@ DERIVED := models/derived/tiny-target-deep/config.json
 OPS_BUILD := build/csrc-cpu
 OPS_LIB := $(OPS_BUILD)/lib/libvspec_ops.so
 PYTEST_ARGS ?=
+PEER_ARGS ?=
 
-.PHONY: install ops demo test bench wheel overlay release-check clean help
+.PHONY: install ops demo test peer-test bench wheel overlay release-check clean help
 help:
 	@grep -E '^#   make' Makefile | sed 's/^#   //'
 
@@ -54,6 +56,12 @@ demo: install
 
 test: install
 	$(PYTHON) -m pytest $(PYTEST_ARGS)
+
+# vLLM 0.32.0's own scheduler tests, stock and with VSpecScheduler under each
+# vspec variant, compared (tests/peer/, docs/testing.md). About 5 min on a
+# 2-core host, so not part of `make test`. PEER_ARGS: see tests/peer/peer_suite.py --help.
+peer-test: install
+	$(PYTHON) tests/peer/peer_suite.py $(PEER_ARGS)
 
 bench: install
 	$(BIN)/vllm-vspec bench

@@ -133,8 +133,8 @@ def render(cmp: Comparison, variants: list[str], probes: dict[str, dict]) -> str
             by_reason.setdefault(d.reason, []).append(d)
         for reason, diffs in by_reason.items():
             tests = sorted({d.test_id for d in diffs})
-            lines.append(f"  {len(tests)} test(s) in {', '.join(sorted({d.variant for d in diffs}))}:"
-                         f" {reason}")
+            where = ", ".join(sorted({d.variant for d in diffs}))
+            lines.append(f"  {len(tests)} test(s) in {where}: {reason}")
     for title, diffs in (("STOCK FAILURES (fix the environment or exclude with a reason)",
                           cmp.stock_failures),
                          ("UNEXPECTED DIFFERENCES (not in suite.toml)", cmp.unexpected)):
@@ -213,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="pytest processes (default: "
                         "%(default)s; each adds one import of the tests, ~15 s of CPU)")
     parser.add_argument("-k", dest="keyword", help="pytest -k expression (a subset of tests)")
-    parser.add_argument("--json", type=Path, default=peer_fetch.REPO / "results" / "peer-suite.json",
+    parser.add_argument("--json", type=Path,
+                        default=peer_fetch.REPO / "results" / "peer-suite.json",
                         help="where to write the comparison (default: %(default)s)")
     parser.add_argument("--fetch-only", action="store_true",
                         help="fetch and unpack the pinned tests, print where, and stop")
