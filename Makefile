@@ -66,11 +66,15 @@ peer-test: install
 bench: install
 	$(BIN)/vllm-vspec bench
 
-# The overlay needs the venv (setuptools-scm), not the bundled models.
+# The overlay needs the venv (setuptools-scm), not the bundled models. With
+# CANN (ASCEND_HOME_PATH) `make wheel` also compiles vLLM-Ascend's and vspec's
+# kernels; without, the wheel says "host kernels missing" (docs/ascend.md).
 wheel: $(PROJECT_STAMP)
 	$(PYTHON) build_overlay.py
 
+# make overlay HOST=<version | sdist | dir>: re-target the patches, check, pin.
 overlay: $(PROJECT_STAMP)
+	@test -n "$(HOST)" || { echo "make overlay: set HOST=<vLLM-Ascend version | sdist | dir>, e.g. HOST=0.23.0" >&2; exit 2; }
 	$(PYTHON) build_overlay.py --retarget $(HOST)
 
 # Release audit of the portable wheel: clean tree, one version, file list,

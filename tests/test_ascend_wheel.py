@@ -158,6 +158,31 @@ def test_doctor_prints_the_wheels_kernel_statement(built, members, monkeypatch, 
     assert re.search(r"(?m)^  kernels +host kernels missing: built without CANN", out), out
 
 
+def test_the_start_up_log_warns_that_host_kernels_are_missing(members, monkeypatch):
+    """What every vLLM process logs at start-up (a vllm_vspec plugin registration)."""
+    import logging
+
+    from vllm_vspec.adapters import vllm_plugin
+
+    assert ascend_wheel.log_kernel_state in vllm_plugin.REGISTRATIONS
+    info = json.loads(dist_info(members, ab.BUILD_INFO))
+    monkeypatch.setattr(ascend_wheel, "build_info", lambda: info)
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("vllm.vllm_vspec.ascend_wheel")
+    logger.addHandler(handler)
+    try:
+        ascend_wheel.log_kernel_state()
+    finally:
+        logger.removeHandler(handler)
+    (record,) = records
+    assert record.levelno == logging.WARNING
+    assert record.getMessage() == (f"vspec Ascend wheel (vllm-ascend {info['host']['version']}): "
+                                   f"{info['kernels_statement']}")
+    assert "host kernels missing" in record.getMessage()
+
+
 def test_a_wheel_carrying_compiled_libraries_is_platform_tagged(built, pin, tmp_path):
     """The CANN path's tagging rule, on a stand-in library (no CANN here)."""
     (host_wheel,) = built[1].parent.glob("host-wheel/*.whl")
