@@ -13,7 +13,7 @@ them. vLLM's own classes and modules are left alone.
 
 Outcomes go to --peer-report as JSON: {test id: {variant: {outcome, message}}}
 (the test id without the variant's parameter), with what each vspec
-variant's schedulers did ("probes": steps, draft lengths asked for).
+variant's schedulers did ("probes": steps, steps with gamma below K).
 """
 
 from __future__ import annotations
@@ -78,9 +78,10 @@ def peer_classes(name: str, settings: dict, probe: dict):
     """VSpecScheduler and VSpecAsyncScheduler given `settings` as vspec's
     additional_config. The async one also subclasses the sync one, so that
     `isinstance(AsyncScheduler(...), Scheduler)` holds after rebinding as it
-    does in vLLM. `probe` counts the steps they schedule and the draft lengths
-    they ask for, which shows that the rebinding took effect (read off the
-    host's SchedulerOutput, not vspec's internals)."""
+    does in vLLM. `probe` counts the steps they schedule, and among those the
+    ones whose draft length is below num_speculative_tokens (K): that the
+    rebinding took effect and the controller acted, read off the host's
+    SchedulerOutput rather than vspec's internals."""
     from vllm_vspec.adapters.vllm.scheduler import VSpecAsyncScheduler, VSpecScheduler
 
     class WithSettings:
@@ -96,8 +97,10 @@ def peer_classes(name: str, settings: dict, probe: dict):
         def schedule(self, *args, **kwargs):
             output = super().schedule(*args, **kwargs)
             probe["steps"] += 1
-            if output.num_scheduled_tokens and self.vllm_config.speculative_config is not None:
-                probe["gammas"].add(output.num_spec_tokens_to_schedule)
+            spec = self.vllm_config.speculative_config
+            if (output.num_scheduled_tokens and spec is not None
+                    and output.num_spec_tokens_to_schedule < spec.num_speculative_tokens):
+                probe["below_k"] += 1
             return output
 
     sync = type(f"VSpecScheduler_{name}", (WithSettings, VSpecScheduler), {})
@@ -115,12 +118,12 @@ class PeerRun:
         self.ids: dict[str, tuple[str, str]] = {}  # nodeid -> (test id, variant)
         self.results: dict[str, dict[str, dict]] = {}
         self.classes: dict[str, tuple] = {}
-        # variant -> steps its schedulers scheduled, draft lengths they asked for
+        # variant -> {"steps": scheduled, "below_k": of those, gamma below K}
         self.probes: dict[str, dict] = {}
 
     def scheduler_classes(self, name: str) -> tuple:
         if name not in self.classes:
-            self.probes[name] = {"steps": 0, "gammas": set()}
+            self.probes[name] = {"steps": 0, "below_k": 0}
             self.classes[name] = peer_classes(name, self.variants[name], self.probes[name])
         return self.classes[name]
 
@@ -165,8 +168,7 @@ class PeerRun:
     def pytest_sessionfinish(self) -> None:
         self.report_path.write_text(json.dumps(
             {"variants": list(self.variants), "excluded": self.excluded,
-             "probes": {v: {"steps": p["steps"], "gammas": sorted(p["gammas"])}
-                        for v, p in self.probes.items()},
+             "probes": self.probes,
              "results": self.results}, indent=1, sort_keys=True))
 
 

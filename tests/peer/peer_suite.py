@@ -80,7 +80,7 @@ def expected_reason(test_id: str, variant: str, expected: list[dict]) -> tuple[i
 def compare(results: dict[str, dict[str, dict]], variants: list[str],
             expected: list[dict], probes: dict[str, dict]) -> Comparison:
     """`results`: test id -> variant -> {"outcome", "message"}, `probes`:
-    variant -> {"steps", "gammas"} (as the plugin writes them). A variant with
+    variant -> {"steps", "below_k"} (as the plugin writes them). A variant with
     no result for a test counts as "missing"."""
     counts = {v: dict(Counter(r.get(v, {"outcome": "missing"})["outcome"]
                               for r in results.values())) for v in variants}
@@ -118,11 +118,11 @@ def render(cmp: Comparison, variants: list[str], probes: dict[str, dict]) -> str
     expected = Counter(d.variant for d in cmp.expected)
     unexpected = Counter(d.variant for d in cmp.unexpected)
     head = ["variant", *shown, "differ: listed", "differ: NOT listed", "vspec steps",
-            "gammas asked"]
+            "gamma<K"]
     rows = [[v, *(str(cmp.counts[v].get(o, 0)) for o in shown),
              *(["-"] * 4 if v == STOCK else
                [str(expected[v]), str(unexpected[v]), str(probes.get(v, {}).get("steps", 0)),
-                ",".join(map(str, probes.get(v, {}).get("gammas", []))) or "-"])]
+                str(probes.get(v, {}).get("below_k", 0))])]
             for v in variants]
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in [head, *rows]]

@@ -15,7 +15,7 @@ import pytest
 from peer_plugin import base_id, excluded_reason, variant_token
 
 VARIANTS = ["stock", "online", "cycle"]
-STEPPED = {"online": {"steps": 5, "gammas": [2]}, "cycle": {"steps": 5, "gammas": [0, 1, 2]}}
+STEPPED = {"online": {"steps": 5, "below_k": 1}, "cycle": {"steps": 5, "below_k": 4}}
 
 
 def outcomes(**per_variant: str) -> dict:
@@ -71,7 +71,7 @@ def test_stock_failure_fails_the_suite_instead_of_being_compared():
 
 def test_a_variant_whose_schedulers_never_stepped_fails_the_suite():
     cmp = peer_suite.compare({"t::a": outcomes(stock="passed", online="passed", cycle="passed")},
-                             VARIANTS, [], {"online": {"steps": 3, "gammas": [2]}})
+                             VARIANTS, [], {"online": {"steps": 3, "below_k": 0}})
     assert not cmp.ok and cmp.idle == ["cycle"]
 
 
