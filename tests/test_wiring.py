@@ -30,7 +30,7 @@ def test_disabled_vspec_still_names_an_unknown_key():
 def test_k_is_not_capped_where_the_host_has_no_verify_width_limit():
     for device in ("cpu", "cuda"):
         cfg = wiring.resolve(engine_config(k=31, vspec={}, device=device))
-        assert (cfg.min_gamma, cfg.max_gamma) == (1, 31), device
+        assert (cfg.min_gamma, cfg.max_gamma) == (0, 31), device
 
 
 def test_ascend_caps_one_plus_k_at_its_verify_width():
@@ -98,6 +98,29 @@ def test_gamma0_auto_is_lazy_only_with_vspecs_worker():
     ours = engine_config(vspec=settings, worker_cls=wiring.WORKER_CLS["cpu"])
     assert wiring.gamma0_mode(wiring.resolve(stock), stock) == "sync"
     assert wiring.gamma0_mode(wiring.resolve(ours), ours) == "lazy"
+
+
+# ------------------------------------------------------- declared ranges
+@pytest.mark.parametrize("raw, allowed", [
+    ({"control_interval": 0}, r"an integer >= 1"),
+    ({"ewma_weight": 0.0}, r"a number in \(0.0, 1.0\]"),
+    ({"latency_ewma_weight": 1.5}, r"a number in \(0.0, 1.0\]"),
+    ({"entropy_scale": 0.0}, r"a number > 0.0"),
+    ({"margin": -0.5}, r"a number >= 0.0"),
+])
+def test_a_value_outside_its_fields_declared_range_is_refused_naming_it(raw, allowed):
+    from vllm_vspec.config import VSpecConfig
+
+    (key, value), = raw.items()
+    with pytest.raises(VSpecConfigError, match=rf"vspec.{key}={value!r} .*{allowed}"):
+        VSpecConfig.from_dict(raw)
+
+
+def test_range_bounds_themselves_are_allowed():
+    from vllm_vspec.config import VSpecConfig
+
+    cfg = VSpecConfig.from_dict({"ewma_weight": 1.0, "margin": 0.0, "control_interval": 1})
+    assert (cfg.ewma_weight, cfg.margin, cfg.control_interval) == (1.0, 0.0, 1)
 
 
 # ------------------------------------------------------------- engine args

@@ -64,9 +64,11 @@ class VSpecConfig:
     step (max_gamma, min_gamma, max_gamma-1, ...), to validate exactness and
     every verify width on a new host."""
 
-    min_gamma: int = 1
-    """Smallest gamma the controller may choose. 0 lets it turn speculation off
-    for a step (outputs stay exact); see `gamma0_mode`."""
+    min_gamma: int = 0
+    """Smallest gamma the controller may choose. 0 (the default) lets it turn
+    speculation off for a step where drafting does not pay, e.g. prompts the
+    drafter cannot predict or large batches (outputs stay exact); what such a
+    step costs depends on `gamma0_mode`. 1 keeps speculating every step."""
 
     max_gamma: int | None = None
     """Largest gamma the controller may choose. Defaults to the speculative

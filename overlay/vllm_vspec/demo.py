@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vllm_vspec import engine_runs
+from vllm_vspec.config import VSpecConfig
 from vllm_vspec.engine_runs import Variant
 from vllm_vspec.trace import overhead_share, read_trace
 
@@ -32,10 +33,11 @@ def default_variants(draft: str | Path, eagle: str | Path | None,
     """What the demo compares. The baseline comes first: every other row is
     checked against its outputs. Add a variant here to show it in the table."""
     k = max(gammas)
+    span = f"{VSpecConfig.min_gamma}..{k}"   # the default range
     variants = ([Variant("target-only")] + [engine_runs.draft_model_variant(draft, g) for g in gammas]
-                + [engine_runs.vspec_variant(f"vspec online 1..{k}", draft, k, policy="online")])
+                + [engine_runs.vspec_variant(f"vspec online {span}", draft, k, policy="online")])
     if eagle:
-        variants.append(engine_runs.vspec_variant(f"eagle vspec online 1..{k}", eagle, k,
+        variants.append(engine_runs.vspec_variant(f"eagle vspec online {span}", eagle, k,
                                                   method="eagle", policy="online"))
     return variants
 

@@ -57,17 +57,19 @@ def _method_variants(method: str, model: Path, static_table: list[list[int]],
            for k in range(1, MAX_GAMMA + 1)]
     out.append(Variant(f"{prefix}static-table", "static", _spec(
         method, model, MAX_GAMMA, num_speculative_tokens_per_batch_size=static_table)))
+    # The defaults: gamma 0..4, gamma 0 lazy for a draft model (gamma0_mode auto).
     out.append(Variant(f"{prefix}online", "online", _spec(method, model, MAX_GAMMA),
                        vspec={"policy": "online"}))
     # Target-only steps inside a speculative vspec server: what a gamma-0
     # step costs there (lazy for a draft model: no draft forward at all).
     out.append(Variant(f"{prefix}fixed-0", "vspec-fixed", _spec(method, model, MAX_GAMMA),
                        vspec={"policy": "fixed", "fixed_gamma": 0, "min_gamma": 0}))
-    # gamma 0..4; gamma 0 is lazy for a draft model (gamma0_mode auto)
-    out.append(Variant(f"{prefix}online-0", "online", _spec(method, model, MAX_GAMMA),
-                       vspec={"policy": "online", "min_gamma": 0}))
-    out.append(Variant(f"{prefix}online-0p", "online", _spec(method, model, MAX_GAMMA),
-                       vspec={"policy": "online", "min_gamma": 0, "reward_prefill_steps": True}))
+    # gamma 1..4: speculating every step (min_gamma's default before gamma 0
+    # became reachable by default; the runs in docs called gamma 0..4 `online-0`)
+    out.append(Variant(f"{prefix}online-1", "online", _spec(method, model, MAX_GAMMA),
+                       vspec={"policy": "online", "min_gamma": 1}))
+    out.append(Variant(f"{prefix}online-p", "online", _spec(method, model, MAX_GAMMA),
+                       vspec={"policy": "online", "reward_prefill_steps": True}))
     if latency_profile is not None:
         # Goodput argmax from this host's latency profile of this drafter.
         out.append(Variant(f"{prefix}profile", "online", _spec(method, model, MAX_GAMMA),
