@@ -14,7 +14,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllm_vspec.acceptance import AcceptanceRule, accept_mask, draft_positions, promote_accepted
+from vllm_vspec.acceptance import (AcceptanceRule, accept_mask, apply_to_greedy_rows,
+                                   draft_positions, promote_accepted)
 from vllm_vspec.config import VSpecConfig
 
 NEG_INF = float("-inf")
@@ -206,3 +207,33 @@ def test_promoted_logit_is_one_ulp_above_the_row_maximum():
     out = promote_accepted(logits.clone(), torch.tensor([2]), torch.tensor([True]))
     assert out[0].tolist()[:2] == [3.0, 1.0]
     assert out[0, 2] == torch.nextafter(torch.tensor(3.0), torch.tensor(math.inf))
+
+
+# ------------------------------------------- the one application in a host
+# Two requests, one draft each: token 1, the second best of [2.0, 1.0, 0.0].
+_TWO_ROWS = dict(draft_token_ids=torch.tensor([1, 1]), cu_num_draft_tokens=torch.tensor([1, 2]))
+_TOP2 = AcceptanceRule("relaxed_topk", topk=2, after_tokens=0)
+
+
+def _promoted(rule, generated, temperature) -> list[bool]:
+    logits = torch.tensor([[2.0, 1.0, 0.0]] * 2)
+    out = apply_to_greedy_rows(rule, logits, generated=generated, temperature=temperature,
+                               **_TWO_ROWS)
+    return (out.argmax(dim=-1) == 1).tolist()
+
+
+def test_the_rule_is_applied_to_greedy_rows_only():
+    assert _promoted(_TOP2, None, None) == [True, True]  # all greedy
+    assert _promoted(_TOP2, None, torch.tensor([0.0, 0.7])) == [True, False]
+
+
+def test_a_row_is_greedy_only_at_temperature_zero_as_the_hosts_verifier_says():
+    # vLLM's and vLLM-Ascend's rejection samplers verify a row greedily iff
+    # its temperature == 0; a tiny positive one is sampled, so never promoted.
+    assert _promoted(_TOP2, None, torch.tensor([1e-6, 0.0])) == [False, True]
+
+
+def test_without_generated_counts_every_request_is_fresh_so_the_prefix_stays_strict():
+    rule = AcceptanceRule("relaxed_topk", topk=2, after_tokens=4)
+    assert _promoted(rule, None, None) == [False, False]
+    assert _promoted(rule, torch.tensor([4, 3]), None) == [True, False]

@@ -141,7 +141,8 @@ def test_extra_vllm_args_after_double_dash_come_last(capsys, vllm_serve_parser):
 
 
 @pytest.mark.parametrize("flags, key, value", [
-    (["--gamma", "16"], "launch.gamma", "16"),
+    (["--gamma", "16", "--platform", "npu"], "launch.gamma", "16"),
+    (["--gamma", "0"], "launch.gamma", "0"),
     (["--dtype", "int3"], "launch.dtype", "int3"),
     (["--port", "0"], "launch.port", "0"),
     (["--gpu-memory-utilization", "1.5"], "launch.gpu_memory_utilization", "1.5"),
@@ -153,6 +154,17 @@ def test_bad_values_fail_naming_the_key_and_the_value(flags, key, value, capsys)
     assert cli.main(["serve", "--dry-run", "--preset", "draft", *flags]) == 2
     err = capsys.readouterr().err
     assert key in err and value in err and "the command line" in err, err
+
+
+def test_k_above_ascends_verify_width_renders_where_the_host_has_no_such_limit(
+        capsys, vllm_serve_parser):
+    for platform in ("cpu", "cuda"):
+        argv, _ = dry_run(capsys, "--preset", "draft", "--platform", platform, "--gamma", "31")
+        assert vllm_serve_parser(argv).speculative_config["num_speculative_tokens"] == 31
+    # On npu only with vspec off: then the host runs as shipped.
+    argv, _ = dry_run(capsys, "--preset", "draft", "--platform", "npu", "--gamma", "31",
+                      "--no-vspec-enabled")
+    assert vllm_serve_parser(argv).speculative_config["num_speculative_tokens"] == 31
 
 
 def write_preset(directory: Path, name: str, text: str) -> Path:

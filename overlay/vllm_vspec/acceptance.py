@@ -1,9 +1,11 @@
 """Greedy acceptance rules for draft tokens: which draft tokens the target accepts.
 
 Host-agnostic and vectorised (pure torch, no vLLM import, no host syncs): the
-vLLM adapter (adapters/vllm/rejection_sampler.py) and the NPU overlay both call
-`accept_mask` on device tensors and `promote_accepted` to express the decision
-in the only language the host's greedy verifier speaks, the argmax.
+vLLM adapter (adapters/vllm/rejection_sampler.py) and the NPU overlay
+(vllm_ascend/vspec/sampler.py) both call `apply_to_greedy_rows`, which
+decides with `accept_mask` on device tensors and expresses the decision with
+`promote_accepted` in the only language the host's greedy verifier speaks,
+the argmax.
 
 Layout shared by every function here: the draft tokens of all requests of a
 step are flattened request-major into N rows, exactly as the target logits
@@ -154,4 +156,35 @@ def promote_accepted(target_logits: torch.Tensor, draft_token_ids: torch.Tensor,
     return target_logits
 
 
-__all__ = ["AcceptanceRule", "accept_mask", "draft_positions", "promote_accepted"]
+# How vLLM's rejection samplers (vLLM's and vLLM-Ascend's) tell a greedy
+# request: temperature exactly 0 (SamplingParams stores greedy as 0.0). Only
+# those rows are verified by the host's greedy kernel, so only they may be
+# promoted; a sampled row keeps standard rejection sampling.
+GREEDY_TEMPERATURE = 0.0
+
+
+def apply_to_greedy_rows(rule: AcceptanceRule, target_logits: torch.Tensor,
+                         draft_token_ids: torch.Tensor, cu_num_draft_tokens: torch.Tensor,
+                         generated: torch.Tensor | None,
+                         temperature: torch.Tensor | None) -> torch.Tensor:
+    """The one application of a rule inside a host's rejection sampler, after
+    its logits processors: promote (in place) the draft tokens `rule` accepts
+    on greedy rows, so the host's greedy verifier accepts exactly them.
+
+    `generated` [B]: tokens each request had generated before this step's
+    drafts, or None when the host does not say (every request then counts as
+    fresh, so the rule's strict prefix keeps acceptance strict: never more
+    lossy than configured). `temperature` [B]: per request, or None when every
+    request is greedy."""
+    if rule.lossless or target_logits.shape[0] == 0:
+        return target_logits
+    req, pos = draft_positions(cu_num_draft_tokens, target_logits.shape[0])
+    generated = torch.zeros_like(req) if generated is None else generated.to(torch.int64)[req]
+    accept = accept_mask(rule, target_logits, draft_token_ids, pos, generated)
+    if temperature is not None:
+        accept &= (temperature == GREEDY_TEMPERATURE)[req]
+    return promote_accepted(target_logits, draft_token_ids, accept)
+
+
+__all__ = ["AcceptanceRule", "accept_mask", "apply_to_greedy_rows", "draft_positions",
+           "promote_accepted", "GREEDY_TEMPERATURE"]

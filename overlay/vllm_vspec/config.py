@@ -38,6 +38,28 @@ NOT_OFFERED = {
 MAX_VERIFY_WIDTH = 16
 
 
+def ranged(default: Any, lo: float, hi: float | None = None, *, lo_open: bool = False) -> Any:
+    """A dataclass field whose value must lie in [lo, hi] ((lo, hi] with
+    `lo_open`; no upper bound when `hi` is None; unset (None) passes).
+    `check_ranges` enforces it: the range lives on the field it bounds."""
+    return dataclasses.field(default=default, metadata={"range": (lo, hi, lo_open)})
+
+
+def check_ranges(obj: Any) -> None:
+    """Raise VSpecConfigError (key, value, allowed) for the first field of the
+    dataclass `obj` outside the range declared with `ranged`."""
+    hints = typing.get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if "range" not in f.metadata or value is None:
+            continue
+        lo, hi, lo_open = f.metadata["range"]
+        if float in (hints[f.name], *typing.get_args(hints[f.name])):
+            _check_float(f.name, value, lo, hi, lo_open=lo_open)
+        else:
+            _check_int(f.name, value, lo, hi)
+
+
 class VSpecConfigError(ValueError):
     """A vspec setting is unknown or out of range. The message names the key,
     the value given and what is allowed."""
@@ -78,14 +100,14 @@ class VSpecConfig:
     fixed_gamma: int | None = None
     """Gamma used by the `fixed` policy. Defaults to `max_gamma`."""
 
-    control_interval: int = 4
+    control_interval: int = ranged(4, 1)
     """Dwell: the controller reconsiders gamma once every this many decode
     steps of a batch-size bucket."""
 
-    max_gamma_step: int = 4
+    max_gamma_step: int = ranged(4, 1)
     """Largest change of gamma in one decision (after warm-up)."""
 
-    hysteresis: float = 0.05
+    hysteresis: float = ranged(0.05, 0.0)
     """Switch only when the best arm beats the current one by this fraction."""
 
     reward_prefill_steps: bool = False
@@ -94,18 +116,18 @@ class VSpecConfig:
     and is not reported, so rewards are decode-step throughput. On: rewards
     are throughput over all steps, prefill work included."""
 
-    ewma_weight: float = 0.1
+    ewma_weight: float = ranged(0.1, 0.0, 1.0, lo_open=True)
     """Weight of the newest observation in the per-position acceptance EWMA."""
 
-    min_observations: int = 4
+    min_observations: int = ranged(4, 0)
     """`profile` policy: drafted tokens at a position before its acceptance
     estimate replaces the prior."""
 
-    online_window: int = 64
+    online_window: int = ranged(64, 1)
     """`online` policy: steps of history per (bucket, gamma) arm; older
     rewards slide out so the policy follows phase changes."""
 
-    online_probe_interval: int = 16
+    online_probe_interval: int = ranged(16, 1)
     """`online` policy: stable steps in a bucket after which the current
     arm's neighbours are re-checked: one known only from a seed, one whose
     estimate is within a tenth of the best, one not measured for two
@@ -114,11 +136,11 @@ class VSpecConfig:
     current gamma cannot see always accepted. Smaller notices a change sooner
     and spends more steps probing."""
 
-    online_exploration: float = 0.01
+    online_exploration: float = ranged(0.01, 0.0)
     """`online` policy: UCB exploration constant c in
     `R(g) + c * R_max * sqrt(2 ln(N+1) / n(g))`."""
 
-    online_warmup_samples: int = 2
+    online_warmup_samples: int = ranged(2, 0)
     """`online` policy: stable steps spent on each arm during the warm-up
     sweep of a bucket no nearby bucket can seed (downwards from max_gamma, or
     upwards from min_gamma when the measured buckets are smaller; it stops
@@ -132,7 +154,7 @@ class VSpecConfig:
     """`profile` policy: scale predicted step latency by an online EWMA of
     measured/predicted latency per batch-size bucket and gamma."""
 
-    latency_ewma_weight: float = 0.2
+    latency_ewma_weight: float = ranged(0.2, 0.0, 1.0, lo_open=True)
     """Weight of the newest sample in the latency calibration EWMA."""
 
     profile_path: str | None = None
@@ -157,13 +179,13 @@ class VSpecConfig:
     draft entropy H satisfies `entropy_scale * H > entropy_threshold ** 2`.
     Only with the `online` policy."""
 
-    entropy_topk: int = 8
+    entropy_topk: int = ranged(8, 2)
     """Entropy stop: number of top draft probabilities the entropy is taken over."""
 
-    entropy_threshold: float = 1.0
+    entropy_threshold: float = ranged(1.0, 0.0)
     """Entropy stop: threshold tau (compared as tau squared)."""
 
-    entropy_scale: float = 1.0
+    entropy_scale: float = ranged(1.0, 0.0, lo_open=True)
     """Entropy stop: scale s applied to the entropy."""
 
     acceptance: Literal["strict", "relaxed_topk", "margin"] = "strict"
@@ -172,20 +194,20 @@ class VSpecConfig:
     may differ from target-only decoding. Sampled requests (temperature > 0)
     always use vLLM's standard rejection sampling."""
 
-    relaxed_topk: int = 2
+    relaxed_topk: int = ranged(2, 1)
     """`relaxed_topk` rule: accept a draft token within the target's top-K."""
 
-    relaxed_after_tokens: int = 16
+    relaxed_after_tokens: int = ranged(16, 0)
     """`relaxed_topk` rule: strict acceptance until a request has generated
     this many tokens (a strict prefix)."""
 
-    margin: float = 0.0
+    margin: float = ranged(0.0, 0.0)
     """`margin` rule: accept when `max_logit - logit[draft] <= margin`."""
 
-    margin_from_position: int = 0
+    margin_from_position: int = ranged(0, 0)
     """`margin` rule: relax only at draft positions >= this (0-based)."""
 
-    margin_after_tokens: int = 16
+    margin_after_tokens: int = ranged(16, 0)
     """`margin` rule: strict acceptance until a request has generated this
     many tokens."""
 
@@ -293,24 +315,7 @@ class VSpecConfig:
         _check_choice("acceptance", self.acceptance, ACCEPTANCE_RULES)
         _check_choice("gamma0_mode", self.gamma0_mode, GAMMA0_MODES)
         _check_choice("online_warmup_return", self.online_warmup_return, WARMUP_RETURNS)
-        _check_int("control_interval", self.control_interval, 1)
-        _check_int("max_gamma_step", self.max_gamma_step, 1)
-        _check_int("min_observations", self.min_observations, 0)
-        _check_int("online_window", self.online_window, 1)
-        _check_int("online_probe_interval", self.online_probe_interval, 1)
-        _check_int("online_warmup_samples", self.online_warmup_samples, 0)
-        _check_int("entropy_topk", self.entropy_topk, 2)
-        _check_int("relaxed_topk", self.relaxed_topk, 1)
-        _check_int("relaxed_after_tokens", self.relaxed_after_tokens, 0)
-        _check_int("margin_from_position", self.margin_from_position, 0)
-        _check_int("margin_after_tokens", self.margin_after_tokens, 0)
-        _check_float("hysteresis", self.hysteresis, 0.0, None)
-        _check_float("ewma_weight", self.ewma_weight, 0.0, 1.0, lo_open=True)
-        _check_float("latency_ewma_weight", self.latency_ewma_weight, 0.0, 1.0, lo_open=True)
-        _check_float("online_exploration", self.online_exploration, 0.0, None)
-        _check_float("entropy_threshold", self.entropy_threshold, 0.0, None)
-        _check_float("entropy_scale", self.entropy_scale, 0.0, None, lo_open=True)
-        _check_float("margin", self.margin, 0.0, None)
+        check_ranges(self)  # the ranges declared on the fields
         for tid in self.protected_token_ids:
             if isinstance(tid, bool) or not isinstance(tid, int) or tid < 0:
                 raise VSpecConfigError("protected_token_ids", self.protected_token_ids,
@@ -450,8 +455,8 @@ def _check_float(key: str, v: Any, lo: float, hi: float | None, lo_open: bool = 
     ok = ok and (v > lo if lo_open else v >= lo) and (hi is None or v <= hi)
     if not ok:
         left = "(" if lo_open else "["
-        rng = f"{left}{lo}, {hi}]" if hi is not None else (f"> {lo}" if lo_open else f">= {lo}")
-        raise VSpecConfigError(key, v, f"a number in {rng}")
+        rng = f"in {left}{lo}, {hi}]" if hi is not None else (f"> {lo}" if lo_open else f">= {lo}")
+        raise VSpecConfigError(key, v, f"a number {rng}")
 
 
 def _check_choice(key: str, v: Any, choices: tuple[str, ...]) -> None:

@@ -21,11 +21,13 @@ import torch
 
 @dataclass(frozen=True)
 class EntropyStop:
-    """The entropy-stop settings of VSpecConfig, frozen for the hot path."""
+    """The entropy-stop settings of VSpecConfig, frozen for the hot path.
+    No defaults here: VSpecConfig's entropy_* fields are the one source
+    (build with `from_config`)."""
 
-    topk: int = 8
-    threshold: float = 1.0
-    scale: float = 1.0
+    topk: int
+    threshold: float
+    scale: float
 
     @classmethod
     def from_config(cls, cfg) -> "EntropyStop":

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any, Callable, Literal, Mapping
 
 from vllm_vspec import graph_capture, wiring
-from vllm_vspec.config import (MAX_VERIFY_WIDTH, VSpecConfig, VSpecConfigError,
-                               _coerce, field_docs)
+from vllm_vspec.config import (VSpecConfig, VSpecConfigError, _coerce, check_ranges,
+                               field_docs, ranged)
 from vllm_vspec.wiring import resolve_platform
 
 # The top-level configs/, through the package's `_configs` link (a wheel
@@ -115,21 +115,22 @@ class LaunchConfig:
     target_model). An id registered by `vllm-vspec models` is replaced by its
     registered local path."""
 
-    gamma: int = 4
+    gamma: int = ranged(4, 1)
     """`num_speculative_tokens`: the largest draft length. It sizes buffers
-    and graphs; the vspec controller picks each step's gamma within it."""
+    and graphs; the vspec controller picks each step's gamma within it. On
+    npu with vspec on, 1 + gamma <= 16 (the verify width of Ascend's FIA)."""
 
     dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = "auto"
     """Weights and activations dtype (vLLM `--dtype`)."""
 
-    max_num_seqs: int = 128
+    max_num_seqs: int = ranged(128, 1)
     """Largest decode batch (vLLM `--max-num-seqs`)."""
 
-    max_num_batched_tokens: int | None = None
+    max_num_batched_tokens: int | None = ranged(None, 1)
     """Token budget of one step (vLLM `--max-num-batched-tokens`); unset lets
     vLLM choose."""
 
-    max_model_len: int | None = None
+    max_model_len: int | None = ranged(None, 1)
     """Context length limit (vLLM `--max-model-len`); unset uses the model's."""
 
     graph_mode: Literal["eager", "piecewise", "full-decode-only", "full"] = "eager"
@@ -143,14 +144,14 @@ class LaunchConfig:
     `steady` (vLLM's ladder 1, 2, 4, 8, 16, ...); `auto` is power2. Only where
     graphs are captured (CUDA, NPU, graph_mode not eager)."""
 
-    gpu_memory_utilization: float = 0.9
+    gpu_memory_utilization: float = ranged(0.9, 0.0, 1.0, lo_open=True)
     """Fraction of device memory vLLM may use (on CPU: of host memory)."""
 
-    kv_cache_memory_bytes: int | None = None
+    kv_cache_memory_bytes: int | None = ranged(None, 1)
     """Fixed KV-cache size in bytes (vLLM `--kv-cache-memory-bytes`); unset
     sizes it from gpu_memory_utilization."""
 
-    port: int = 8000
+    port: int = ranged(8000, 1, 65535)
     """HTTP port of the OpenAI-compatible server."""
 
     served_model_name: str | None = None
@@ -261,8 +262,11 @@ def _validate(name: str, description: str, merged: Mapping[str, Mapping[str, Any
     launch = _launch_config(merged["launch"], where)
     try:
         vspec = VSpecConfig.from_dict(merged["vspec"], num_speculative_tokens=launch.gamma)
+        if vspec.enabled:  # the host's verify-width limit on K, where it has one
+            vspec.with_max_gamma(launch.gamma, wiring.VERIFY_WIDTH_LIMITS.get(
+                resolve_platform(launch.platform)))
     except VSpecConfigError as exc:
-        key = f"vspec.{exc.key}"
+        key = "launch.gamma" if exc.key == "num_speculative_tokens" else f"vspec.{exc.key}"
         raise PresetError(key, exc.value, exc.allowed, where(key)) from None
     vspec_raw = {k: getattr(vspec, k) for k in merged["vspec"]}
     env = {}
@@ -271,17 +275,6 @@ def _validate(name: str, description: str, merged: Mapping[str, Mapping[str, Any
             raise PresetError(f"env.{key}", value, "a string or a number", where(f"env.{key}"))
         env[key] = str(value)
     return Preset(name, description, launch, vspec, vspec_raw, env)
-
-
-# Ranges of numeric launcher fields; Literal fields are checked by coercion.
-_LAUNCH_RANGES: dict[str, tuple[float, float | None]] = {
-    "gamma": (1, MAX_VERIFY_WIDTH - 1),  # 1 + gamma verify tokens fit FIA's 16
-    "max_num_seqs": (1, None),
-    "max_num_batched_tokens": (1, None),
-    "max_model_len": (1, None),
-    "kv_cache_memory_bytes": (1, None),
-    "port": (1, 65535),
-}
 
 
 def _launch_config(raw: Mapping[str, Any], where: Callable[[str], str]) -> LaunchConfig:
@@ -297,14 +290,11 @@ def _launch_config(raw: Mapping[str, Any], where: Callable[[str], str]) -> Launc
         except VSpecConfigError as exc:  # same coercion rules, launcher's key name
             raise PresetError(f"launch.{key}", value, exc.allowed, where(f"launch.{key}")) from None
     cfg = LaunchConfig(**kwargs)
-    for key, (lo, hi) in _LAUNCH_RANGES.items():
-        v = getattr(cfg, key)
-        if v is not None and (v < lo or (hi is not None and v > hi)):
-            rng = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
-            raise PresetError(f"launch.{key}", v, f"an integer in {rng}", where(f"launch.{key}"))
-    if not 0.0 < cfg.gpu_memory_utilization <= 1.0:
-        raise PresetError("launch.gpu_memory_utilization", cfg.gpu_memory_utilization,
-                          "a number in (0, 1]", where("launch.gpu_memory_utilization"))
+    try:
+        check_ranges(cfg)
+    except VSpecConfigError as exc:  # the same checks as [vspec], the launcher's key name
+        key = f"launch.{exc.key}"
+        raise PresetError(key, exc.value, exc.allowed, where(key)) from None
     for key in ("target_model", "draft_model"):
         if not getattr(cfg, key):
             raise PresetError(f"launch.{key}", getattr(cfg, key),

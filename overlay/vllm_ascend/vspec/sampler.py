@@ -6,7 +6,8 @@ the argmax of its target row; promoting each draft token the rule accepts to
 the row's unique argmax (vllm_vspec.acceptance.promote_accepted) makes that
 verifier apply the rule, while rejected rows keep the target's own argmax as
 the recovered token. Sampled requests (temperature > 0) are left to the host's
-rejection sampling.
+rejection sampling. The rule's application is the core's
+(acceptance.apply_to_greedy_rows), shared with vLLM's VSpecRejectionSampler.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 import torch
 
 from vllm_ascend.sample.rejection_sampler import AscendRejectionSampler
-from vllm_vspec.acceptance import AcceptanceRule, accept_mask, draft_positions, promote_accepted
+from vllm_vspec.acceptance import AcceptanceRule, apply_to_greedy_rows
 from vllm_vspec.config import VSpecConfig
 
 
@@ -36,13 +37,11 @@ class VSpecAscendRejectionSampler(AscendRejectionSampler):
         logits = super().apply_logits_processors(logits, sampling_metadata, metadata)
         if self.rule.lossless or sampling_metadata.all_random:
             return logits
-        req, pos = draft_positions(metadata.cu_num_draft_tokens, logits.shape[0])
         generated = _generated_counts(sampling_metadata, len(metadata.num_draft_tokens),
-                                      logits.device)[req]
-        accept = accept_mask(self.rule, logits, metadata.draft_token_ids, pos, generated)
-        if not sampling_metadata.all_greedy:
-            accept &= (sampling_metadata.temperature < 1e-5)[req]
-        return promote_accepted(logits, metadata.draft_token_ids, accept)
+                                      logits.device)
+        return apply_to_greedy_rows(
+            self.rule, logits, metadata.draft_token_ids, metadata.cu_num_draft_tokens,
+            generated, None if sampling_metadata.all_greedy else sampling_metadata.temperature)
 
 
 def _generated_counts(sampling_metadata: Any, num_reqs: int, device: torch.device) -> torch.Tensor:

@@ -23,7 +23,7 @@ import torch
 from vllm.logger import init_logger
 from vllm.v1.sample.rejection_sampler import RejectionSampler
 
-from vllm_vspec.acceptance import AcceptanceRule, accept_mask, draft_positions, promote_accepted
+from vllm_vspec.acceptance import AcceptanceRule, apply_to_greedy_rows
 
 # Under "vllm.": vLLM configures only its own logger tree, so INFO from any
 # other name (e.g. plain __name__, "vllm_vspec....") would be dropped.
@@ -52,14 +52,11 @@ class VSpecRejectionSampler(RejectionSampler):
     # processors, promote the draft tokens the rule accepts (greedy rows only).
     def apply_logits_processors(self, logits, sampling_metadata, metadata):
         logits = super().apply_logits_processors(logits, sampling_metadata, metadata)
-        if sampling_metadata.all_random or logits.shape[0] == 0:
+        if sampling_metadata.all_random:
             return logits
-        req, pos = draft_positions(metadata.cu_num_draft_tokens, logits.shape[0])
         # One value per step: the host's warm-up runs call the sampler without
         # the runner's _sample, and then every request counts as fresh (strict).
         generated, self.generated = self.generated, None
-        generated = torch.zeros_like(req) if generated is None else generated[req]
-        accept = accept_mask(self.rule, logits, metadata.draft_token_ids, pos, generated)
-        if not sampling_metadata.all_greedy:
-            accept &= (sampling_metadata.temperature == 0)[req]
-        return promote_accepted(logits, metadata.draft_token_ids, accept)
+        return apply_to_greedy_rows(
+            self.rule, logits, metadata.draft_token_ids, metadata.cu_num_draft_tokens,
+            generated, None if sampling_metadata.all_greedy else sampling_metadata.temperature)
