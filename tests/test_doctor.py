@@ -4,7 +4,8 @@ The ABI rules are specified on small synthetic hosts (a fake `vllm` package
 and a fake adapter under `vllm_vspec.adapters`, written to tmp_path); the real
 hosts (installed vLLM 0.32, the vLLM 0.23.0 wheel the Ascend pin runs on) are
 checked end to end through the CLI. The patched vLLM-Ascend tree is checked in
-tests/test_overlay.py, which builds it.
+tests/test_ascend_wheel.py, which builds it (with a mutation test per kind of
+finding).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from vllm_vspec import abi_check, cli
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-import build_overlay  # noqa: E402
+from ascend_build import common  # noqa: E402
 
 
 def write(root: Path, files: dict[str, str]) -> None:
@@ -226,8 +227,8 @@ def test_host_names_we_import_and_subclass_must_exist(tmp_path):
 
 @pytest.fixture(scope="module")
 def vllm_023_wheel() -> Path:
-    default, pins = build_overlay.load_pins()
-    return build_overlay.fetch_vllm_source(pins[default], REPO / ".cache")
+    default, pins = common.load_pins()
+    return common.fetch_vllm_source(pins[default], REPO / ".cache")
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str]:
