@@ -14,9 +14,11 @@ from vllm.v1.worker.gpu_worker import Worker
 
 from vllm_vspec.adapters.vllm.model_runner import VSpecCPUModelRunner, VSpecGPUModelRunner
 from vllm_vspec.config import VSpecConfigError
+from vllm_vspec.wiring import WORKER_CLS
 
-CPU_WORKER_CLS = f"{__name__}.VSpecCPUWorker"
-GPU_WORKER_CLS = f"{__name__}.VSpecGPUWorker"
+# The paths that select these workers, spelled once (wiring.WORKER_CLS).
+CPU_WORKER_CLS = WORKER_CLS["cpu"]
+GPU_WORKER_CLS = WORKER_CLS["cuda"]
 
 
 class VSpecCPUWorker(CPUWorker):
