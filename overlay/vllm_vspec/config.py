@@ -75,7 +75,9 @@ class VSpecConfig:
 
     enabled: bool = True
     """Turn dynamic gamma on. When false the engine drafts
-    `num_speculative_tokens` every step, exactly as stock vLLM does."""
+    `num_speculative_tokens` every step, exactly as stock vLLM does. A launch
+    that does not set it gets its environment's default: true, unless
+    `vllm-vspec manage disable` stored false there."""
 
     policy: Literal["online", "profile", "fixed", "cycle"] = "online"
     """How gamma is chosen each step. `online`: a UCB bandit over gamma arms per
@@ -263,6 +265,17 @@ class VSpecConfig:
     the tokens the target committed per request (its argmax for greedy
     requests); `vllm-vspec active-vocab` builds an active vocabulary from it."""
 
+    refill_batch: int = 0
+    """Refill holding: while a batch is decoding, admit new requests only once
+    this many wait (or as many as there are free slots), so their prefills
+    share one step instead of each slowing its own decode step. 0 turns it
+    off (the default: on the CPU host it did not pay, docs/benchmarks.md).
+    Preempted requests and an idle engine are never held."""
+
+    refill_max_wait_steps: int = 16
+    """Refill holding: a waiting request is admitted after at most this many
+    scheduler steps, however few others wait."""
+
     # ------------------------------------------------------------------ build
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any] | None,
@@ -331,6 +344,8 @@ class VSpecConfig:
                       LM_HEAD_QUANTIZATIONS)
         _check_int("draft_lm_head_quant_group_size", self.draft_lm_head_quant_group_size, 0)
         _check_int("draft_active_vocab_size", self.draft_active_vocab_size, 0)
+        _check_int("refill_batch", self.refill_batch, 0)
+        _check_int("refill_max_wait_steps", self.refill_max_wait_steps, 1)
         if self.draft_active_vocab_size and not self.draft_active_vocab_ids:
             raise VSpecConfigError("draft_active_vocab_size", self.draft_active_vocab_size,
                                    "0 unless draft_active_vocab_ids names an ids file")

@@ -25,10 +25,13 @@ import time
 from vllm.logger import init_logger
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.core.sched.request_queue import create_request_queue
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.request import RequestStatus
 
 from vllm_vspec.controller import GammaController
+from vllm_vspec.refill import RefillGate
 from vllm_vspec.steps import BatchState, StepFeedback
 from vllm_vspec.wiring import gamma0_mode, resolve
 
@@ -52,6 +55,7 @@ class VSpecScheduler(Scheduler):
         # None: stock vLLM (no speculation, or vspec `enabled = false`).
         self.vspec_config = resolve(vllm_config)
         self.vspec: GammaController | None = None
+        self._refill: RefillGate | None = None
         self._sticky = False
         if self.vspec_config is None:
             return
@@ -61,6 +65,9 @@ class VSpecScheduler(Scheduler):
         # Requests whose draft KV missed a target-only step (sticky mode only).
         self._stale: set[str] = set()
         self.vspec = GammaController(self.vspec_config, k)
+        self._refill = (RefillGate(self.vspec_config.refill_batch,
+                                   self.vspec_config.refill_max_wait_steps)
+                        if self.vspec_config.refill_batch else None)
         # The host pads every decode to a uniform 1+K verify width unless it
         # has a per-batch-size K table (dynamic_sd_lookup). A per-step gamma
         # must not be padded back to K, so give the host the trivial table;
@@ -76,6 +83,24 @@ class VSpecScheduler(Scheduler):
                     self.vspec_config.acceptance,
                     "" if self.vspec_config.lossless else " (LOSSY: outputs may "
                     "differ from target-only decoding)")
+
+    # extends Scheduler.schedule: refill holding (refill.py) schedules a step
+    # without its waiting queue; requests the host puts back into that queue
+    # meanwhile (preemptions) go to the front of the real one, in order.
+    def schedule(self, *args, **kwargs) -> SchedulerOutput:
+        waiting = self.waiting
+        if self._refill is None or not self._refill.hold(
+                (r.request_id for r in waiting),
+                all(r.status == RequestStatus.WAITING and not r.num_preemptions for r in waiting),
+                len(self.running), self.scheduler_config.max_num_seqs - len(self.running)):
+            return super().schedule(*args, **kwargs)
+        self.waiting = create_request_queue(self.policy)
+        try:
+            return super().schedule(*args, **kwargs)
+        finally:
+            put_back, self.waiting = list(self.waiting), waiting
+            for request in reversed(put_back):
+                waiting.prepend_request(request)
 
     # extends Scheduler._update_after_schedule: choose this step's gamma before
     # the host (AsyncScheduler) derives its draft placeholders from it.
