@@ -268,9 +268,9 @@ class VSpecConfig:
     refill_batch: int = 0
     """Refill holding: while a batch is decoding, admit new requests only once
     this many wait (or as many as there are free slots), so their prefills
-    share one step instead of each slowing its own decode step. 0 turns it
-    off (the default: on the CPU host it did not pay, docs/benchmarks.md).
-    Preempted requests and an idle engine are never held."""
+    share one step instead of each slowing its own decode step. 0 (the
+    default) turns it off. Preempted requests and an idle engine are never
+    held."""
 
     refill_max_wait_steps: int = 16
     """Refill holding: a waiting request is admitted after at most this many
