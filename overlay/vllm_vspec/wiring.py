@@ -116,9 +116,8 @@ def gamma0_mode(cfg: VSpecConfig, vllm_config: Any) -> str:
                                _skips_draft_pass(vllm_config))
 
 
-def _device_type(vllm_config: Any) -> str | None:
-    device = getattr(vllm_config, "device_config", None)
-    return getattr(device, "device_type", None)
+def _device_type(vllm_config: Any) -> str:
+    return vllm_config.device_config.device_type  # "cpu", "cuda", "npu", ...
 
 
 def _check_data_parallel(vllm_config: Any) -> None:
