@@ -194,7 +194,7 @@ def retarget(host: str, cache: Path, work: Path, pins_file: Path = PINS_FILE,
     progress("fetch", f"{source} ({verified})")
     patches = read_series(patches_root / cur.version)
     track = touched_paths(patches)
-    old = pristine_repo(fetch_sdist(cur, cache), cur, work, track)
+    old = pristine_repo(fetch_sdist(cur, cache), cur, cache, track)
     unpacked = unpack(source, work / "retarget" / "unpacked", track)
     version = host_version(source, unpacked)
     tree = work / "retarget" / version / "tree"
@@ -253,10 +253,10 @@ def write(report: RetargetReport, cur: Pin, default: str, pins: dict[str, Pin], 
     return f"{where}; the default stays {default}, which is newer than {version}"
 
 
-def pristine_repo(sdist: Path, pin: Pin, work: Path, track: set[str]) -> Path:
-    """The pinned sdist unpacked, the tracked paths committed; reused while
-    the SHA and the tracked paths match."""
-    dest = work / "retarget" / f"pristine-{pin.version}-{pin.sha256[:12]}"
+def pristine_repo(sdist: Path, pin: Pin, cache: Path, track: set[str]) -> Path:
+    """The pinned sdist's patched paths committed in a scratch repo (the
+    3-way merge base); kept in the cache while the SHA and the paths match."""
+    dest = cache / "pristine" / f"{pin.version}-{pin.sha256[:12]}"
     if (dest / ".git").is_dir():
         tracked = set(git(dest, "ls-files").stdout.split())
         if tracked == {p for p in track if (dest / p).is_file()}:
