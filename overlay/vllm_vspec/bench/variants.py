@@ -41,6 +41,9 @@ class Variant:
         return wiring.serve_argv(wiring.engine_args(self.speculative_config, table))
 
 
+# The seed's --adaptive-refill-batch defaults per method.
+SEED_REFILL_BATCH = {"draft_model": 8, "eagle": 4}
+
 # Variant-name prefix -> vLLM speculative method. A method is offered only
 # when its drafter model exists (the eagle head lands after the draft model).
 METHOD_PREFIXES = {"draft_model": "", "eagle": "eagle-"}
@@ -70,6 +73,10 @@ def _method_variants(method: str, model: Path, static_table: list[list[int]],
                        vspec={"policy": "online", "min_gamma": 1}))
     out.append(Variant(f"{prefix}online-p", "online", _spec(method, model, MAX_GAMMA),
                        vspec={"policy": "online", "reward_prefill_steps": True}))
+    # Refill holding at the seed's group size (draft 8, EAGLE 4): measures
+    # whether admitting arrivals in groups pays on this host.
+    out.append(Variant(f"{prefix}online-refill", "online", _spec(method, model, MAX_GAMMA),
+                       vspec={"policy": "online", "refill_batch": SEED_REFILL_BATCH[method]}))
     if latency_profile is not None:
         # Goodput argmax from this host's latency profile of this drafter.
         out.append(Variant(f"{prefix}profile", "online", _spec(method, model, MAX_GAMMA),
