@@ -60,32 +60,33 @@ class SamplerCalls:
 
 
 @pytest.fixture(scope="module", params=list(CASES))
-def cycling(request, reference, tmp_path_factory):
-    """A vspec engine on vspec's worker whose gamma changes every step
-    (4, 0, 3, 1, 2, ...). Starts after `reference`: one engine at a time."""
+def cycling(request, reference, prompts, tmp_path_factory):
+    """One greedy run of `prompts` on a vspec engine on vspec's worker whose
+    gamma changes every step (4, 0, 3, 1, 2, ...), with the runner's sampler
+    calls counted: (case, outputs, SamplerCalls, trace steps). Starts after
+    `reference`: one engine at a time."""
     spec, mode = CASES[request.param]
     trace = tmp_path_factory.mktemp("trace") / f"{request.param}.jsonl"
     llm = make_llm(speculative_config=spec, worker_cls=CPU_WORKER_CLS,
                    vspec={"policy": "cycle", "min_gamma": 0, "gamma0_mode": mode,
                           "trace_path": str(trace)})
-    yield request.param, llm, trace
-    close_llm(llm)
-
-
-def test_outputs_are_token_identical_to_target_only(cycling, prompts, reference):
-    name, llm, _ = cycling
-    assert_same_tokens(greedy(llm, prompts), reference, f"{name}, cycle gamma with gamma 0")
-
-
-def test_steps_without_drafts_skip_the_rejection_sampler(cycling, prompts):
-    name, llm, trace = cycling
-    earlier = len(read_trace(trace)[1])
-    calls = SamplerCalls(runner_of(llm))
     try:
-        greedy(llm, prompts[:4])
-    finally:
+        calls = SamplerCalls(runner_of(llm))
+        outputs = greedy(llm, prompts)
         calls.remove()
-    steps = read_trace(trace)[1][earlier:]  # line-buffered: complete after generate()
+        _, steps = read_trace(trace)  # line-buffered: complete after generate()
+    finally:
+        close_llm(llm)
+    return request.param, outputs, calls, steps
+
+
+def test_outputs_are_token_identical_to_target_only(cycling, reference):
+    name, outputs, _, _ = cycling
+    assert_same_tokens(outputs, reference, f"{name}, cycle gamma with gamma 0")
+
+
+def test_steps_without_drafts_skip_the_rejection_sampler(cycling):
+    name, _, calls, steps = cycling
     without_drafts = sum(1 for s in steps if sum(s["drafted"]) == 0)
     assert without_drafts > 0, f"{name}: no decode step without drafts (cycle gamma 0 missing)"
     assert calls.rejection_drafts, f"{name}: the rejection sampler never ran: nothing was drafted"

@@ -40,6 +40,7 @@ from vllm_vspec import engine_runs
 from vllm_vspec.adapters.vllm.model_runner import VSpecRunnerMixin
 from vllm_vspec.adapters.vllm.worker import (CPU_WORKER_CLS, GPU_WORKER_CLS, VSpecCPUWorker,
                                              VSpecGPUWorker)
+from vllm_vspec.profile_collect import _ints  # the same flag parsing as `profile`
 
 ENGINES = ("target", "spec-path", "plain-path")
 # This module's import path (not __name__, which is "__main__" under -m): the
@@ -146,16 +147,6 @@ def measure_round(args: argparse.Namespace, engine: str, prompts: dict[int, list
         engine_runs.shutdown_llm(llm)
 
 
-def _ints(flag: str, text: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        values = []
-    if not values or min(values) < 1:
-        raise SystemExit(f"{flag}={text!r} is not allowed: comma-separated integers >= 1")
-    return values
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=f"python -m {MODULE}", description=__doc__,
@@ -184,8 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    sizes = _ints("--batch-sizes", args.batch_sizes)
-    counts = _ints("--requests", args.requests)
+    sizes = _ints("--batch-sizes", args.batch_sizes, 1)
+    counts = _ints("--requests", args.requests, 1)
     if len(counts) != len(sizes):
         raise SystemExit(f"--requests={args.requests!r} is not allowed: one count per "
                          f"--batch-sizes entry ({len(sizes)})")
