@@ -15,6 +15,8 @@ Each stage prints one progress line on stderr.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import sys
 from pathlib import Path
 
@@ -39,13 +41,17 @@ def main(argv: list[str] | None = None) -> int:
                     help="scratch trees (default: %(default)s)")
     ap.add_argument("--dist", type=Path, default=ROOT / "dist",
                     help="where the wheel goes (default: %(default)s)")
+    ap.add_argument("--json", action="store_true", help="print the result as JSON: the "
+                    "re-target report (patches, checks, outcome), or {\"wheel\": path}")
     args = ap.parse_args(argv)
     try:
         if args.retarget is not None:
             report = retarget(args.retarget, args.cache, args.work)
-            print("\n".join(report.lines()))
+            print(json.dumps({**dataclasses.asdict(report), "ok": report.ok}, indent=2,
+                             default=str) if args.json else "\n".join(report.lines()))
             return 0 if report.ok else 1
-        print(build(args.host_src, args.cache, args.work, args.dist))
+        wheel = build(args.host_src, args.cache, args.work, args.dist)
+        print(json.dumps({"wheel": str(wheel)}) if args.json else wheel)
         return 0
     except BuildError as e:
         print(f"build_overlay: {e}", file=sys.stderr)

@@ -19,6 +19,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+import build_overlay  # noqa: E402
 from ascend_build import common  # noqa: E402
 from ascend_build.build import our_version  # noqa: E402
 from ascend_build import retarget as rt  # noqa: E402
@@ -104,11 +105,18 @@ def test_0_18_0_reports_exactly_what_breaks_and_leaves_it_to_rebase(pins_copy, t
     assert not (patches_root / "0.18.0").exists()
 
 
-def test_an_sdist_whose_hash_is_not_the_indexs_is_refused_before_unpacking(tmp_path):
+def test_an_sdist_whose_hash_is_not_the_indexs_is_refused_before_unpacking(tmp_path, capsys):
     fake = tmp_path / "vllm_ascend-0.18.0.tar.gz"  # a name the index lists, other bytes
     fake.write_bytes(b"not the published sdist")
-    with pytest.raises(common.BuildError, match="refusing to use it"):
-        rt.retarget(str(fake), tmp_path / "cache", tmp_path / "work")
+
+    rc = build_overlay.main(["--retarget", str(fake), "--cache", str(tmp_path / "cache"),
+                             "--work", str(tmp_path / "work")])
+
+    assert rc == 1
+    err = capsys.readouterr().err
+    assert f"{fake}: SHA-256 {common.sha256_of(fake)}, but the index publishes " \
+        "8df042cfaae06fab993bff5f38bb45097634c3f398b2cf74e068347abdddb344" in err
+    assert err.rstrip().endswith("refusing to use it")
     assert not (tmp_path / "work").exists() and not (tmp_path / "cache").exists()
 
 
