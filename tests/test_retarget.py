@@ -149,3 +149,28 @@ def test_a_newer_shifted_revision_is_re_diffed_and_becomes_the_default(pin, pins
     assert default == "0.99.0"
     assert pins["0.99.0"].sha256 == common.sha256_of(sdist)
     assert pins[pin.version] == pin
+
+
+def test_a_patch_without_a_merge_base_leaves_rej_files(tmp_path):
+    """When no 3-way merge can run (the patch's base blob is unknown here),
+    the hunks that apply are kept and the rest go to a .rej file, reported."""
+    tree = tmp_path / "tree"
+    (tree / "pkg").mkdir(parents=True)
+    (tree / "pkg/mod.py").write_text("".join(f"line {i}\n" for i in range(1, 31)))
+    common.git(tree, "init", "--quiet")
+    common.git(tree, "add", "pkg/mod.py")
+    common.commit(tree, "host")
+    patch = tmp_path / "0001-two-hunks.patch"
+    patch.write_text(
+        "diff --git a/pkg/mod.py b/pkg/mod.py\n"
+        "index 1111111..2222222 100644\n"  # blobs this repo does not have
+        "--- a/pkg/mod.py\n+++ b/pkg/mod.py\n"
+        "@@ -1,3 +1,4 @@\n line 1\n+ours 1\n line 2\n line 3\n"
+        "@@ -20,3 +21,4 @@\n line 20\n+ours 2\n line 21 moved away\n line 22\n")
+
+    report = rt.apply_or_leave(tree, patch)
+
+    assert (report.status, report.left) == ("needs rebase", ["pkg/mod.py.rej"])
+    assert report.conflicts == ["#2 of pkg/mod.py (@@ -20,3 +21,4 @@)"]
+    assert "ours 1" in (tree / "pkg/mod.py").read_text()  # the hunk that applies is kept
+    assert "ours 2" in (tree / "pkg/mod.py.rej").read_text()
