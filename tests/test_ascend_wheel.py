@@ -124,8 +124,11 @@ def test_metadata_is_vllm_ascend_with_its_run_time_needs_only(members, pin):
     assert dist_info(members, "top_level.txt").split() == ["vllm_ascend", "vllm_vspec"]
 
 
-def test_every_requirement_resolves_on_the_public_index(members):
-    """What `pip install` of the wheel will ask PyPI for exists there."""
+def test_every_requirement_resolves_on_the_public_index(members, pin):
+    """What `pip install` of the wheel will ask PyPI for exists there, and
+    what it leaves out for that reason (the pin's off_index) does not."""
+    assert pin.off_index == ("triton-ascend",)
+    assert pin.triton_ascend not in common.index_page("triton-ascend")["versions"]
     missing = []
     for name, req in sorted(requires(dist_info(members, "METADATA")).items()):
         m = re.fullmatch(r"[A-Za-z0-9._-]+\s*==\s*(\S+)", req)
