@@ -334,9 +334,10 @@ def wheel_from_tree(tree: Path, pin: Pin, patches: list[Path], copied: list[str]
     host_wheel = build_host_wheel(tree, pin, cann, epoch, base / "host-wheel")
     with zipfile.ZipFile(host_wheel) as zf:
         host_libs = sorted(n for n in zf.namelist() if n.endswith(".so"))
-    if cann and not host_libs:
-        raise BuildError(f"CANN is at {cann} but vLLM-Ascend's setup.py built no library "
-                         f"({host_wheel.name}); nothing would run its ops")
+    if cann and not (host_libs and libs):
+        raise BuildError(f"CANN is at {cann} but no library was built (vLLM-Ascend's: "
+                         f"{host_libs or 'none'}; vspec's: {libs or 'none'}); a wheel "
+                         "built with CANN must hold both")
     progress("host", host_wheel.name)
     build_info = {
         "vspec_version": our_version(),
