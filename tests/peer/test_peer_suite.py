@@ -114,6 +114,7 @@ def test_suite_file_lists_known_variants_and_gives_every_entry_a_reason():
     assert "stock" not in suite["variants"]
     for entry in suite["difference"]:
         assert entry["reason"].strip() and entry["tests"], entry
+        assert "\\" not in entry["reason"], "a line continuation TOML kept literally"
         assert set(entry.get("variants", [])) <= set(suite["variants"]), entry
     assert all(why.strip() for why in suite["excluded"].values())
 
