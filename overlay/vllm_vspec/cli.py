@@ -25,6 +25,7 @@ SUBCOMMANDS: dict[str, str] = {
     "profile": "vllm_vspec.profile_collect",
     "trace": "vllm_vspec.diagnostics",
     "active-vocab": "vllm_vspec.active_vocab",
+    "draft-head-bench": "vllm_vspec.draft_head_bench",
     "manage": "vllm_vspec.manage",
 }
 
@@ -41,6 +42,7 @@ SUMMARIES: dict[str, str] = {
     "profile": "measure latency samples on this host and fit a latency profile",
     "trace": "read vspec diagnostics traces",
     "active-vocab": "build a drafter active-vocabulary ids file from an argmax trace",
+    "draft-head-bench": "measure draft time and acceptance of the draft LM head options",
     "manage": "status, enable/disable, upgrade/rollback, uninstall",
 }
 

@@ -250,7 +250,7 @@ class VSpecConfig:
     draft_trace_path: str | None = None
     """Diagnostics (costs throughput): one JSON line per drafter step with
     every request's draft tokens and the drafter's wall time
-    (docs/diagnostics.md)."""
+    (docs/draft-head.md)."""
 
     draft_io_trace_dir: str | None = None
     """Diagnostics (costs throughput): one safetensors file per drafter step

@@ -13,8 +13,10 @@ never for throughput numbers (the engine logs a warning saying so).
   the active-vocabulary head drafted this step.
 - `target_argmax_trace_path` (JSONL), one line per drafter step:
   `{"kind": "target_argmax", "step": N, "requests": [{"id": REQ, "greedy": bool,
-  "tokens": [ids...]}, ...]}`: the tokens the target committed for each
-  request this step (none for a request still in prefill). For a greedy
+  "tokens": [ids...]}, ...]}`: the tokens the target produced for each
+  request this step (accepted drafts and the bonus or recovered token; none
+  for a request still in prefill; the scheduler may still drop those past
+  max_tokens or a stop). For a greedy
   request under strict acceptance they are the target's argmax at each
   verified position: `vllm-vspec active-vocab` counts those.
 - `draft_io_trace_dir` (safetensors), `step-NNNNNN.safetensors` per drafter

@@ -63,9 +63,11 @@ class Int8Linear:
         self.mode = mode
         self.q, self.scales = quantize_int8(weight, group_size)
         self.group = weight.shape[1] // self.scales.shape[1]
-        # _weight_int8pack_mm wants each block's weight contiguous.
+        # _weight_int8pack_mm wants each block's weight and scales contiguous
+        # (it does not check the scales: strided ones give wrong sums).
         self._blocks = [self.q[:, b * self.group:(b + 1) * self.group].contiguous()
                         for b in range(self.scales.shape[1])]
+        self._block_scales = [self.scales[:, b].contiguous() for b in range(len(self._blocks))]
         self.bias = None if bias is None else bias.float()
         self._fast = weight.device.type == "cpu"
 
@@ -79,7 +81,7 @@ class Int8Linear:
         out = None
         for b, w in enumerate(self._blocks):
             xb = x[:, b * self.group:(b + 1) * self.group]
-            s = self.scales[:, b]
+            s = self._block_scales[b]
             if self._fast:
                 yb = torch.ops.aten._weight_int8pack_mm(xb.contiguous(), w, s.to(x.dtype))
             else:
@@ -96,7 +98,7 @@ class Int8Linear:
                 acc = torch._int_mm(xb.contiguous(), w.t()).float()
             else:
                 acc = xb.float() @ w.float().T   # exact: |sum| < 2^24 for K <= 1040
-            out += acc * xs[:, b:b + 1] * self.scales[:, b].unsqueeze(0)
+            out += acc * xs[:, b:b + 1] * self._block_scales[b].unsqueeze(0)
         return out.to(x.dtype)
 
 
