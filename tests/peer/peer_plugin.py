@@ -7,9 +7,9 @@ peer_suite.py loads it (`-p peer_plugin`) into the pytest process that runs
 the fetched tests, and only there. The fetched files are not edited: for a
 vspec variant, an autouse fixture rebinds the names `Scheduler` and
 `AsyncScheduler` in the test modules (where `create_scheduler` and the tests
-look them up) to VSpecScheduler subclasses whose only addition is the
-variant's settings, put where `--additional-config '{"vspec": ...}'` puts
-them. vLLM's own classes and modules are left alone.
+look them up) to VSpecScheduler subclasses that add only the variant's
+settings, put where `--additional-config '{"vspec": ...}'` puts them, and a
+step counter. vLLM's own classes and modules are left alone.
 
 Outcomes go to --peer-report as JSON: {test id: {variant: {outcome, message}}}
 (the test id without the variant's parameter), with what each vspec
