@@ -8,10 +8,12 @@ settings; the fetched files are not edited), and compares each test's
 outcome with its stock outcome.
 
 Fails (exit 1) when a test fails under stock (the comparison would mean
-nothing) or when an outcome differs from stock and suite.toml does not list
-that difference with its reason. Prints a table per variant and writes the
-full comparison as JSON (--json). Exit 2: the sdist could not be fetched or
-the installed vLLM is not the pinned release.
+nothing), when an outcome differs from stock and suite.toml does not list
+that difference with its reason, or when a vspec variant's schedulers never
+scheduled a step (the rebinding did not take effect). Prints a table, one
+row per variant, and writes the full comparison as JSON (--json). Exit 2:
+the sdist could not be fetched, the installed vLLM is not the pinned
+release, or pytest itself failed (collection error, crash; its log is named).
 """
 
 from __future__ import annotations
@@ -247,8 +249,12 @@ def main(argv: list[str] | None = None) -> int:
           f"({', '.join(variants)}) in {len(groups)} process(es); logs next to {args.json}",
           flush=True)
     started = time.monotonic()
-    results, probes = run_pytest(tree, args.suite.resolve(), suite["tests"], groups, args.keyword,
-                         args.json.parent)
+    try:
+        results, probes = run_pytest(tree, args.suite.resolve(), suite["tests"], groups,
+                                     args.keyword, args.json.parent)
+    except RuntimeError as exc:
+        print(f"peer suite: {exc}", file=sys.stderr)
+        return 2
     wall_s = time.monotonic() - started
     cmp = compare(results, variants, suite.get("difference", []), probes)
     if args.keyword or args.variants:
