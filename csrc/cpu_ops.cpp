@@ -48,8 +48,10 @@ void check_tree_commit_args(const at::Tensor& path, const at::Tensor& target_tok
   check_width(path.size(1), "path depth D");
   const int64_t batch = path.size(0);
   TORCH_CHECK(target_tokens.dim() == 2 && target_tokens.size(0) == batch &&
-                  target_tokens.size(1) >= 1 && target_tokens.scalar_type() == at::kInt,
-              "target_tokens must be int32 [B, N] with B=", batch, " and N >= 1, got ",
+                  target_tokens.size(1) >= 1 && target_tokens.size(1) <= kMaxTreeNodes &&
+                  target_tokens.scalar_type() == at::kInt,
+              "target_tokens must be int32 [B, N] with B=", batch, " and N in [1, ",
+              kMaxTreeNodes, "], got ",
               target_tokens.scalar_type(), " ", target_tokens.sizes());
   TORCH_CHECK(slots.dim() == 2 && slots.sizes() == target_tokens.sizes() &&
                   slots.scalar_type() == at::kLong,

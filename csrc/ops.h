@@ -56,7 +56,7 @@
 //   and sampled the target's token after node i, target_tokens[b, i].
 //     path           int32 [B, D], 1 <= D <= kMaxCommitWidth: the accepted
 //                    path, root first, padded with -1
-//     target_tokens  int32 [B, N], N >= 1
+//     target_tokens  int32 [B, N], 1 <= N <= kMaxTreeNodes
 //     slots          int64 [B, N] (vLLM's slot mapping dtype)
 //     seq_lens       int32 [B]
 //   Per request b, L[b] = the length of the leading run of path[b] that is a
@@ -84,6 +84,8 @@ constexpr int64_t kMaxVerifyWidth = 16;
 // Widest sampled row / deepest accepted path the commit ops take; it bounds
 // one row's footprint in the NPU kernels' on-chip tiles (64 x 8 bytes).
 constexpr int64_t kMaxCommitWidth = 64;
+// Most nodes of one request's draft tree (bounds a row's UB footprint, as above).
+constexpr int64_t kMaxTreeNodes = 1024;
 
 std::tuple<at::Tensor, at::Tensor> commit_accepted_cpu(const at::Tensor& sampled,
                                                        const at::Tensor& discard,

@@ -1,44 +1,114 @@
 // AscendC kernel: vspec::commit_accepted (semantics in ../ops.h; the CPU
 // reference in ../cpu_ops.cpp is the spec). Not yet compiled or run on NPU.
-//
-// One pass per request over at most 16 sampled ids: the leading run of ids
-// >= 0 is what commits. Requests are split evenly over the launched AI cores.
-// The host wrapper has checked that every row commits at least one token.
-#include "kernel_operator.h"
+// Work split, tiling and synchronisation: vspec_kernel.h.
+#include "vspec_kernel.h"
 
 using namespace AscendC;
+using vspec_kernel::kBufferNum;
 
-extern "C" __global__ __aicore__ void vspec_commit_accepted(GM_ADDR sampled, GM_ADDR seq_lens,
-                                                            GM_ADDR num_accepted,
-                                                            GM_ADDR next_token,
-                                                            GM_ADDR new_seq_lens, int32_t batch,
-                                                            int32_t width) {
-  GlobalTensor<int64_t> ids;
-  GlobalTensor<int32_t> lens;
-  GlobalTensor<int32_t> accepted;
-  GlobalTensor<int64_t> next;
-  GlobalTensor<int32_t> new_lens;
-  ids.SetGlobalBuffer(reinterpret_cast<__gm__ int64_t*>(sampled), batch * width);
-  lens.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(seq_lens), batch);
-  accepted.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(num_accepted), batch);
-  next.SetGlobalBuffer(reinterpret_cast<__gm__ int64_t*>(next_token), batch);
-  new_lens.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(new_seq_lens), batch);
+class CommitAccepted {
+ public:
+  __aicore__ inline CommitAccepted() {}
 
-  const int32_t cores = static_cast<int32_t>(GetBlockNum());
-  const int32_t core = static_cast<int32_t>(GetBlockIdx());
-  const int32_t per_core = (batch + cores - 1) / cores;
-  const int32_t begin = core * per_core;
-  const int32_t end = begin + per_core < batch ? begin + per_core : batch;
-  for (int32_t b = begin; b < end; ++b) {
-    int32_t n = 0;
-    while (n < width && ids.GetValue(b * width + n) >= 0) {
-      ++n;
-    }
-    accepted.SetValue(b, n);
-    next.SetValue(b, ids.GetValue(b * width + (n > 0 ? n - 1 : 0)));
-    new_lens.SetValue(b, lens.GetValue(b) + n);
+  __aicore__ inline void Init(GM_ADDR sampled, GM_ADDR discard, GM_ADDR backup,
+                              GM_ADDR num_valid, GM_ADDR next_token, int32_t batch,
+                              int32_t width, int32_t vocab_size, int32_t rows_per_core,
+                              int32_t tile_rows) {
+    const vspec_kernel::RowRange range = vspec_kernel::CoreRows(batch, rows_per_core);
+    rows_ = range.rows;
+    width_ = width;
+    vocab_size_ = vocab_size;
+    tile_rows_ = tile_rows;
+    ids_gm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(sampled) + range.begin * width);
+    discard_gm_.SetGlobalBuffer(reinterpret_cast<__gm__ uint8_t*>(discard) + range.begin);
+    backup_gm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(backup) + range.begin);
+    valid_gm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(num_valid) + range.begin);
+    next_gm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(next_token) + range.begin);
+    pipe_.InitBuffer(ids_in_, kBufferNum, tile_rows * width * sizeof(int32_t));
+    pipe_.InitBuffer(discard_in_, kBufferNum, tile_rows * sizeof(uint8_t));
+    pipe_.InitBuffer(backup_in_, kBufferNum, tile_rows * sizeof(int32_t));
+    pipe_.InitBuffer(valid_out_, kBufferNum, tile_rows * sizeof(int32_t));
+    pipe_.InitBuffer(next_out_, kBufferNum, tile_rows * sizeof(int32_t));
   }
-  DataCacheCleanAndInvalid<int32_t, CacheLine::ENTIRE_DATA_CACHE>(accepted);
-  DataCacheCleanAndInvalid<int64_t, CacheLine::ENTIRE_DATA_CACHE>(next);
-  DataCacheCleanAndInvalid<int32_t, CacheLine::ENTIRE_DATA_CACHE>(new_lens);
+
+  __aicore__ inline void Process() {
+    for (int32_t first = 0; first < rows_; first += tile_rows_) {
+      const int32_t rows = rows_ - first < tile_rows_ ? rows_ - first : tile_rows_;
+      CopyInTile(first, rows);
+      ComputeTile(rows);
+      CopyOutTile(first, rows);
+    }
+  }
+
+ private:
+  __aicore__ inline void CopyInTile(int32_t first, int32_t rows) {
+    LocalTensor<int32_t> ids = ids_in_.AllocTensor<int32_t>();
+    LocalTensor<uint8_t> discard = discard_in_.AllocTensor<uint8_t>();
+    LocalTensor<int32_t> backup = backup_in_.AllocTensor<int32_t>();
+    vspec_kernel::CopyIn(ids, ids_gm_[first * width_], rows * width_);
+    vspec_kernel::CopyIn(discard, discard_gm_[first], rows);
+    vspec_kernel::CopyIn(backup, backup_gm_[first], rows);
+    ids_in_.EnQue(ids);
+    discard_in_.EnQue(discard);
+    backup_in_.EnQue(backup);
+  }
+
+  // Per row: the leading run of valid ids (0 <= id < vocab_size), none for a
+  // discarded row; the next token is the run's last id, else the backup.
+  __aicore__ inline void ComputeTile(int32_t rows) {
+    LocalTensor<int32_t> ids = ids_in_.DeQue<int32_t>();
+    LocalTensor<uint8_t> discard = discard_in_.DeQue<uint8_t>();
+    LocalTensor<int32_t> backup = backup_in_.DeQue<int32_t>();
+    LocalTensor<int32_t> valid = valid_out_.AllocTensor<int32_t>();
+    LocalTensor<int32_t> next = next_out_.AllocTensor<int32_t>();
+    vspec_kernel::WaitCopyIn();
+    for (int32_t r = 0; r < rows; ++r) {
+      const int32_t row = r * width_;
+      int32_t n = 0;
+      if (discard.GetValue(r) == 0) {
+        while (n < width_) {
+          const int32_t id = ids.GetValue(row + n);
+          if (id < 0 || id >= vocab_size_) break;
+          ++n;
+        }
+      }
+      valid.SetValue(r, n);
+      next.SetValue(r, n > 0 ? ids.GetValue(row + n - 1) : backup.GetValue(r));
+    }
+    vspec_kernel::WaitScalarWrites();
+    valid_out_.EnQue(valid);
+    next_out_.EnQue(next);
+    ids_in_.FreeTensor(ids);
+    discard_in_.FreeTensor(discard);
+    backup_in_.FreeTensor(backup);
+  }
+
+  __aicore__ inline void CopyOutTile(int32_t first, int32_t rows) {
+    LocalTensor<int32_t> valid = valid_out_.DeQue<int32_t>();
+    LocalTensor<int32_t> next = next_out_.DeQue<int32_t>();
+    vspec_kernel::CopyOut(valid_gm_[first], valid, rows);
+    vspec_kernel::CopyOut(next_gm_[first], next, rows);
+    valid_out_.FreeTensor(valid);
+    next_out_.FreeTensor(next);
+  }
+
+  TPipe pipe_;
+  TQue<QuePosition::VECIN, kBufferNum> ids_in_, discard_in_, backup_in_;
+  TQue<QuePosition::VECOUT, kBufferNum> valid_out_, next_out_;
+  GlobalTensor<int32_t> ids_gm_, backup_gm_, valid_gm_, next_gm_;
+  GlobalTensor<uint8_t> discard_gm_;
+  int32_t rows_ = 0;
+  int32_t width_ = 0;
+  int32_t vocab_size_ = 0;
+  int32_t tile_rows_ = 0;
+};
+
+extern "C" __global__ __aicore__ void vspec_commit_accepted(
+    GM_ADDR sampled, GM_ADDR discard, GM_ADDR backup, GM_ADDR num_valid, GM_ADDR next_token,
+    int32_t batch, int32_t width, int32_t vocab_size, int32_t rows_per_core, int32_t tile_rows) {
+  KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_AIV_ONLY);
+  CommitAccepted op;
+  op.Init(sampled, discard, backup, num_valid, next_token, batch, width, vocab_size,
+          rows_per_core, tile_rows);
+  op.Process();
 }

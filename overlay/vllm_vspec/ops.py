@@ -88,6 +88,7 @@ def loaded_from() -> Path | None:
 # kernels would refuse.
 MAX_VERIFY_WIDTH = 16   # ops.h kMaxVerifyWidth
 MAX_COMMIT_WIDTH = 64   # ops.h kMaxCommitWidth
+MAX_TREE_NODES = 1024   # ops.h kMaxTreeNodes
 INT32_MAX = 2**31 - 1
 
 
@@ -135,8 +136,10 @@ def _fake_tree_commit(path, target_tokens, slots, seq_lens):
     _check_width(path.shape[1], "path depth D")
     batch = path.shape[0]
     _check(target_tokens.dim() == 2 and target_tokens.shape[0] == batch
-           and target_tokens.shape[1] >= 1 and target_tokens.dtype == torch.int32,
-           f"target_tokens must be int32 [B, N] with B={batch} and N >= 1, got "
+           and 1 <= target_tokens.shape[1] <= MAX_TREE_NODES
+           and target_tokens.dtype == torch.int32,
+           f"target_tokens must be int32 [B, N] with B={batch} and N in "
+           f"[1, {MAX_TREE_NODES}], got "
            f"{target_tokens.dtype} {list(target_tokens.shape)}")
     _check(slots.shape == target_tokens.shape and slots.dtype == torch.int64,
            f"slots must be int64 [B, N] like target_tokens, got {slots.dtype} "

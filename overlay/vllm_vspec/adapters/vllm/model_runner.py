@@ -27,7 +27,7 @@ from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 from vllm_vspec.acceptance import AcceptanceRule
-from vllm_vspec.adapters.vllm.proposers import proposer_features, vspec_proposer
+from vllm_vspec.adapters.vllm.proposers import PROPOSERS, proposer_features, vspec_proposer
 from vllm_vspec.adapters.vllm.rejection_sampler import VSpecRejectionSampler
 from vllm_vspec.draft_lag import DraftLag
 from vllm_vspec.wiring import gamma0_mode, resolve
@@ -51,7 +51,9 @@ class VSpecRunnerMixin:
         if not rule.lossless:
             self.rejection_sampler = VSpecRejectionSampler(
                 self.sampler, self.speculative_config, self.device, rule)
-        if proposer_features(cfg) or self._gamma0_mode == "lazy":
+        # Ours whenever there is one for this drafter: it commits each
+        # verification with torch.ops.vspec.commit_accepted (commit_op.py).
+        if type(self.drafter) in PROPOSERS or proposer_features(cfg) or self._gamma0_mode == "lazy":
             self.drafter = vspec_proposer(self.drafter, self.vllm_config, self.device, self,
                                           cfg, catch_up=self._gamma0_mode == "lazy")
             self._entropy_stop = cfg.entropy_stop

@@ -32,6 +32,7 @@ from vllm.v1.sample.sampler import _SAMPLING_EPS
 from vllm.v1.spec_decode.draft_model import DraftModelProposer
 from vllm.v1.spec_decode.eagle import EagleProposer
 
+from vllm_vspec.adapters.vllm.commit_op import CommitOpMixin
 from vllm_vspec.config import VSpecConfig, VSpecConfigError
 from vllm_vspec.diagnostics import TraceOptions, Tracer
 from vllm_vspec.draft_head import DraftHead, draft_head_for, drafter_features
@@ -318,13 +319,15 @@ class TraceMixin:
         return drafts
 
 
-class VSpecEagleProposer(TraceMixin, EntropyStopMixin, DraftHeadMixin,
+# TraceMixin comes first: CommitOpMixin's prepare_next_token_ids_padded
+# replaces the host's without calling on, and the trace must see it.
+class VSpecEagleProposer(TraceMixin, CommitOpMixin, EntropyStopMixin, DraftHeadMixin,
                          EagleProposer):
     """vLLM's EagleProposer with the entropy stop, the draft head options and
     the diagnostics traces."""
 
 
-class VSpecDraftModelProposer(TraceMixin, CatchUpMixin, EntropyStopMixin,
+class VSpecDraftModelProposer(TraceMixin, CommitOpMixin, CatchUpMixin, EntropyStopMixin,
                               DraftHeadMixin, DraftModelProposer):
     """vLLM's DraftModelProposer with the entropy stop, the catch-up pass, the
     draft head options and the diagnostics traces."""

@@ -1,0 +1,73 @@
+// What the three vspec AscendC kernels share (not yet compiled or run on NPU).
+//
+// Layout of the work: requests (rows) are split over the launched AI vector
+// cores in contiguous ranges of `rows_per_core`, a multiple of kRowAlign
+// chosen by the host (npu_ops.cpp), so every core's first row starts on a
+// 32-byte boundary of every input and output (32 rows x 1 byte for bool,
+// x 4 bytes for int32, x 8 bytes for int64). A core moves its rows between
+// global memory (GM) and its unified buffer (UB) in tiles of `tile_rows`
+// rows through TQue queues of depth kBufferNum, so the copy-out of tile i
+// (MTE3) overlaps the copy-in of tile i + 1 (MTE2). At serving batch sizes a
+// core holds one tile (a 910B has 40+ vector cores, a range is 32 rows), so
+// the gain over the old kernels is elsewhere: whole rows move in one burst
+// each way instead of one scalar GM access per element. DataCopyPad moves
+// exact byte counts, so a partial tile needs no padding in GM and no core
+// writes outside its own rows; nothing goes through the scalar data cache,
+// so no cache flush is needed.
+//
+// The per-row work is a short scan (at most kMaxCommitWidth entries) that
+// the scalar unit does on UB-resident data; the events below order it after
+// the copy-in (MTE2 -> S) and before the copy-out (S -> MTE3).
+#pragma once
+
+#include "kernel_operator.h"
+
+namespace vspec_kernel {
+
+constexpr int32_t kBufferNum = 2;
+constexpr int32_t kRowAlign = 32;  // must match npu_ops.cpp
+
+// Copies `count` elements GM -> UB (or UB -> GM): exact byte length, no
+// padding values needed because the scan never reads past `count`.
+template <typename T>
+__aicore__ inline void CopyIn(const AscendC::LocalTensor<T>& dst, const AscendC::GlobalTensor<T>& src,
+                              uint32_t count) {
+  AscendC::DataCopyExtParams params{1, static_cast<uint32_t>(count * sizeof(T)), 0, 0, 0};
+  AscendC::DataCopyPadExtParams<T> pad{false, 0, 0, 0};
+  AscendC::DataCopyPad(dst, src, params, pad);
+}
+
+template <typename T>
+__aicore__ inline void CopyOut(const AscendC::GlobalTensor<T>& dst, const AscendC::LocalTensor<T>& src,
+                               uint32_t count) {
+  AscendC::DataCopyExtParams params{1, static_cast<uint32_t>(count * sizeof(T)), 0, 0, 0};
+  AscendC::DataCopyPad(dst, src, params);
+}
+
+// Scalar reads of UB data that MTE2 just wrote wait for that copy.
+__aicore__ inline void WaitCopyIn() {
+  event_t id = static_cast<event_t>(GetTPipePtr()->FetchEventID(AscendC::HardEvent::MTE2_S));
+  AscendC::SetFlag<AscendC::HardEvent::MTE2_S>(id);
+  AscendC::WaitFlag<AscendC::HardEvent::MTE2_S>(id);
+}
+
+// MTE3 copies out UB data only after the scalar unit has written it.
+__aicore__ inline void WaitScalarWrites() {
+  event_t id = static_cast<event_t>(GetTPipePtr()->FetchEventID(AscendC::HardEvent::S_MTE3));
+  AscendC::SetFlag<AscendC::HardEvent::S_MTE3>(id);
+  AscendC::WaitFlag<AscendC::HardEvent::S_MTE3>(id);
+}
+
+// This core's rows: [begin, begin + rows), rows possibly 0 for trailing cores.
+struct RowRange {
+  int32_t begin;
+  int32_t rows;
+};
+
+__aicore__ inline RowRange CoreRows(int32_t batch, int32_t rows_per_core) {
+  const int32_t begin = static_cast<int32_t>(AscendC::GetBlockIdx()) * rows_per_core;
+  const int32_t left = batch - begin;
+  return {begin, left <= 0 ? 0 : (left < rows_per_core ? left : rows_per_core)};
+}
+
+}  // namespace vspec_kernel
