@@ -151,6 +151,7 @@ class _HostProposer:
     def __init__(self, vllm_config, device, runner=None):
         self.vllm_config, self.device, self.runner = vllm_config, device, runner
         self.num_speculative_tokens = vllm_config.speculative_config.num_speculative_tokens
+        self.use_cuda_graph = vllm_config.full_graphs
         self.slot_mapping_group = [None] * self.num_speculative_tokens
         self._runnable = self._run_merged_draft
         self.draft_passes, self.dummy_runs = [], []
@@ -158,7 +159,7 @@ class _HostProposer:
     def load_model(self, model):
         from vllm.config import CUDAGraphMode
 
-        if self.vllm_config.full_graphs:
+        if self.use_cuda_graph:
             self._runnable = _Wrapper(self._run_merged_draft, self.vllm_config,
                                       runtime_mode=CUDAGraphMode.FULL)
 
@@ -194,8 +195,10 @@ def proposers(monkeypatch):
     sys.modules.pop("vllm_ascend.vspec.proposers", None)
 
 
-def _make(proposers, k=4, full_graphs=False):
-    config = _engine_config("eagle", k)
+def _make(proposers, k=4, full_graphs=False, vspec=None):
+    # Full draft graphs under dynamic gamma are opt-in (ascend_draft_full_graph).
+    vspec = {"ascend_draft_full_graph": True} if full_graphs and vspec is None else vspec
+    config = _engine_config("eagle", k, vspec=vspec)
     config.full_graphs = full_graphs
     proposer = proposers.VSpecEagleProposer(config, torch.device("cpu"))
     proposer.load_model(model=None)

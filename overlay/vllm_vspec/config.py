@@ -276,6 +276,14 @@ class VSpecConfig:
     """Refill holding: a waiting request is admitted after at most this many
     scheduler steps, however few others wait."""
 
+    ascend_draft_full_graph: bool = False
+    """vLLM-Ascend only, EXPERIMENTAL (not yet run on NPU): keep the draft
+    model's full ACL graph under dynamic gamma, one captured graph per gamma.
+    Off (the default), the draft model runs eagerly while vspec drives it (the
+    target keeps its graphs): vLLM-Ascend keys captured attention parameters
+    by token count only, so graphs of different gammas could replay each
+    other's sequence lengths (docs/ascend.md, "ACL graphs")."""
+
     # ------------------------------------------------------------------ build
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any] | None,

@@ -7,7 +7,9 @@ top-k entropy of every request into a preallocated buffer. Writing into a
 fixed buffer with tensor ops keeps it valid under ACL graph capture: the i-th
 `compute_logits` call of a pass writes row i at capture and at every replay.
 
-After a pass, `cut` replaces the drafted tokens from each request's first
+It saves no compute (the startup log says so): the merged draft loop and the
+verification keep their width, which the captured graphs bake in. After a
+pass, `cut` replaces the drafted tokens from each request's first
 too-uncertain position onward with -1 (vLLM's invalid draft id, which no
 target token equals): they are rejected, so outputs stay exact, and the
 controller sees the shorter draft. The maths (top-k entropy, first position
@@ -21,10 +23,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from vllm.logger import init_logger
+
 from vllm_vspec.entropy import EntropyStop
 from vllm_vspec.config import VSpecConfig
 
 INVALID_DRAFT_ID = -1
+
+# Under "vllm.": vLLM configures only its own logger tree.
+logger = init_logger(f"vllm.{__name__}")
 
 
 class EntropyTap(nn.Module):
@@ -43,6 +50,9 @@ class EntropyTap(nn.Module):
         """Wrap `proposer.model` when entropy stop is on; None otherwise."""
         if settings is None or not settings.entropy_stop:
             return None
+        logger.warning("vspec entropy_stop on vLLM-Ascend only changes acceptance: the host's "
+                       "merged draft loop has a fixed width, so cut drafts are still drafted "
+                       "and verified (no draft or verify compute is saved; docs/ascend.md)")
         tap = cls(proposer.model, settings, proposer.max_num_speculative_tokens,
                   proposer.runner.max_num_reqs, proposer.device)
         proposer.model = tap

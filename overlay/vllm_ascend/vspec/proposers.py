@@ -10,9 +10,15 @@ duration of one `_propose` / capture pass, the maximum otherwise.
 Invariants:
 - 0 <= gamma <= max_num_speculative_tokens, and 1 + gamma <= 16 (FIA verifies
   at most 16 query tokens per request); violations raise, naming the value.
-- With full ACL graphs there is one graph wrapper per gamma (a graph bucket per
-  gamma): a captured merged-draft graph bakes its loop length in, so gamma g
-  replays only graphs captured with g.
+- The draft model runs eagerly while vspec drives it (the host's own switch,
+  `use_cuda_graph = False`, which it flips for GLM drafts), unless
+  `ascend_draft_full_graph` opts in (experimental): then there is one graph
+  wrapper per gamma (a graph bucket per gamma), since a captured merged-draft
+  graph bakes its loop length in. Why eager is the default: docs/ascend.md,
+  "ACL graphs". The target's graphs are untouched either way.
+- What a verification step commits (valid token counts, next tokens) comes
+  from torch.ops.vspec.commit_accepted, the AscendC kernel, instead of the
+  host's six separate torch ops.
 - gamma 0 returns a [batch, 0] draft (a target-only next step) after the
   first draft pass has kept the draft model's KV cache aligned.
 """
@@ -25,6 +31,7 @@ from typing import Any, Iterator, Mapping
 
 import torch
 from vllm.config import CUDAGraphMode
+from vllm.logger import init_logger
 
 from vllm_ascend.compilation.acl_graph import ACLGraphWrapper
 from vllm_ascend.spec_decode.draft_proposer import AscendDraftModelProposer
@@ -32,6 +39,11 @@ from vllm_ascend.spec_decode.eagle_proposer import AscendEagleProposer
 from vllm_ascend.vspec.entropy_tap import EntropyTap
 from vllm_ascend.vspec.gamma import step_gamma
 from vllm_ascend.vspec.routing import vspec_settings
+from vllm_vspec import ops
+from vllm_vspec.adapters.vllm.commit_op import backup_tokens
+
+# Under "vllm.": vLLM configures only its own logger tree.
+logger = init_logger(f"vllm.{__name__}")
 
 
 class VSpecProposerMixin:
@@ -63,8 +75,22 @@ class VSpecProposerMixin:
     def _runnable(self, runnable: Any) -> None:
         self._vspec_max_runnable = runnable
 
+    # Extends AscendSpecDecodeBaseProposer.__init__: loads vspec's ops (a
+    # missing library stops the engine naming the build), and turns the draft
+    # model's ACL graphs off unless `ascend_draft_full_graph` opts in; the
+    # host reads `use_cuda_graph` in load_model, dummy_run and _propose.
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.vspec_ops = ops.load()
+        settings = vspec_settings(self.vllm_config)
+        if self.use_cuda_graph and not (settings and settings.ascend_draft_full_graph):
+            logger.info("vspec: the draft model runs eagerly under dynamic gamma (the target "
+                        "keeps its ACL graphs); ascend_draft_full_graph=true captures one "
+                        "full draft graph per gamma (experimental)")
+            self.use_cuda_graph = False
+
     # Extends AscendSpecDecodeBaseProposer.load_model: after the host wraps the
-    # merged draft in a full graph, add one wrapper per smaller gamma.
+    # merged draft in a full graph (opt-in only), add one wrapper per smaller gamma.
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         super().load_model(*args, **kwargs)
         self._entropy_tap = EntropyTap.maybe_install(self, vspec_settings(self.vllm_config))
@@ -91,6 +117,21 @@ class VSpecProposerMixin:
         if self._entropy_tap is not None:
             draft = self._entropy_tap.cut(draft)
         return draft[:, :gamma]
+
+    # Extends AscendSpecDecodeBaseProposer.prepare_next_token_ids_padded: the
+    # same two results (next token ids, valid sampled token counts) from one
+    # kernel; the host's discarded-request indices become a mask.
+    def prepare_next_token_ids_padded(self, sampled_token_ids: torch.Tensor, requests: dict,
+                                      gpu_input_batch: Any, discard_request_indices: torch.Tensor,
+                                      num_discarded_requests: int
+                                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = sampled_token_ids.shape[0]
+        backup = backup_tokens(self.backup_next_token_ids, requests, gpu_input_batch)
+        discard = torch.zeros(batch, dtype=torch.bool, device=sampled_token_ids.device)
+        discard[discard_request_indices[:num_discarded_requests].long()] = True
+        num_valid, next_token = self.vspec_ops.commit_accepted(
+            sampled_token_ids, discard, backup[:batch], gpu_input_batch.vocab_size)
+        return next_token, num_valid
 
     # Extends AscendSpecDecodeBaseProposer.dummy_run: graph capture runs once
     # per gamma so every gamma has its own graph bucket; other dummy runs
