@@ -1,0 +1,271 @@
+"""vllm_vspec.tree (fixed-width EAGLE trees) against brute force.
+
+Each function is checked on random inputs (hypothesis) against a per-row
+Python reference written from the definitions in tree.py's docstrings; small
+integer logits make ties frequent, so the tie rules are exercised too. Width 1
+is checked against the linear path (argmax drafting, acceptance.py's strict
+rule), and the acceptance feeds the real `vspec::tree_commit` op.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vllm_vspec import ops, tree
+from vllm_vspec.acceptance import AcceptanceRule, accept_mask
+
+SETTINGS = settings(max_examples=60, deadline=None)
+
+
+def small_logits(draw, shape) -> torch.Tensor:
+    """Float logits with small integer values: many exact ties."""
+    count = 1
+    for s in shape:
+        count *= s
+    values = draw(st.lists(st.integers(-2, 2), min_size=count, max_size=count))
+    return torch.tensor(values, dtype=torch.float32).reshape(shape)
+
+
+# ------------------------------------------------------------ references
+def ref_expand(scores, logits, width):
+    """Per row: every parent's top-`width` tokens by (logit desc, token asc),
+    then the `width` best (cumulative desc, parent asc, child rank asc)."""
+    logprobs = torch.log_softmax(logits, dim=-1)
+    ranks, tokens, new_scores = [], [], []
+    for b in range(scores.shape[0]):
+        candidates = []
+        for p in range(scores.shape[1]):
+            row = logits[b, p].tolist()
+            best = sorted(range(len(row)), key=lambda t: (-row[t], t))[:width]
+            for c, t in enumerate(best):
+                # float32 sum, as the implementation adds: ties must be the same ties.
+                s = (scores[b, p] + logprobs[b, p, t]).item()
+                candidates.append((-s, p, c, t))
+        chosen = sorted(candidates)[:width]
+        ranks.append([p for _, p, _, _ in chosen])
+        tokens.append([t for _, _, _, t in chosen])
+        new_scores.append([-s for s, _, _, _ in chosen])
+    return ranks, tokens, new_scores
+
+
+def ref_ancestors(parents_row, i):
+    """Node i and its ancestors, root last."""
+    chain = [i]
+    while parents_row[chain[-1]] != tree.NO_NODE:
+        chain.append(parents_row[chain[-1]])
+    return chain
+
+
+def ref_accept(tokens_row, parents_row, target_row):
+    """(path, output): the deepest node whose root path matches everywhere
+    (lowest index on ties), found by checking every node."""
+    best = 0
+    for i in range(len(tokens_row)):
+        chain = ref_ancestors(parents_row, i)
+        ok = all(tokens_row[j] == target_row[parents_row[j]] for j in chain[:-1])
+        if ok and len(chain) > len(ref_ancestors(parents_row, best)):
+            best = i
+    path = ref_ancestors(parents_row, best)[::-1]
+    output = [tokens_row[j] for j in path[1:]] + [target_row[best]]
+    return path, output
+
+
+@st.composite
+def random_trees(draw, max_nodes=9, vocab=3):
+    """(tokens, parents, target_tokens) for B random topological trees of the
+    same node count, tokens from a small vocabulary so that matches happen."""
+    batch = draw(st.integers(1, 3))
+    n = draw(st.integers(1, max_nodes))
+    parents = [[tree.NO_NODE] + [draw(st.integers(0, i - 1)) for i in range(1, n)]
+               for _ in range(batch)]
+    ints = st.lists(st.integers(0, vocab - 1), min_size=n, max_size=n)
+    tokens = [draw(ints) for _ in range(batch)]
+    target = [draw(ints) for _ in range(batch)]
+    return torch.tensor(tokens), torch.tensor(parents), torch.tensor(target)
+
+
+def bigram_fn(table):
+    """A toy drafter: the logits after a node depend on its token only."""
+    def logits_fn(draft, frontier):
+        return table[draft.tokens.gather(1, frontier)]
+    return logits_fn
+
+
+# ------------------------------------------------------------ shape
+def test_layout_is_depth_major_with_width_nodes_per_depth():
+    assert tree.num_nodes(3, 2) == 7
+    assert tree.node_depths(3, 2).tolist() == [0, 1, 1, 2, 2, 3, 3]
+    assert tree.node_depths(2, 1).tolist() == [0, 1, 2]
+
+
+# ------------------------------------------------------------ drafting
+@SETTINGS
+@given(data=st.data())
+def test_expand_beam_matches_brute_force(data):
+    batch, parents = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 3))
+    vocab = data.draw(st.integers(2, 6))
+    width = data.draw(st.integers(1, min(vocab, 4)))
+    scores = small_logits(data.draw, (batch, parents)) * 0.5
+    logits = small_logits(data.draw, (batch, parents, vocab))
+    rank, token, score = tree.expand_beam(scores, logits, width)
+    want_rank, want_token, want_score = ref_expand(scores, logits, width)
+    assert rank.tolist() == want_rank, (logits.tolist(), scores.tolist())
+    assert token.tolist() == want_token, (logits.tolist(), scores.tolist())
+    assert score.tolist() == want_score
+
+
+def test_expand_beam_refuses_a_width_outside_the_vocabulary():
+    with pytest.raises(ValueError, match=r"width=5 is not allowed: an integer in \[1, 4\]"):
+        tree.expand_beam(torch.zeros(1, 1), torch.zeros(1, 1, 4), 5)
+
+
+@SETTINGS
+@given(data=st.data())
+def test_grown_tree_is_the_brute_force_beam(data):
+    vocab = data.draw(st.integers(2, 5))
+    gamma = data.draw(st.integers(1, 4))
+    width = data.draw(st.integers(1, min(vocab, 3)))
+    table = small_logits(data.draw, (vocab, vocab))
+    roots = torch.tensor(data.draw(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=3)))
+    got = tree.grow_tree(roots, table[roots], bigram_fn(table), gamma, width)
+    assert got.tokens.shape == got.parents.shape == (len(roots), tree.num_nodes(gamma, width))
+    for b, root in enumerate(roots.tolist()):
+        # Brute force: carry (node index, score) beams depth by depth.
+        tokens, parents = [root], [tree.NO_NODE]
+        frontier, scores = [0], [0.0]
+        for depth in range(1, gamma + 1):
+            rows = table[torch.tensor([tokens[i] for i in frontier])].unsqueeze(0)
+            ranks, new, scores = ref_expand(torch.tensor([scores]), rows, width)
+            ranks, new, scores = ranks[0], new[0], scores[0]
+            parents += [frontier[r] for r in ranks]
+            tokens += new
+            frontier = list(range(1 + (depth - 1) * width, 1 + depth * width))
+        assert got.tokens[b].tolist() == tokens, table.tolist()
+        assert got.parents[b].tolist() == parents, table.tolist()
+
+
+@SETTINGS
+@given(data=st.data())
+def test_width_one_drafts_the_linear_argmax_chain(data):
+    vocab = data.draw(st.integers(2, 8))
+    gamma = data.draw(st.integers(1, 5))
+    table = small_logits(data.draw, (vocab, vocab))
+    root = data.draw(st.integers(0, vocab - 1))
+    chain = [root]
+    for _ in range(gamma):
+        chain.append(int(table[chain[-1]].argmax()))
+    got = tree.grow_tree(torch.tensor([root]), table[[root]], bigram_fn(table), gamma, 1)
+    assert got.tokens[0].tolist() == chain
+    assert got.parents[0].tolist() == [tree.NO_NODE] + list(range(gamma))
+
+
+# ------------------------------------------------------------ mask
+@SETTINGS
+@given(case=random_trees())
+def test_tree_mask_is_ancestor_or_self(case):
+    _, parents, _ = case
+    mask = tree.tree_mask(parents)
+    for b, row in enumerate(parents.tolist()):
+        for i in range(len(row)):
+            want = set(ref_ancestors(row, i))
+            got = set(torch.nonzero(mask[b, i]).flatten().tolist())
+            assert got == want, (row, i)
+
+
+def test_attention_mask_sees_the_whole_prefix_and_the_ancestors_only():
+    parents = torch.tensor([[tree.NO_NODE, 0, 0, 1, 2]])   # width 2, gamma 2
+    (mask,) = tree.attention_mask(parents, torch.tensor([3]))
+    assert mask.shape == (5, 8)
+    assert mask[:, :3].all()
+    assert mask[:, 3:].int().tolist() == [[1, 0, 0, 0, 0],
+                                          [1, 1, 0, 0, 0],
+                                          [1, 0, 1, 0, 0],
+                                          [1, 1, 0, 1, 0],
+                                          [1, 0, 1, 0, 1]]
+
+
+# ------------------------------------------------------------ acceptance
+@SETTINGS
+@given(case=random_trees())
+def test_greedy_accept_matches_brute_force(case):
+    tokens, parents, target = case
+    got = tree.greedy_accept(tokens, parents, target)
+    for b in range(tokens.shape[0]):
+        path, output = ref_accept(tokens[b].tolist(), parents[b].tolist(), target[b].tolist())
+        n = len(path)
+        assert got.length[b].item() == n, (tokens[b], parents[b], target[b])
+        assert got.path[b, :n].tolist() == path and (got.path[b, n:] == tree.NO_NODE).all()
+        assert got.output[b, :n].tolist() == output and (got.output[b, n:] == tree.NO_NODE).all()
+
+
+def test_all_rejected_emits_the_targets_token_after_the_root():
+    parents = torch.tensor([[tree.NO_NODE, 0, 0, 1, 2]])
+    tokens = torch.tensor([[7, 1, 2, 3, 4]])
+    target = torch.tensor([[9, 5, 5, 5, 5]])    # 9 after the root: no child is 9
+    got = tree.greedy_accept(tokens, parents, target)
+    assert got.length.tolist() == [1]
+    assert got.path.tolist() == [[0, -1, -1]]
+    assert got.output.tolist() == [[9, -1, -1]]
+
+
+def test_full_path_accepted_emits_every_depth_and_the_bonus():
+    parents = torch.tensor([[tree.NO_NODE, 0, 0, 1, 2]])
+    tokens = torch.tensor([[7, 1, 2, 3, 4]])
+    # Target argmax: 2 after the root (the second child), 4 after node 2, 6 after node 4.
+    target = torch.tensor([[2, 0, 4, 0, 6]])
+    got = tree.greedy_accept(tokens, parents, target)
+    assert got.length.tolist() == [3]
+    assert got.path.tolist() == [[0, 2, 4]]
+    assert got.output.tolist() == [[2, 4, 6]]
+
+
+@SETTINGS
+@given(data=st.data())
+def test_width_one_accepts_like_the_linear_strict_rule(data):
+    batch, gamma = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 5))
+    vocab = data.draw(st.integers(2, 4))
+    logits = small_logits(data.draw, (batch, gamma + 1, vocab))
+    drafts = torch.tensor(data.draw(st.lists(
+        st.lists(st.integers(0, vocab - 1), min_size=gamma, max_size=gamma),
+        min_size=batch, max_size=batch)))
+    roots = torch.zeros(batch, 1, dtype=torch.int64)
+    parents = torch.cat([torch.tensor([tree.NO_NODE]), torch.arange(gamma)]).expand(batch, -1)
+    got = tree.greedy_accept(torch.cat([roots, drafts], 1), parents, logits.argmax(-1))
+    # Linear: acceptance.py's strict rule per draft row, cut at the first rejection.
+    rows = accept_mask(AcceptanceRule(), logits[:, :gamma].reshape(-1, vocab), drafts.reshape(-1),
+                       torch.arange(gamma).repeat(batch), torch.zeros(batch * gamma))
+    accepted = rows.reshape(batch, gamma).int().cumprod(1).sum(1)
+    for b in range(batch):
+        a = int(accepted[b])
+        want = drafts[b, :a].tolist() + [int(logits[b, a].argmax())]
+        assert got.output[b, :a + 1].tolist() == want, (logits[b], drafts[b])
+        assert got.length[b].item() == a + 1
+
+
+# ------------------------------------------------------------ tree commit
+@SETTINGS
+@given(case=random_trees(), data=st.data())
+def test_tree_commit_makes_the_accepted_path_contiguous(case, data):
+    tokens, parents, target = case
+    batch, n = tokens.shape
+    seq_lens = torch.tensor(data.draw(st.lists(st.integers(0, 20), min_size=batch,
+                                               max_size=batch)))
+    # Request b's node i sits at the slot of position seq_lens[b] + i of its own block range.
+    slots = (torch.arange(batch) * 100 + seq_lens).unsqueeze(1) + torch.arange(n)
+    # A one-value "KV cache": each verified node's slot holds its token.
+    kv = torch.full((batch * 100,), -1, dtype=torch.int64)
+    kv[slots.flatten()] = tokens.flatten()
+    accepted = tree.greedy_accept(tokens, parents, target)
+    args = tree.tree_commit_args(accepted, target, slots.flatten(), seq_lens)
+    new_lens, next_token, src, dst = ops.load().tree_commit(*args)
+    moves = src >= 0
+    kv[dst[moves]] = kv[src[moves]].clone()
+    for b in range(batch):
+        length = int(accepted.length[b])
+        assert new_lens[b].item() == seq_lens[b].item() + length
+        assert next_token[b].item() == accepted.output[b, length - 1].item()
+        path_tokens = tokens[b, accepted.path[b, :length]].tolist()
+        assert kv[slots[b, :length]].tolist() == path_tokens, (accepted.path[b], src[b], dst[b])
