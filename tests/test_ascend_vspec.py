@@ -15,6 +15,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from test_commit_hot_path import _Buffer
 from test_overlay import _make, _step, _Wrapper, proposers  # noqa: F401 (fixture)
 
 VOCAB = 30
@@ -31,16 +32,6 @@ def test_full_draft_graphs_are_opt_in(proposers):
     proposer = _make(proposers, k=3, full_graphs=True, vspec={"ascend_draft_full_graph": True})
     assert proposer.use_cuda_graph is True
     assert isinstance(proposer._runnable, _Wrapper) and sorted(proposer._vspec_runnables) == [1, 2]
-
-
-class _Buffer:
-    def __init__(self, n: int):
-        self.cpu = torch.zeros(n, dtype=torch.int32)
-        self.gpu = torch.zeros(n, dtype=torch.int32)
-        self.np = self.cpu.numpy()
-
-    def copy_to_gpu(self, n: int):
-        return self.gpu[:n].copy_(self.cpu[:n])
 
 
 def _host_commit(sampled, backup, discard_indices, num_discarded, vocab_size):
