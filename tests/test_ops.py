@@ -12,6 +12,10 @@ C++ checks that `test_every_backend_refuses_the_same_arguments` exercises.
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+from pathlib import Path
+
 import pytest
 import torch
 from hypothesis import example, given, settings
@@ -264,3 +268,18 @@ def test_a_missing_library_names_the_make_command(monkeypatch, tmp_path):
     monkeypatch.setattr(ops, "library_candidates", lambda: [tmp_path / ops.LIBRARY])
     with pytest.raises(ops.OpsLibraryMissing, match="run `make ops`"):
         ops.load()
+
+
+# ------------------------------------------------------------ AscendC sources
+KERNELS = sorted((Path(__file__).resolve().parents[1] / "csrc" / "kernels").glob("*.cpp"))
+
+
+@pytest.mark.skipif(shutil.which("c++") is None, reason="needs a C++ compiler")
+@pytest.mark.parametrize("kernel", KERNELS, ids=[k.name for k in KERNELS])
+def test_ascendc_kernel_compiles_against_the_api_stub(kernel):
+    """Syntax, types and arity of our AscendC code against a declarations-only
+    stand-in of kernel_operator.h (tests/ascendc_stub): not a CANN build."""
+    stub = Path(__file__).resolve().parent / "ascendc_stub"
+    run = subprocess.run(["c++", "-std=c++17", "-fsyntax-only", "-Wall", "-Wextra", "-Werror",
+                          "-I", str(stub), str(kernel)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr

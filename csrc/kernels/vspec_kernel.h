@@ -46,14 +46,16 @@ __aicore__ inline void CopyOut(const AscendC::GlobalTensor<T>& dst, const Ascend
 
 // Scalar reads of UB data that MTE2 just wrote wait for that copy.
 __aicore__ inline void WaitCopyIn() {
-  event_t id = static_cast<event_t>(GetTPipePtr()->FetchEventID(AscendC::HardEvent::MTE2_S));
+  const event_t id =
+      static_cast<event_t>(AscendC::GetTPipePtr()->FetchEventID(AscendC::HardEvent::MTE2_S));
   AscendC::SetFlag<AscendC::HardEvent::MTE2_S>(id);
   AscendC::WaitFlag<AscendC::HardEvent::MTE2_S>(id);
 }
 
 // MTE3 copies out UB data only after the scalar unit has written it.
 __aicore__ inline void WaitScalarWrites() {
-  event_t id = static_cast<event_t>(GetTPipePtr()->FetchEventID(AscendC::HardEvent::S_MTE3));
+  const event_t id =
+      static_cast<event_t>(AscendC::GetTPipePtr()->FetchEventID(AscendC::HardEvent::S_MTE3));
   AscendC::SetFlag<AscendC::HardEvent::S_MTE3>(id);
   AscendC::WaitFlag<AscendC::HardEvent::S_MTE3>(id);
 }
