@@ -138,7 +138,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> tree_commit_cpu(
       prev = node;
     }
     new_seq_lens.data_ptr<int32_t>()[b] = lens.data_ptr<int32_t>()[b] + static_cast<int32_t>(n);
-    next_token.data_ptr<int32_t>()[b] = n > 0 ? tok.data_ptr<int32_t>()[b * nodes + row[n - 1]] : -1;
+    const int32_t* node_token = tok.data_ptr<int32_t>() + b * nodes;
+    next_token.data_ptr<int32_t>()[b] = n > 0 ? node_token[row[n - 1]] : -1;
   }
   return {new_seq_lens, next_token, src_slots, dst_slots};
 }

@@ -30,7 +30,8 @@ constexpr int32_t kRowAlign = 32;  // must match npu_ops.cpp
 // Copies `count` elements GM -> UB (or UB -> GM): exact byte length, no
 // padding values needed because the scan never reads past `count`.
 template <typename T>
-__aicore__ inline void CopyIn(const AscendC::LocalTensor<T>& dst, const AscendC::GlobalTensor<T>& src,
+__aicore__ inline void CopyIn(const AscendC::LocalTensor<T>& dst,
+                              const AscendC::GlobalTensor<T>& src,
                               uint32_t count) {
   AscendC::DataCopyExtParams params{1, static_cast<uint32_t>(count * sizeof(T)), 0, 0, 0};
   AscendC::DataCopyPadExtParams<T> pad{false, 0, 0, 0};
@@ -38,7 +39,8 @@ __aicore__ inline void CopyIn(const AscendC::LocalTensor<T>& dst, const AscendC:
 }
 
 template <typename T>
-__aicore__ inline void CopyOut(const AscendC::GlobalTensor<T>& dst, const AscendC::LocalTensor<T>& src,
+__aicore__ inline void CopyOut(const AscendC::GlobalTensor<T>& dst,
+                               const AscendC::LocalTensor<T>& src,
                                uint32_t count) {
   AscendC::DataCopyExtParams params{1, static_cast<uint32_t>(count * sizeof(T)), 0, 0, 0};
   AscendC::DataCopyPad(dst, src, params);
