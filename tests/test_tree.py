@@ -269,3 +269,28 @@ def test_tree_commit_makes_the_accepted_path_contiguous(case, data):
         assert next_token[b].item() == accepted.output[b, length - 1].item()
         path_tokens = tokens[b, accepted.path[b, :length]].tolist()
         assert kv[slots[b, :length]].tolist() == path_tokens, (accepted.path[b], src[b], dst[b])
+
+
+# ------------------------------------------------------------ host fact
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_cpu_kv_cache_keeps_keys_transposed_per_block_and_head(block_size):
+    """The layout docs/eagle-tree.md's tree attention reads back: vLLM's CPU
+    cache [blocks, kv_heads, block_size, 2 * head_size] holds, per block and
+    head, the key as [head_size, block_size] and the value as [block_size,
+    head_size] (ISAs vec16 and vec, float32). If vLLM changes it, the tree
+    backend's reader must change with it."""
+    from vllm import _custom_ops as host_ops
+    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+    blocks, heads, head_size = 3, 2, 64
+    isa = _get_attn_isa(torch.float32, block_size, head_size)
+    assert isa in ("vec", "vec16")
+    cache = torch.zeros(blocks, heads, block_size, 2 * head_size)
+    key_cache, value_cache = cache.view(blocks, heads, 2 * block_size, -1).chunk(2, dim=2)
+    slots = torch.tensor([0, 5, block_size + 3, 3 * block_size - 1])
+    key, value = torch.randn(4, heads, head_size), torch.randn(4, heads, head_size)
+    host_ops.cpu_attn_reshape_and_cache(key, value, key_cache, value_cache, slots, isa)
+    block, offset = slots // block_size, slots % block_size
+    keys = key_cache.reshape(blocks, heads, head_size, block_size)
+    assert torch.equal(keys[block, :, :, offset], key)
+    assert torch.equal(value_cache[block, :, offset], value)
