@@ -85,8 +85,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     def engine(vspec: dict):
         v = engine_runs.Variant("x", spec, {**fixed, **vspec})
+        # In-process (uni executor): the collect step reads the drafter's head.
         return engine_runs.build_llm(args.target, v, args.dtype, args.batch,
-                                     disable_log_stats=False)
+                                     distributed_executor_backend="uni")
 
     argmax = out_dir / "argmax.jsonl"
     argmax.unlink(missing_ok=True)
@@ -183,6 +184,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _main(args: argparse.Namespace) -> int:
+    import os
+
+    # The engine core in this process (an explicit setting wins).
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     if args.draft is None:
         args.draft = MODELS / ("tiny-eagle" if args.method == "eagle" else "tiny-draft")
     result = run(args)

@@ -77,11 +77,12 @@ class DraftHeadMixin:
         if self.head_config is not None:
             self.draft_head = draft_head_for(self.model, self.head_config)
 
-    # extends SpecDecodeBaseProposer._sample_draft_tokens: notes whether this
-    # step's batch is pure greedy (the active vocabulary is used only then).
-    def _sample_draft_tokens(self, hidden_states, sampling_metadata):
-        self._pure_greedy = pure_greedy(sampling_metadata)
-        return super()._sample_draft_tokens(hidden_states, sampling_metadata)
+    # extends SpecDecodeBaseProposer.propose: notes whether this step's batch
+    # is pure greedy (the active vocabulary is used only then). The runner
+    # passes every argument by keyword.
+    def propose(self, *args, **kwargs) -> torch.Tensor:
+        self._pure_greedy = pure_greedy(kwargs["sampling_metadata"])
+        return super().propose(*args, **kwargs)
 
     @property
     def head_in_use(self) -> str:
