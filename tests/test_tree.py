@@ -187,6 +187,29 @@ def test_attention_mask_sees_the_whole_prefix_and_the_ancestors_only():
                                           [1, 0, 1, 0, 1]]
 
 
+@settings(max_examples=20, deadline=None)
+@given(case=random_trees(), prefix=st.integers(0, 4), seed=st.integers(0, 2**16))
+def test_tree_attention_of_a_node_is_causal_attention_over_its_root_path(case, prefix, seed):
+    """The mask's meaning: with it, node i's attention output is the last row
+    of plain causal attention over the prefix followed by i's root path."""
+    _, parents, _ = case
+    n = parents.shape[1]
+    gen = torch.Generator().manual_seed(seed)
+    for b, (mask, row) in enumerate(zip(tree.attention_mask(parents, torch.full((len(parents),),
+                                                                              prefix)),
+                                        parents.tolist())):
+        q, k, v = (torch.randn(prefix + n, 2, 8, generator=gen, dtype=torch.float64)
+                   for _ in range(3))
+        tree_rows = torch.nn.functional.scaled_dot_product_attention(
+            q[prefix:].transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask)
+        for i in range(n):
+            keep = list(range(prefix)) + [prefix + j for j in ref_ancestors(row, i)[::-1]]
+            linear = torch.nn.functional.scaled_dot_product_attention(
+                q[keep].transpose(0, 1), k[keep].transpose(0, 1), v[keep].transpose(0, 1),
+                is_causal=True)
+            assert torch.allclose(tree_rows[:, i], linear[:, -1], rtol=0, atol=1e-12), (row, i)
+
+
 # ------------------------------------------------------------ acceptance
 @SETTINGS
 @given(case=random_trees())
