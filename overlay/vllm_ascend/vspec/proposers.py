@@ -18,7 +18,7 @@ Invariants:
   "ACL graphs". The target's graphs are untouched either way.
 - What a verification step commits (valid token counts, next tokens) comes
   from torch.ops.vspec.commit_accepted, the AscendC kernel, instead of the
-  host's six separate torch ops.
+  host's chain of about ten torch ops.
 - gamma 0 returns a [batch, 0] draft (a target-only next step) after the
   first draft pass has kept the draft model's KV cache aligned.
 """

@@ -3,8 +3,8 @@
 After rejection sampling, a drafter's `prepare_next_token_ids_padded` works
 out, per request, how many sampled tokens are valid (accepted drafts + the
 bonus token) and which token the next draft pass starts from. vLLM 0.32 does
-it with a Triton kernel (a C++ fallback on CPU), vLLM-Ascend 0.23 with six
-separate torch ops (its source says "TODO: combine this into a custom fused
+it with a Triton kernel (a C++ fallback on CPU), vLLM-Ascend 0.23 with a chain of
+about ten torch ops (its source says "TODO: combine this into a custom fused
 kernel"). vspec's proposers on both hosts replace that computation with one
 call of vspec's op (csrc/ops.h), so the CPU engine tests run the very call
 site the NPU runs, with the CPU twin of the AscendC kernel.
