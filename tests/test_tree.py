@@ -317,3 +317,61 @@ def test_cpu_kv_cache_keeps_keys_transposed_per_block_and_head(block_size):
     keys = key_cache.reshape(blocks, heads, head_size, block_size)
     assert torch.equal(keys[block, :, :, offset], key)
     assert torch.equal(value_cache[block, :, offset], value)
+
+
+def read_paged_kv(key_cache, value_cache, blocks, length):
+    """A request's first `length` keys and values [length, kv_heads, head_size]
+    from the CPU cache halves, in the layout the test above locks."""
+    num_blocks, heads, block_size, head_size = value_cache.shape
+    keys = key_cache.reshape(num_blocks, heads, head_size, block_size)[blocks]
+    keys = keys.permute(0, 3, 1, 2).reshape(-1, heads, head_size)
+    values = value_cache[blocks].permute(0, 2, 1, 3).reshape(-1, heads, head_size)
+    return keys[:length], values[:length]
+
+
+def test_masked_attention_over_the_read_cache_equals_the_host_kernel_on_a_chain():
+    """The tree backend's plan (docs/eagle-tree.md 4.1) on a width-1 tree, where
+    the host's causal CPU kernel is the oracle: keys and values read back from
+    the paged cache plus SDPA under `tree.attention_mask` (GQA included) give
+    the kernel's output for every query row."""
+    from vllm import _custom_ops as host_ops
+    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+    block_size, heads, kv_heads, head_size, num_blocks = 32, 4, 2, 64, 8
+    prefixes, gamma = [37, 5], 3
+    n = tree.num_nodes(gamma, 1)
+    isa = _get_attn_isa(torch.float32, block_size, head_size)
+    gen = torch.Generator().manual_seed(0)
+    cache = torch.zeros(num_blocks, kv_heads, block_size, 2 * head_size)
+    key_cache, value_cache = cache.view(num_blocks, kv_heads, 2 * block_size, -1).chunk(2, dim=2)
+    block_table = torch.tensor([[5, 2, 7], [1, 6, 0]], dtype=torch.int32)   # scattered blocks
+    seq_lens = torch.tensor([p + n for p in prefixes], dtype=torch.int32)
+    for b, length in enumerate(seq_lens.tolist()):
+        pos = torch.arange(length)
+        slots = block_table[b, pos // block_size].long() * block_size + pos % block_size
+        host_ops.cpu_attn_reshape_and_cache(
+            torch.randn(length, kv_heads, head_size, generator=gen),
+            torch.randn(length, kv_heads, head_size, generator=gen),
+            key_cache, value_cache, slots, isa)
+    query = torch.randn(2 * n, heads, head_size, generator=gen)
+    query_start_loc = torch.tensor([0, n, 2 * n], dtype=torch.int32)
+    scale = head_size ** -0.5
+    metadata = host_ops.cpu_attn_get_scheduler_metadata(
+        num_reqs=2, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_size,
+        seq_lens=seq_lens, dtype=torch.float32, query_start_loc=query_start_loc, causal=True,
+        sliding_window_size=-1, isa=isa, enable_kv_split=False)
+    kernel = torch.zeros_like(query)
+    host_ops.cpu_attention_with_kv_cache(
+        query=query, key_cache=key_cache, value_cache=value_cache, output=kernel,
+        query_start_loc=query_start_loc, seq_lens=seq_lens, scale=scale, causal=True,
+        alibi_slopes=None, sliding_window=-1, block_table=block_table, softcap=0.0,
+        scheduler_metadata=metadata, s_aux=None)
+    chain = torch.cat([torch.tensor([tree.NO_NODE]), torch.arange(gamma)]).expand(2, n)
+    masks = tree.attention_mask(chain, torch.tensor(prefixes))
+    for b, length in enumerate(seq_lens.tolist()):
+        keys, values = read_paged_kv(key_cache, value_cache, block_table[b].long(), length)
+        ours = torch.nn.functional.scaled_dot_product_attention(
+            query[b * n:(b + 1) * n].transpose(0, 1), keys.transpose(0, 1),
+            values.transpose(0, 1), attn_mask=masks[b], scale=scale, enable_gqa=True)
+        torch.testing.assert_close(ours.transpose(0, 1), kernel[b * n:(b + 1) * n],
+                                   rtol=1e-5, atol=1e-5)
