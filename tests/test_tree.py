@@ -268,6 +268,46 @@ def test_width_one_accepts_like_the_linear_strict_rule(data):
         assert got.length[b].item() == a + 1
 
 
+RULES = [AcceptanceRule(),
+         AcceptanceRule("relaxed_topk", topk=2, after_tokens=1, protected_token_ids=(0,)),
+         AcceptanceRule("margin", margin=1.0, from_position=1, after_tokens=0)]
+
+
+@SETTINGS
+@given(case=random_trees(), data=st.data(), rule=st.sampled_from(RULES))
+def test_rule_matches_applies_the_linear_rule_at_each_nodes_depth(case, data, rule):
+    tokens, parents, _ = case
+    batch, n = tokens.shape
+    logits = small_logits(data.draw, (batch, n, 3))
+    generated = torch.tensor(data.draw(st.lists(st.integers(0, 3), min_size=batch,
+                                                max_size=batch)))
+    got = tree.rule_matches(rule, logits, tokens, parents, generated)
+    for b in range(batch):
+        for i in range(1, n):
+            # Node i is the linear draft at position depth - 1, verified by its parent's row.
+            position = len(ref_ancestors(parents[b].tolist(), i)) - 2
+            want = accept_mask(rule, logits[b, parents[b, i]].unsqueeze(0), tokens[b, i:i + 1],
+                               torch.tensor([position]), generated[b:b + 1])
+            assert got[b, i].item() == want.item(), (rule, b, i)
+
+
+@SETTINGS
+@given(case=random_trees(), data=st.data())
+def test_strict_rule_gives_greedy_accept_and_relaxed_paths_are_never_shorter(case, data):
+    tokens, parents, _ = case
+    batch, n = tokens.shape
+    logits = small_logits(data.draw, (batch, n, 3))
+    generated = torch.zeros(batch, dtype=torch.int64)
+    strict = tree.greedy_accept(tokens, parents, logits.argmax(-1))
+    via_rule = tree.accept_paths(tree.rule_matches(RULES[0], logits, tokens, parents, generated),
+                                 tokens, parents, logits.argmax(-1))
+    assert torch.equal(via_rule.output, strict.output)
+    for rule in RULES[1:]:
+        lossy = tree.accept_paths(tree.rule_matches(rule, logits, tokens, parents, generated),
+                                  tokens, parents, logits.argmax(-1))
+        assert (lossy.length >= strict.length).all(), (rule, lossy.length, strict.length)
+
+
 # ------------------------------------------------------------ tree commit
 @SETTINGS
 @given(case=random_trees(), data=st.data())

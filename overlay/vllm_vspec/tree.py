@@ -1,7 +1,7 @@
 """Fixed-width EAGLE draft trees: shape, drafting rule, tree mask, strict
 greedy acceptance and the inputs of the `vspec::tree_commit` op.
 
-Plain torch, no vLLM import: the engine path (docs/eagle-tree.md says which
+Plain torch, no vLLM import (acceptance.py is core too): the engine path (docs/eagle-tree.md says which
 host methods call what) is not built yet; this module is its core, tested
 against brute force in tests/test_tree.py.
 
@@ -19,6 +19,9 @@ The tree (one per request and step), with gamma = depth and width = W:
   the layout `vspec::tree_commit` expects).
 - Width 1 is exactly the linear EAGLE chain: one parent per depth, and its
   top-1 child by logit is `argmax` (both take the first maximal index).
+Acceptance is strict greedy by default (`greedy_accept`, lossless); the
+opt-in lossy rules of acceptance.py apply per node at draft position
+depth - 1 (`rule_matches`, then `accept_paths`).
 Node i is verified at RoPE position seq_len + depth(i) but its KV goes to the
 slot of position seq_len + i; acceptance then moves the accepted path's KV to
 the slots of positions seq_len + 0..L-1 (`vspec::tree_commit`).
@@ -30,6 +33,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+
+from vllm_vspec.acceptance import AcceptanceRule, accept_mask
 
 NO_NODE = -1   # parent of the root; padding in paths and token rows
 
@@ -179,11 +184,38 @@ def greedy_accept(tokens: torch.Tensor, parents: torch.Tensor,
     carry distinct tokens (every beam tree does) at most one child of a node
     can match, so the path is unique; otherwise the lowest-index deepest node
     wins."""
+    return accept_paths(tokens == target_tokens.gather(1, parents.clamp(min=0)),
+                        tokens, parents, target_tokens)
+
+
+def rule_matches(rule: AcceptanceRule, target_logits: torch.Tensor, tokens: torch.Tensor,
+                 parents: torch.Tensor, generated: torch.Tensor) -> torch.Tensor:
+    """Bool [B, N]: whether `rule` (acceptance.py) accepts each node's token
+    against the target's logits at its parent. target_logits [B, N, V]: after
+    each node; generated [B]: tokens each request had generated before this
+    step. A node at depth d is the rule's draft position d - 1, so every
+    linear rule (strict prefix, margin from a position, protected ids) means
+    the same per root path. The root's entry is unused."""
+    batch, n, vocab = target_logits.shape
+    parent_logits = target_logits.gather(
+        1, parents.clamp(min=0).unsqueeze(-1).expand(batch, n, vocab))
+    position = (tree_mask(parents).sum(-1) - 2).clamp(min=0)
+    return accept_mask(rule, parent_logits.reshape(batch * n, vocab), tokens.reshape(-1),
+                       position.reshape(-1),
+                       generated.to(torch.int64).repeat_interleave(n)).reshape(batch, n)
+
+
+def accept_paths(matches: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor,
+                 target_tokens: torch.Tensor) -> Acceptance:
+    """The longest root path of nodes that all match (matches [B, N], from
+    strict equality or `rule_matches`; the root's entry is ignored), lowest
+    index on equal depths; the emitted token after it is the target's argmax
+    there (bonus or recovered), as on the linear path."""
     batch, n = tokens.shape
     mask = tree_mask(parents)
     depth = mask.sum(-1) - 1
     # A node is accepted iff it and all its ancestors (root excepted) match.
-    matches = tokens == target_tokens.gather(1, parents.clamp(min=0))
+    matches = matches.clone()
     matches[:, 0] = True
     accepted = ~(mask & ~matches.unsqueeze(1)).any(-1)
     # Deepest accepted node, lowest index on ties (argmax takes the first).
@@ -220,6 +252,6 @@ def tree_commit_args(acceptance: Acceptance, target_tokens: torch.Tensor,
             slot_mapping.to(torch.int64).reshape(batch, n), seq_lens.to(torch.int32))
 
 
-__all__ = ["Acceptance", "DraftTree", "NO_NODE", "attention_mask", "expand_beam",
-           "greedy_accept", "grow_tree", "node_depths", "num_nodes", "tree_commit_args",
-           "tree_mask"]
+__all__ = ["Acceptance", "DraftTree", "NO_NODE", "accept_paths", "attention_mask",
+           "expand_beam", "greedy_accept", "grow_tree", "node_depths", "num_nodes",
+           "rule_matches", "tree_commit_args", "tree_mask"]
