@@ -210,6 +210,26 @@ def test_tree_commit_moves_the_accepted_path_into_place(vspec):
     assert dst.tolist() == [[-1, 101, 102], [-1, -1, -1], [-1, -1, 112]]
 
 
+# ------------------------------------------------------------ captured graphs
+def test_the_ops_sit_inside_one_captured_graph(vspec):
+    """torch.compile traces all three ops with fake tensors (fullgraph: no
+    graph break) and the compiled function gives the eager results."""
+    def step(sampled, discard, backup, seq_lens, path, tokens, slots):
+        num_valid, next_token = torch.ops.vspec.commit_accepted(sampled, discard, backup, VOCAB)
+        qsl, positions = torch.ops.vspec.uniform_spec_metadata(seq_lens + num_valid, 2)
+        return (num_valid, next_token, qsl, positions,
+                *torch.ops.vspec.tree_commit(path, tokens, slots, seq_lens))
+
+    args = (torch.tensor([[3, 4, -1], [-1, -1, -1]], dtype=torch.int32),
+            torch.tensor([False, False]), torch.tensor([7, 8], dtype=torch.int32),
+            torch.tensor([10, 20], dtype=torch.int32),
+            torch.tensor([[0, 2], [0, 1]], dtype=torch.int32),
+            torch.arange(6, dtype=torch.int32).reshape(2, 3), torch.arange(6).reshape(2, 3))
+    compiled = torch.compile(step, fullgraph=True, backend="eager", dynamic=True)
+    for got, want in zip(compiled(*args), step(*args)):
+        assert torch.equal(got, want)
+
+
 # ------------------------------------------------------------ arguments
 BAD_ARGUMENTS = [
     ("commit_accepted", "sampled must be int32",
