@@ -27,7 +27,7 @@ constexpr int64_t kRowAlign = 32;       // vspec_kernel.h kRowAlign
 constexpr int64_t kBufferNum = 2;       // vspec_kernel.h kBufferNum
 constexpr int64_t kMaxTileRows = 256;
 // UB bytes the kernels may fill (a 910B core has 192 KiB; the rest stays
-// free for the runtime).
+// free for the runtime and for each buffer's round-up to 32 bytes).
 constexpr int64_t kUbBudget = 160 * 1024;
 
 int64_t vector_cores(const at::Tensor& t) {

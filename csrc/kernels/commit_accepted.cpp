@@ -5,6 +5,7 @@
 
 using namespace AscendC;
 using vspec_kernel::kBufferNum;
+using vspec_kernel::UbBytes;
 
 class CommitAccepted {
  public:
@@ -24,11 +25,11 @@ class CommitAccepted {
     backup_gm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(backup) + range.begin);
     valid_gm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(num_valid) + range.begin);
     next_gm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(next_token) + range.begin);
-    pipe_.InitBuffer(ids_in_, kBufferNum, tile_rows * width * sizeof(int32_t));
-    pipe_.InitBuffer(discard_in_, kBufferNum, tile_rows * sizeof(uint8_t));
-    pipe_.InitBuffer(backup_in_, kBufferNum, tile_rows * sizeof(int32_t));
-    pipe_.InitBuffer(valid_out_, kBufferNum, tile_rows * sizeof(int32_t));
-    pipe_.InitBuffer(next_out_, kBufferNum, tile_rows * sizeof(int32_t));
+    pipe_.InitBuffer(ids_in_, kBufferNum, UbBytes(tile_rows * width * sizeof(int32_t)));
+    pipe_.InitBuffer(discard_in_, kBufferNum, UbBytes(tile_rows * sizeof(uint8_t)));
+    pipe_.InitBuffer(backup_in_, kBufferNum, UbBytes(tile_rows * sizeof(int32_t)));
+    pipe_.InitBuffer(valid_out_, kBufferNum, UbBytes(tile_rows * sizeof(int32_t)));
+    pipe_.InitBuffer(next_out_, kBufferNum, UbBytes(tile_rows * sizeof(int32_t)));
   }
 
   __aicore__ inline void Process() {

@@ -7,6 +7,7 @@
 
 using namespace AscendC;
 using vspec_kernel::kBufferNum;
+using vspec_kernel::UbBytes;
 
 class TreeCommit {
  public:
@@ -30,14 +31,14 @@ class TreeCommit {
     next_gm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(next_token) + b);
     src_gm_.SetGlobalBuffer(reinterpret_cast<__gm__ int64_t*>(src_slots) + b * depth);
     dst_gm_.SetGlobalBuffer(reinterpret_cast<__gm__ int64_t*>(dst_slots) + b * depth);
-    pipe_.InitBuffer(path_in_, kBufferNum, tile_rows * depth * sizeof(int32_t));
-    pipe_.InitBuffer(tokens_in_, kBufferNum, tile_rows * nodes * sizeof(int32_t));
-    pipe_.InitBuffer(slots_in_, kBufferNum, tile_rows * nodes * sizeof(int64_t));
-    pipe_.InitBuffer(lens_in_, kBufferNum, tile_rows * sizeof(int32_t));
-    pipe_.InitBuffer(new_lens_out_, kBufferNum, tile_rows * sizeof(int32_t));
-    pipe_.InitBuffer(next_out_, kBufferNum, tile_rows * sizeof(int32_t));
-    pipe_.InitBuffer(src_out_, kBufferNum, tile_rows * depth * sizeof(int64_t));
-    pipe_.InitBuffer(dst_out_, kBufferNum, tile_rows * depth * sizeof(int64_t));
+    pipe_.InitBuffer(path_in_, kBufferNum, UbBytes(tile_rows * depth * sizeof(int32_t)));
+    pipe_.InitBuffer(tokens_in_, kBufferNum, UbBytes(tile_rows * nodes * sizeof(int32_t)));
+    pipe_.InitBuffer(slots_in_, kBufferNum, UbBytes(tile_rows * nodes * sizeof(int64_t)));
+    pipe_.InitBuffer(lens_in_, kBufferNum, UbBytes(tile_rows * sizeof(int32_t)));
+    pipe_.InitBuffer(new_lens_out_, kBufferNum, UbBytes(tile_rows * sizeof(int32_t)));
+    pipe_.InitBuffer(next_out_, kBufferNum, UbBytes(tile_rows * sizeof(int32_t)));
+    pipe_.InitBuffer(src_out_, kBufferNum, UbBytes(tile_rows * depth * sizeof(int64_t)));
+    pipe_.InitBuffer(dst_out_, kBufferNum, UbBytes(tile_rows * depth * sizeof(int64_t)));
   }
 
   __aicore__ inline void Process() {

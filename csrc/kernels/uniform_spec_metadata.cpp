@@ -10,6 +10,7 @@
 
 using namespace AscendC;
 using vspec_kernel::kBufferNum;
+using vspec_kernel::UbBytes;
 
 class UniformSpecMetadata {
  public:
@@ -26,10 +27,10 @@ class UniformSpecMetadata {
     lens_gm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(seq_lens) + begin_);
     qsl_gm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(query_start_loc));
     pos_gm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(positions) + begin_ * width_);
-    pipe_.InitBuffer(lens_in_, kBufferNum, tile_rows * sizeof(int32_t));
+    pipe_.InitBuffer(lens_in_, kBufferNum, UbBytes(tile_rows * sizeof(int32_t)));
     // One extra entry: core 0's first tile also carries query_start_loc[0].
-    pipe_.InitBuffer(qsl_out_, kBufferNum, (tile_rows + 1) * sizeof(int32_t));
-    pipe_.InitBuffer(pos_out_, kBufferNum, tile_rows * width_ * sizeof(int32_t));
+    pipe_.InitBuffer(qsl_out_, kBufferNum, UbBytes((tile_rows + 1) * sizeof(int32_t)));
+    pipe_.InitBuffer(pos_out_, kBufferNum, UbBytes(tile_rows * width_ * sizeof(int32_t)));
   }
 
   __aicore__ inline void Process() {

@@ -62,6 +62,9 @@ __aicore__ inline void WaitScalarWrites() {
   AscendC::WaitFlag<AscendC::HardEvent::S_MTE3>(id);
 }
 
+// UB buffers are allocated in whole 32-byte blocks.
+__aicore__ inline uint32_t UbBytes(uint32_t bytes) { return (bytes + 31) / 32 * 32; }
+
 // This core's rows: [begin, begin + rows), rows possibly 0 for trailing cores.
 struct RowRange {
   int32_t begin;
