@@ -365,8 +365,11 @@ def test_default_settings_stop_speculating_with_a_draft_that_never_agrees(
         prompts, reference, random_draft, tmp_path):
     # Default vspec settings (the table names only a trace file) and vspec's
     # worker, as `vllm-vspec serve` runs them: gamma 0 is in the default
-    # range, so the server ends up not speculating. The prompts run twice
-    # at batch 16: a warm-up sweep, then the steady state.
+    # range, so the server ends up not speculating. The prompts run five
+    # times at batch 16 (about 240 steps): a warm-up sweep whose few samples
+    # a busy host may distort (a run on a loaded host held gamma 2 for 80
+    # steps), the re-measuring of arms left for two windows (128 steps),
+    # then the steady state, checked on the last run.
     from vllm_vspec.adapters.vllm.worker import CPU_WORKER_CLS
 
     spec = {**DRAFT_MODEL, "model": str(random_draft)}
@@ -374,18 +377,19 @@ def test_default_settings_stop_speculating_with_a_draft_that_never_agrees(
     llm = make_llm(speculative_config=spec, vspec={"trace_path": str(trace)},
                    worker_cls=CPU_WORKER_CLS)
     try:
-        first, again = greedy(llm, prompts), greedy(llm, prompts)
+        runs = [greedy(llm, prompts) for _ in range(5)]
         scheduler_of(llm).vspec.close()
     finally:
         close_llm(llm)
-    assert_same_tokens(first, reference, "default settings, random draft, first run")
-    assert_same_tokens(again, reference, "default settings, random draft, second run")
+    for i, got in enumerate(runs):
+        assert_same_tokens(got, reference, f"default settings, random draft, run {i + 1}")
     _, steps = read_trace(trace)
-    second = Counter(s["gamma"] for s in steps[len(steps) // 2:])
+    last = Counter(s["gamma"] for s in steps[4 * len(steps) // 5:])
     # Most, not all: at gamma 0 no acceptance is measured, so the policy
     # probes gamma 1 now and then (up to 4 of every 20 steps by default).
-    assert second[0] > 0.5 * sum(second.values()), \
-        f"steps per gamma in the second run with a random draft: {dict(second)}"
+    assert last[0] > 0.5 * sum(last.values()), \
+        f"steps per gamma in the last run with a random draft: {dict(last)} (all steps: " \
+        f"{dict(Counter(s['gamma'] for s in steps))})"
 
 
 @pytest.mark.parametrize("bad, key", [
