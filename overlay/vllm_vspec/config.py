@@ -265,14 +265,14 @@ class VSpecConfig:
     the tokens the target committed per request (its argmax for greedy
     requests); `vllm-vspec active-vocab` builds an active vocabulary from it."""
 
-    refill_batch: int = 0
+    refill_batch: int = ranged(0, 0)
     """Refill holding: while a batch is decoding, admit new requests only once
     this many wait (or as many as there are free slots), so their prefills
     share one step instead of each slowing its own decode step. 0 (the
     default) turns it off. Preempted requests and an idle engine are never
     held."""
 
-    refill_max_wait_steps: int = 16
+    refill_max_wait_steps: int = ranged(16, 1)
     """Refill holding: a waiting request is admitted after at most this many
     scheduler steps, however few others wait."""
 
@@ -352,8 +352,6 @@ class VSpecConfig:
                       LM_HEAD_QUANTIZATIONS)
         _check_int("draft_lm_head_quant_group_size", self.draft_lm_head_quant_group_size, 0)
         _check_int("draft_active_vocab_size", self.draft_active_vocab_size, 0)
-        _check_int("refill_batch", self.refill_batch, 0)
-        _check_int("refill_max_wait_steps", self.refill_max_wait_steps, 1)
         if self.draft_active_vocab_size and not self.draft_active_vocab_ids:
             raise VSpecConfigError("draft_active_vocab_size", self.draft_active_vocab_size,
                                    "0 unless draft_active_vocab_ids names an ids file")
