@@ -288,7 +288,7 @@ class OnlinePolicy:
         # estimate, with no probes, would never be re-measured, and at gamma 0
         # the acceptance that drives every other estimate is not measured
         # either: a frozen tie that held batch 1 at gamma 0 for 300 steps in
-        # a bench run (docs/benchmarks.md, "A frozen tie at gamma 0").
+        # a bench run (docs/benchmarks-log.md, "A frozen tie at gamma 0").
         if (self.governor.exploring(bucket)
                 or means.get(cur, 0.0) * (1.0 + self.config.hysteresis) < r_max):
             return out
