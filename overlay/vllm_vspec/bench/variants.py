@@ -20,8 +20,8 @@ from vllm_vspec import wiring
 MAX_GAMMA = 4
 
 # vLLM's static batch-size table (`num_speculative_tokens_per_batch_size`,
-# inclusive batch ranges -> K), set from what design.md section 7 measured on
-# this kind of CPU: K=4 best at batch 1, K=2 about even at batch 16.
+# inclusive batch ranges -> K), set from what a prototype pair measured on
+# this kind of CPU (docs/models.md): K=4 best at batch 1, K=2 about even at batch 16.
 DEFAULT_STATIC_TABLE: list[list[int]] = [[1, 2, 4], [3, 8, 3], [9, 24, 2], [25, 1024, 1]]
 
 
