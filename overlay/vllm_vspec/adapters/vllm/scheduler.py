@@ -39,6 +39,7 @@ from vllm_vspec.wiring import gamma0_mode, resolve
 # other name (e.g. plain __name__, "vllm_vspec....") would be dropped.
 logger = init_logger(f"vllm.{__name__}")
 
+
 class VSpecScheduler(Scheduler):
     """vLLM Scheduler whose draft length is decided every step."""
 
