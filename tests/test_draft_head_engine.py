@@ -166,7 +166,9 @@ def test_sampled_request_falls_back_to_the_full_head(mixed_batch, prompts):
 # min_gamma 0 and one sampled request added to the 16 greedy ones, 14 of the
 # greedy requests differ from target-only from token ~30 on (runs of token 0),
 # and exactly the same without any draft-head or trace key, and with
-# gamma0_mode sync: the cause is outside the draft head. Strict: passes once fixed.
+# gamma0_mode sync; with 15 greedy + 1 sampled (no request waiting) all 15
+# differ: the sampled request is the trigger, the cause is outside the draft
+# head. Strict: passes once fixed.
 @pytest.mark.xfail(strict=True, reason="greedy requests beside a sampled one are not exact "
                    "with draft_model (independent of the draft head; see comment)")
 def test_greedy_requests_beside_a_sampled_one_are_exact(mixed_batch, reference):
