@@ -50,25 +50,16 @@ def test_the_seed_presets_and_the_tiny_presets_exist():
 def test_a_wheel_carries_the_presets(tmp_path):
     """`serve --preset` reads the package's `_configs`: in a checkout a link
     to configs/, in a wheel its files as package data."""
-    import shutil
-    import subprocess
     import sys
     import zipfile
 
     repo = Path(__file__).resolve().parents[1]
     assert sorted(presets.list_presets()) == sorted(p.stem for p in (repo / "configs").glob("*.toml"))
-    # Built from a copy (links kept as links), so the checkout gets no build/ or egg-info.
-    src = tmp_path / "src"
-    for rel in ("pyproject.toml", "README.md", "configs", "overlay/vllm_vspec"):
-        if (repo / rel).is_dir():
-            shutil.copytree(repo / rel, src / rel, symlinks=True,
-                            ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            (src / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(repo / rel, src / rel)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                    "--quiet", "-w", str(tmp_path), str(src)], check=True)
-    (wheel,) = tmp_path.glob("vllm_vspec-*.whl")
+    # Built from a copy (links kept as links), as the release audit builds it.
+    sys.path.insert(0, str(repo))
+    import release_check
+
+    wheel = release_check.build_wheel(release_check.copy_sources(tmp_path / "src"), tmp_path)
     names = zipfile.ZipFile(wheel).namelist()
     assert {f"vllm_vspec/_configs/{p}.toml" for p in PRESETS} <= set(names)
 
