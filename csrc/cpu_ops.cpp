@@ -33,14 +33,6 @@ void check_commit_accepted_args(const at::Tensor& sampled, const at::Tensor& dis
               " is not allowed: an integer in [1, ", INT32_MAX, "]");
 }
 
-void check_uniform_spec_metadata_args(const at::Tensor& seq_lens, int64_t gamma) {
-  TORCH_CHECK(gamma >= 0 && 1 + gamma <= kMaxVerifyWidth, "gamma=", gamma,
-              " is not allowed: an integer in [0, ", kMaxVerifyWidth - 1, "] (1 + gamma <= ",
-              kMaxVerifyWidth, ")");
-  TORCH_CHECK(seq_lens.dim() == 1 && seq_lens.scalar_type() == at::kInt,
-              "seq_lens must be int32 [B], got ", seq_lens.scalar_type(), " ", seq_lens.sizes());
-}
-
 void check_tree_commit_args(const at::Tensor& path, const at::Tensor& target_tokens,
                             const at::Tensor& slots, const at::Tensor& seq_lens) {
   TORCH_CHECK(path.dim() == 2 && path.scalar_type() == at::kInt,
@@ -89,23 +81,6 @@ std::tuple<at::Tensor, at::Tensor> commit_accepted_cpu(const at::Tensor& sampled
   return {num_valid, next_token};
 }
 
-std::tuple<at::Tensor, at::Tensor> uniform_spec_metadata_cpu(const at::Tensor& seq_lens,
-                                                             int64_t gamma) {
-  check_uniform_spec_metadata_args(seq_lens, gamma);
-  const int64_t batch = seq_lens.size(0);
-  const int64_t width = 1 + gamma;
-  auto lens = seq_lens.contiguous();
-  auto query_start_loc = at::empty({batch + 1}, lens.options());
-  auto positions = at::empty({batch * width}, lens.options());
-  const int32_t* in = lens.data_ptr<int32_t>();
-  int32_t* qsl = query_start_loc.data_ptr<int32_t>();
-  int32_t* pos = positions.data_ptr<int32_t>();
-  for (int64_t b = 0; b <= batch; ++b) qsl[b] = static_cast<int32_t>(b * width);
-  for (int64_t b = 0; b < batch; ++b)
-    for (int64_t j = 0; j < width; ++j) pos[b * width + j] = in[b] + static_cast<int32_t>(j);
-  return {query_start_loc, positions};
-}
-
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> tree_commit_cpu(
     const at::Tensor& path, const at::Tensor& target_tokens, const at::Tensor& slots,
     const at::Tensor& seq_lens) {
@@ -144,7 +119,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> tree_commit_cpu(
   return {new_seq_lens, next_token, src_slots, dst_slots};
 }
 
-// ATen composites of the three ops: what a backend without its own kernel
+// ATen composites of the ops: what a backend without its own kernel
 // runs (CUDA: registered below; not run on a GPU). Same checks, same
 // definitions as the loops above, written as tensor ops so they stay on the
 // device and never sync with the host.
@@ -168,16 +143,6 @@ std::tuple<at::Tensor, at::Tensor> commit_accepted_composite(const at::Tensor& s
   auto last = (num_valid - 1).clamp_min(0).to(at::kLong).unsqueeze(1);
   auto next_token = at::where(num_valid.gt(0), sampled.gather(1, last).squeeze(1), backup);
   return {num_valid, next_token};
-}
-
-std::tuple<at::Tensor, at::Tensor> uniform_spec_metadata_composite(const at::Tensor& seq_lens,
-                                                                   int64_t gamma) {
-  check_uniform_spec_metadata_args(seq_lens, gamma);
-  const int64_t width = 1 + gamma;
-  auto opts = seq_lens.options();
-  auto query_start_loc = at::arange(seq_lens.size(0) + 1, opts) * width;
-  auto positions = (seq_lens.unsqueeze(1) + at::arange(width, opts).unsqueeze(0)).reshape({-1});
-  return {query_start_loc, positions};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> tree_commit_composite(
@@ -208,19 +173,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> tree_commit_composite
 TORCH_LIBRARY(vspec, m) {
   m.def("commit_accepted(Tensor sampled, Tensor discard, Tensor backup, int vocab_size)"
         " -> (Tensor, Tensor)");
-  m.def("uniform_spec_metadata(Tensor seq_lens, int gamma) -> (Tensor, Tensor)");
   m.def("tree_commit(Tensor path, Tensor target_tokens, Tensor slots, Tensor seq_lens)"
         " -> (Tensor, Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(vspec, CPU, m) {
   m.impl("commit_accepted", &vspec::commit_accepted_cpu);
-  m.impl("uniform_spec_metadata", &vspec::uniform_spec_metadata_cpu);
   m.impl("tree_commit", &vspec::tree_commit_cpu);
 }
 
 TORCH_LIBRARY_IMPL(vspec, CUDA, m) {
   m.impl("commit_accepted", &vspec::commit_accepted_composite);
-  m.impl("uniform_spec_metadata", &vspec::uniform_spec_metadata_composite);
   m.impl("tree_commit", &vspec::tree_commit_composite);
 }

@@ -16,7 +16,6 @@
 
 #include "aclrtlaunch_vspec_commit_accepted.h"
 #include "aclrtlaunch_vspec_tree_commit.h"
-#include "aclrtlaunch_vspec_uniform_spec_metadata.h"
 #include "ops.h"
 #include "torch_npu/csrc/core/npu/NPUStream.h"
 
@@ -80,23 +79,6 @@ std::tuple<at::Tensor, at::Tensor> commit_accepted_npu(const at::Tensor& sampled
   return {num_valid, next_token};
 }
 
-std::tuple<at::Tensor, at::Tensor> uniform_spec_metadata_npu(const at::Tensor& seq_lens,
-                                                             int64_t gamma) {
-  check_uniform_spec_metadata_args(seq_lens, gamma);
-  const int64_t batch = seq_lens.size(0);
-  const int64_t width = 1 + gamma;
-  auto lens = seq_lens.contiguous();
-  auto query_start_loc = at::empty({batch + 1}, lens.options());
-  auto positions = at::empty({batch * width}, lens.options());
-  // Batch 0 still launches one core: query_start_loc = [0].
-  const Geometry g = geometry(lens, batch, 4 + 4 + width * 4);
-  ACLRT_LAUNCH_KERNEL(vspec_uniform_spec_metadata)
-  (g.blocks, c10_npu::getCurrentNPUStream().stream(), lens.data_ptr(),
-   query_start_loc.data_ptr(), positions.data_ptr(), static_cast<int32_t>(batch),
-   static_cast<int32_t>(gamma), g.rows_per_core, g.tile_rows);
-  return {query_start_loc, positions};
-}
-
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> tree_commit_npu(
     const at::Tensor& path, const at::Tensor& target_tokens, const at::Tensor& slots,
     const at::Tensor& seq_lens) {
@@ -128,6 +110,5 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> tree_commit_npu(
 
 TORCH_LIBRARY_IMPL(vspec, PrivateUse1, m) {
   m.impl("commit_accepted", &vspec::commit_accepted_npu);
-  m.impl("uniform_spec_metadata", &vspec::uniform_spec_metadata_npu);
   m.impl("tree_commit", &vspec::tree_commit_npu);
 }

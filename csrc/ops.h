@@ -34,17 +34,6 @@
 //   nothing and continues from its backup token, the hosts' own rule.
 //   Outputs are int32 [B].
 //
-// vspec::uniform_spec_metadata(Tensor seq_lens, int gamma)
-//       -> (Tensor query_start_loc, Tensor positions)
-//   Verification metadata of a uniform decode step where every request
-//   verifies 1 + gamma tokens (its last committed token and gamma drafts):
-//     query_start_loc[b] = b * (1 + gamma),             b in [0, B]
-//     positions[b * (1 + gamma) + j] = seq_lens[b] + j, j in [0, gamma]
-//   seq_lens: int32 [B], tokens already in the KV cache of request b;
-//   0 <= gamma and 1 + gamma <= kMaxVerifyWidth (FIA verifies at most 16
-//   query tokens a request). Outputs are int32. Not on the serving path yet
-//   (docs/ascend.md says why).
-//
 // vspec::tree_commit(Tensor path, Tensor target_tokens, Tensor slots,
 //                    Tensor seq_lens)
 //       -> (Tensor new_seq_lens, Tensor next_token, Tensor src_slots,
@@ -79,8 +68,6 @@
 
 namespace vspec {
 
-// FIA (the NPU's verification attention) takes at most 16 query tokens a request.
-constexpr int64_t kMaxVerifyWidth = 16;
 // Widest sampled row / deepest accepted path the commit ops take; it bounds
 // one row's footprint in the NPU kernels' on-chip tiles (64 x 8 bytes).
 constexpr int64_t kMaxCommitWidth = 64;
@@ -92,9 +79,6 @@ std::tuple<at::Tensor, at::Tensor> commit_accepted_cpu(const at::Tensor& sampled
                                                        const at::Tensor& backup,
                                                        int64_t vocab_size);
 
-std::tuple<at::Tensor, at::Tensor> uniform_spec_metadata_cpu(const at::Tensor& seq_lens,
-                                                             int64_t gamma);
-
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> tree_commit_cpu(
     const at::Tensor& path, const at::Tensor& target_tokens, const at::Tensor& slots,
     const at::Tensor& seq_lens);
@@ -103,7 +87,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> tree_commit_cpu(
 // value and what is allowed.
 void check_commit_accepted_args(const at::Tensor& sampled, const at::Tensor& discard,
                                 const at::Tensor& backup, int64_t vocab_size);
-void check_uniform_spec_metadata_args(const at::Tensor& seq_lens, int64_t gamma);
 void check_tree_commit_args(const at::Tensor& path, const at::Tensor& target_tokens,
                             const at::Tensor& slots, const at::Tensor& seq_lens);
 

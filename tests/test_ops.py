@@ -63,13 +63,6 @@ def ref_commit_accepted(sampled, discard, backup, vocab_size):
     return [torch.tensor(num_valid, dtype=torch.int32), torch.tensor(next_token, dtype=torch.int32)]
 
 
-def ref_uniform_spec_metadata(seq_lens, gamma):
-    width = 1 + gamma
-    lens = seq_lens.tolist()
-    return [torch.tensor([b * width for b in range(len(lens) + 1)], dtype=torch.int32),
-            torch.tensor([s + j for s in lens for j in range(width)], dtype=torch.int32)]
-
-
 def ref_tree_commit(path, target_tokens, slots, seq_lens):
     nodes = target_tokens.shape[1]
     new_lens, next_token, src, dst = [], [], [], []
@@ -175,18 +168,6 @@ def test_a_row_that_commits_nothing_continues_from_its_backup_token(vspec):
     assert next_token.tolist() == [4, 11, 12, 13]
 
 
-# ------------------------------------------------------------ uniform_spec_metadata
-@pytest.mark.parametrize("backend", BACKENDS)
-@settings(max_examples=40, deadline=None)
-@given(lens=st.lists(st.integers(0, 10_000), max_size=9), gamma=st.integers(0, 15))
-@example(lens=[], gamma=0)
-@example(lens=[7], gamma=0)
-def test_uniform_spec_metadata_matches_the_reference(vspec, backend, lens, gamma):
-    seq_lens = torch.tensor(lens, dtype=torch.int32)
-    check(backend, run("uniform_spec_metadata", backend, seq_lens, gamma),
-          ref_uniform_spec_metadata(seq_lens, gamma))
-
-
 # ------------------------------------------------------------ tree_commit
 @pytest.mark.parametrize("backend", BACKENDS)
 @settings(max_examples=60, deadline=None)
@@ -212,13 +193,12 @@ def test_tree_commit_moves_the_accepted_path_into_place(vspec):
 
 # ------------------------------------------------------------ captured graphs
 def test_the_ops_sit_inside_one_captured_graph(vspec):
-    """torch.compile traces all three ops with fake tensors (fullgraph: no
-    graph break) and the compiled function gives the eager results."""
+    """torch.compile traces every op with fake tensors (fullgraph: no graph
+    break) and the compiled function gives the eager results."""
     def step(sampled, discard, backup, seq_lens, path, tokens, slots):
         num_valid, next_token = torch.ops.vspec.commit_accepted(sampled, discard, backup, VOCAB)
-        qsl, positions = torch.ops.vspec.uniform_spec_metadata(seq_lens + num_valid, 2)
-        return (num_valid, next_token, qsl, positions,
-                *torch.ops.vspec.tree_commit(path, tokens, slots, seq_lens))
+        return (num_valid, next_token,
+                *torch.ops.vspec.tree_commit(path, tokens, slots, seq_lens + num_valid))
 
     args = (torch.tensor([[3, 4, -1], [-1, -1, -1]], dtype=torch.int32),
             torch.tensor([False, False]), torch.tensor([7, 8], dtype=torch.int32),
@@ -250,12 +230,6 @@ BAD_ARGUMENTS = [
     ("commit_accepted", "vocab_size=0 is not allowed",
      (torch.zeros((1, 3), dtype=torch.int32), torch.tensor([False]),
       torch.zeros(1, dtype=torch.int32), 0)),
-    ("uniform_spec_metadata", r"gamma=16 is not allowed: an integer in \[0, 15\]",
-     (torch.tensor([1], dtype=torch.int32), 16)),
-    ("uniform_spec_metadata", "gamma=-1 is not allowed",
-     (torch.tensor([1], dtype=torch.int32), -1)),
-    ("uniform_spec_metadata", "seq_lens must be int32",
-     (torch.tensor([1], dtype=torch.int64), 2)),
     ("tree_commit", "path must be int32",
      (torch.zeros((1, 2), dtype=torch.int64), torch.zeros((1, 3), dtype=torch.int32),
       torch.zeros((1, 3), dtype=torch.int64), torch.zeros(1, dtype=torch.int32))),
@@ -281,6 +255,15 @@ BAD_ARGUMENTS = [
 def test_every_backend_refuses_the_same_arguments(vspec, backend, op, message, args):
     with pytest.raises(RuntimeError, match=message):
         run(op, backend, *args)
+
+
+def test_the_library_registers_exactly_the_ops_that_have_a_fake(vspec):
+    """Every op the C++ library defines has a Meta implementation, and no
+    fake outlives its op (an op without a serving call site is dropped with
+    its fake: docs/ascend.md, "Custom ops")."""
+    defined = {name for name in torch._C._dispatch_get_all_op_names()
+               if name.startswith("vspec::")}
+    assert defined == set(ops.FAKES), defined ^ set(ops.FAKES)
 
 
 def test_a_missing_library_names_the_make_command(monkeypatch, tmp_path):

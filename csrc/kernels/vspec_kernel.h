@@ -1,4 +1,4 @@
-// What the three vspec AscendC kernels share (not yet compiled or run on NPU).
+// What the vspec AscendC kernels share (not yet compiled or run on NPU).
 //
 // Layout of the work: requests (rows) are split over the launched AI vector
 // cores in contiguous ranges of `rows_per_core`, a multiple of kRowAlign

@@ -86,7 +86,6 @@ def loaded_from() -> Path | None:
 # makes the kernels' metadata checks (cpu_ops.cpp check_*: dtype, shape and
 # integer arguments, never values), so a captured graph refuses what the
 # kernels would refuse.
-MAX_VERIFY_WIDTH = 16   # ops.h kMaxVerifyWidth
 MAX_COMMIT_WIDTH = 64   # ops.h kMaxCommitWidth
 MAX_TREE_NODES = 1024   # ops.h kMaxTreeNodes
 INT32_MAX = 2**31 - 1
@@ -120,16 +119,6 @@ def _fake_commit_accepted(sampled, discard, backup, vocab_size):
     return sampled.new_empty(batch), sampled.new_empty(batch)
 
 
-def _fake_uniform_spec_metadata(seq_lens, gamma):
-    _check(0 <= gamma and 1 + gamma <= MAX_VERIFY_WIDTH,
-           f"gamma={gamma} is not allowed: an integer in [0, {MAX_VERIFY_WIDTH - 1}] "
-           f"(1 + gamma <= {MAX_VERIFY_WIDTH})")
-    _check(seq_lens.dim() == 1 and seq_lens.dtype == torch.int32,
-           f"seq_lens must be int32 [B], got {seq_lens.dtype} {list(seq_lens.shape)}")
-    batch = seq_lens.shape[0]
-    return seq_lens.new_empty(batch + 1), seq_lens.new_empty(batch * (1 + gamma))
-
-
 def _fake_tree_commit(path, target_tokens, slots, seq_lens):
     _check(path.dim() == 2 and path.dtype == torch.int32,
            f"path must be int32 [B, D], got {path.dtype} {list(path.shape)}")
@@ -151,7 +140,6 @@ def _fake_tree_commit(path, target_tokens, slots, seq_lens):
 
 FAKES = {
     "vspec::commit_accepted": _fake_commit_accepted,
-    "vspec::uniform_spec_metadata": _fake_uniform_spec_metadata,
     "vspec::tree_commit": _fake_tree_commit,
 }
 
