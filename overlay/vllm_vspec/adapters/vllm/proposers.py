@@ -14,38 +14,30 @@
   full head, so strict acceptance stays exact.
 - The diagnostics traces (diagnostics.py): per drafter step, draft tokens,
   draft forward inputs/outputs, target hidden states and committed tokens.
+- Tree drafting for EAGLE (tree_proposer.py, `propose_tree`).
 
 PROPOSERS maps vLLM's proposer class to ours.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import time
-
 import numpy as np
 import torch
 
-from vllm.forward_context import set_forward_context
 from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.sample.sampler import _SAMPLING_EPS
 from vllm.v1.spec_decode.draft_model import DraftModelProposer
 from vllm.v1.spec_decode.eagle import EagleProposer
 
 from vllm_vspec.adapters.vllm.commit_op import CommitOpMixin
+from vllm_vspec.adapters.vllm.drafter_batch import drafter_batch, run_pass
+from vllm_vspec.adapters.vllm.tree_proposer import TreeDraftMixin
 from vllm_vspec.config import VSpecConfig, VSpecConfigError
-from vllm_vspec.diagnostics import TraceOptions, Tracer
-from vllm_vspec.draft_head import DraftHead, draft_head_for, drafter_features
+from vllm_vspec.diagnostics import DrafterTraces, TraceOptions
+from vllm_vspec.draft_head import (DraftHead, draft_head_for, drafter_features, pure_greedy,
+                                   refuse_head, wants_head)
 from vllm_vspec.draft_lag import Segment, catch_up_passes
 from vllm_vspec.entropy import EntropyStop
-
-
-def pure_greedy(sampling_metadata) -> bool:
-    """The whole batch is temperature 0 without logprobs, penalties or token
-    masks: the premise under which an active vocabulary was collected."""
-    m = sampling_metadata
-    return (m.all_greedy and m.max_num_logprobs is None and m.no_penalties
-            and m.allowed_token_ids_mask is None and not m.bad_words_token_ids)
 
 
 class DraftHeadMixin:
@@ -62,13 +54,11 @@ class DraftHeadMixin:
         self._pure_greedy = False
         if head_config is None:
             return
-        key = _head_key(head_config)
         if self.use_local_argmax_reduction or getattr(self, "use_heterogeneous_vocab", False):
-            raise VSpecConfigError(key, getattr(head_config, key), "not with local argmax "
-                                   "reduction or a heterogeneous draft vocabulary")
+            refuse_head(head_config, "not with local argmax reduction or a heterogeneous "
+                        "draft vocabulary")
         if self.vllm_config.parallel_config.tensor_parallel_size != 1:
-            raise VSpecConfigError(key, getattr(head_config, key),
-                                   "only with tensor_parallel_size 1 (the head is not sharded)")
+            refuse_head(head_config, "only with tensor_parallel_size 1 (the head is not sharded)")
 
     # extends SpecDecodeBaseProposer.load_model: the drafter's LM head exists
     # only now (EAGLE: the target's, shared inside load_model).
@@ -87,8 +77,7 @@ class DraftHeadMixin:
     @property
     def head_in_use(self) -> str:
         """`active` when this step drafts from the active vocabulary, else `full`."""
-        head = self.draft_head
-        return "active" if head and head.active_ids is not None and self._pure_greedy else "full"
+        return "full" if self.draft_head is None else self.draft_head.name(self._pure_greedy)
 
     def _draft_logits(self, hidden_states: torch.Tensor
                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -105,11 +94,6 @@ class DraftHeadMixin:
             return super()._greedy_sample(hidden_states)
         logits, ids = self._draft_logits(hidden_states)
         return DraftHead.to_full_ids(logits.argmax(dim=-1), ids)
-
-
-def _head_key(cfg: VSpecConfig) -> str:
-    return ("draft_active_vocab_ids" if cfg.draft_active_vocab_ids
-            else "draft_lm_head_quantization")
 
 
 class EntropyStopMixin:
@@ -203,69 +187,35 @@ class CatchUpMixin:
         pos = self.positions[:n]
         slots = (block_table[local_row, pos // self.block_size].long() * self.block_size
                  + pos % self.block_size)
-        query_start_cpu = torch.zeros(len(part) + 1, dtype=torch.int32)
-        query_start_cpu[1:] = torch.cumsum(lengths_cpu, 0)
         seq_lens_cpu = torch.tensor([end for _, _, end in part], dtype=torch.int32)
         # A prefill-shaped batch: each row attends causally to [0, end).
-        part_cad = dataclasses.replace(
-            cad, query_start_loc=query_start_cpu.to(device),
-            query_start_loc_cpu=query_start_cpu, seq_lens=seq_lens_cpu.to(device),
-            num_reqs=len(part), num_actual_tokens=n, max_query_len=max(lengths),
-            max_seq_len=int(seq_lens_cpu.max()), block_table_tensor=block_table,
-            slot_mapping=slots, causal=True, positions=None,
-            is_prefilling=(None if cad.is_prefilling is None else
-                           torch.ones(len(part), dtype=torch.bool, device=device)),
-            seq_lens_cpu_upper_bound=seq_lens_cpu, req_idx=None,
-            logits_indices_padded=None, num_logits_indices=None, max_logits_per_req=None,
-            dcp_local_seq_lens=None, dcp_local_seq_lens_cpu_upper_bound=None,
-            _num_computed_tokens_cache=None, _token_to_req_indices_cache=None)
-        _, per_layer = self.build_per_group_and_layer_attn_metadata(part_cad)
-        mode, n_padded, n_across_dp = self._determine_batch_execution_and_padding(n)
-        model_kwargs, slot_count = self.build_model_inputs_first_pass(n, n_padded, None)
-        with set_forward_context(per_layer, self.vllm_config, num_tokens=n_padded,
-                                 num_tokens_across_dp=n_across_dp,
-                                 cudagraph_runtime_mode=mode,
-                                 slot_mapping=self._get_slot_mapping(slot_count, slots)):
-            self.model(**model_kwargs)
+        part_cad = drafter_batch(cad, query_lens=lengths_cpu, seq_lens=seq_lens_cpu,
+                                 block_table=block_table, slots=slots, prefilling=True)
+        run_pass(self, part_cad, n, slots)
 
 
 class TraceMixin:
-    """Writes the diagnostics traces (diagnostics.py) of each drafter step."""
+    """Writes the diagnostics traces of each drafter step (diagnostics.DrafterTraces)."""
 
-    # extends SpecDecodeBaseProposer.__init__: keeps the runner (for the
-    # batch's request ids) and opens the traces.
+    # extends SpecDecodeBaseProposer.__init__: opens the traces (the runner
+    # names the batch's requests).
     def __init__(self, *args, traces: TraceOptions | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self._trace_runner = kwargs.get("runner")
-        self.tracer = Tracer(traces) if traces is not None and traces.any else None
-        self._sampled: list[list[int]] | None = None   # this step's committed tokens
-        self._passes: list[dict[str, torch.Tensor]] | None = None  # set inside propose
+        self.traces = DrafterTraces.open(traces, kwargs.get("runner"), _SAMPLING_EPS)
 
-    # extends SpecDecodeBaseProposer.load_model: with the IO trace on, a
-    # forward hook on the draft model records every pass made inside propose.
+    # extends SpecDecodeBaseProposer.load_model: the IO trace hooks the draft model.
     def load_model(self, *args, **kwargs) -> None:
         super().load_model(*args, **kwargs)
-        if self.tracer is not None and self.tracer.options.draft_io_trace_dir:
-            self.model.register_forward_hook(self._record_pass, with_kwargs=True)
-
-    def _record_pass(self, module, args, kwargs, output) -> None:
-        if self._passes is None:
-            return  # a dummy or catch-up pass, not a drafting step
-        i = len(self._passes)
-        rec = {f"pass{i}.{k}": kwargs[k] for k in ("input_ids", "positions", "hidden_states")
-               if kwargs.get(k) is not None}
-        rec[f"pass{i}.output"] = output[0] if isinstance(output, tuple) else output
-        self._passes.append({k: v.detach().to("cpu").clone() for k, v in rec.items()})
+        if self.traces is not None:
+            self.traces.watch(self.model)
 
     # extends SpecDecodeBaseProposer.prepare_next_token_ids_padded (the
-    # first drafter call of a step): starts the step, keeps its committed tokens.
+    # first drafter call of a step): starts the step with its committed tokens.
     def prepare_next_token_ids_padded(self, sampled_token_ids, requests, gpu_input_batch,
                                       discard_request_mask):
-        if self.tracer is not None:
-            self.tracer.begin_step()
+        if self.traces is not None:
             rows = sampled_token_ids.tolist()
-            discard = discard_request_mask[:len(rows)].tolist()
-            self._sampled = [[] if d else [t for t in r if t >= 0] for r, d in zip(rows, discard)]
+            self.traces.begin_step(rows, discard_request_mask[:len(rows)].tolist())
         return super().prepare_next_token_ids_padded(sampled_token_ids, requests,
                                                      gpu_input_batch, discard_request_mask)
 
@@ -273,59 +223,26 @@ class TraceMixin:
     # without a padded batch.
     def prepare_next_token_ids_cpu(self, sampled_token_ids, requests, gpu_input_batch,
                                    num_scheduled_tokens):
-        if self.tracer is not None:
-            self.tracer.begin_step()
-            self._sampled = [list(t) for t in sampled_token_ids]
+        if self.traces is not None:
+            self.traces.begin_step([list(t) for t in sampled_token_ids])
         return super().prepare_next_token_ids_cpu(sampled_token_ids, requests,
                                                   gpu_input_batch, num_scheduled_tokens)
 
     # extends SpecDecodeBaseProposer.propose: times the call and writes the
     # step's records. The runner passes every argument by keyword.
     def propose(self, *args, **kwargs) -> torch.Tensor:
-        if self.tracer is None:
+        if self.traces is None:
             return super().propose(*args, **kwargs)
-        tracer = self.tracer
-        self._passes = [] if tracer.options.draft_io_trace_dir else None
-        if tracer.options.target_hidden_trace_dir:
-            cad = kwargs["common_attn_metadata"]
-            hidden = {"token_ids": kwargs["target_token_ids"],
-                      "positions": kwargs["target_positions"],
-                      "hidden_states": kwargs["target_hidden_states"],
-                      "next_token_ids": kwargs["next_token_ids"],
-                      "query_start_loc": cad.query_start_loc[:cad.num_reqs + 1]}
-            if kwargs.get("num_rejected_tokens_gpu") is not None:
-                hidden["num_rejected_tokens"] = kwargs["num_rejected_tokens_gpu"]
-            tracer.target_hidden(hidden)
-        start = time.perf_counter()
-        try:
-            drafts = super().propose(*args, **kwargs)
-            if drafts.device.type != "cpu":
-                torch.accelerator.synchronize()
-            ms = (time.perf_counter() - start) * 1e3
-        finally:
-            passes, self._passes = self._passes, None
-        req_ids = list(self._trace_runner.input_batch.req_ids[:drafts.shape[0]])
-        tracer.draft(req_ids, drafts, ms, self.head_in_use)
-        if self._sampled is not None:
-            m = kwargs["sampling_metadata"]
-            temp = m.temperature
-            greedy = ([True] * len(req_ids) if m.all_greedy or temp is None
-                      else (temp[:len(req_ids)] < _SAMPLING_EPS).tolist())
-            tracer.target_argmax(req_ids, self._sampled[:len(req_ids)], greedy)
-            self._sampled = None
-        if passes is not None:
-            tensors = {k: v for rec in passes for k, v in rec.items()}
-            tensors["draft_token_ids"] = drafts
-            tracer.draft_io(tensors)
-        return drafts
+        return self.traces.propose(lambda: super(TraceMixin, self).propose(*args, **kwargs),
+                                   kwargs, lambda: self.head_in_use)
 
 
 # TraceMixin comes first: CommitOpMixin's prepare_next_token_ids_padded
 # replaces the host's without calling on, and the trace must see it.
-class VSpecEagleProposer(TraceMixin, CommitOpMixin, EntropyStopMixin, DraftHeadMixin,
-                         EagleProposer):
-    """vLLM's EagleProposer with the entropy stop, the draft head options and
-    the diagnostics traces."""
+class VSpecEagleProposer(TraceMixin, CommitOpMixin, EntropyStopMixin, TreeDraftMixin,
+                         DraftHeadMixin, EagleProposer):
+    """vLLM's EagleProposer with the entropy stop, tree drafting
+    (`propose_tree`), the draft head options and the diagnostics traces."""
 
 
 class VSpecDraftModelProposer(TraceMixin, CommitOpMixin, CatchUpMixin, EntropyStopMixin,
@@ -358,7 +275,7 @@ def vspec_proposer(host_drafter, vllm_config, device, runner, cfg: VSpecConfig,
         key = (proposer_features(cfg) or ["entropy_stop"])[0]
         raise VSpecConfigError(key, getattr(cfg, key), "only with speculative method "
                                f"draft_model or eagle (this engine drafts with {drafter})")
-    head = cfg.draft_active_vocab_ids or cfg.draft_lm_head_quantization != "none"
+    head = wants_head(cfg)
     return cls(vllm_config, device, runner=runner,
                entropy_stop=EntropyStop.from_config(cfg) if cfg.entropy_stop else None,
                head_config=cfg if head else None, traces=TraceOptions.from_config(cfg))
