@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_vspec import abi_check, cli
+from vllm_vspec import abi_check, cli, doctor, ops
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -292,3 +292,31 @@ def test_bad_vspec_settings_fail_naming_the_key(capsys):
     rc = cli.main(["doctor", "--additional-config", '{"vspec": {"policy": "magic"}}'])
     assert rc == 2
     assert "vspec.policy='magic'" in capsys.readouterr().err
+
+
+def ops_rows() -> tuple[dict, list[str]]:
+    """doctor's summary of the ops library and its table lines (no ABI check:
+    no hosts given)."""
+    result = {"summary": doctor.summary([], {}), "abi": [], "ok": True}
+    return result["summary"]["ops_library"], doctor._table(result, []).splitlines()
+
+
+def test_doctor_reports_the_ops_library_and_each_ops_backends():
+    lib, lines = ops_rows()
+    assert lib["loaded"] and lib["library"] == str(ops.loaded_from()), lib
+    assert lib["ops"] == {"commit_accepted": ["cpu", "cuda (ATen composite)", "meta (fake)"],
+                          "tree_commit": ["cpu", "cuda (ATen composite)", "meta (fake)"]}, lib
+    (header,) = [line for line in lines if line.startswith("vspec ops ")]
+    assert header.split(None, 2)[2] == f"{ops.loaded_from()} (loaded)", header
+    (row,) = [line for line in lines if line.startswith("  commit_accepted ")]
+    assert row.split(None, 1)[1] == "cpu, cuda (ATen composite), meta (fake)", row
+
+
+def test_doctor_names_a_missing_ops_library_and_where_it_looked(monkeypatch, tmp_path):
+    monkeypatch.setattr(ops, "_loaded", None)
+    monkeypatch.setattr(ops, "library_candidates", lambda: [tmp_path / ops.LIBRARY])
+    lib, lines = ops_rows()
+    assert (lib["library"], lib["loaded"], lib["ops"]) == (None, False, {})
+    assert str(tmp_path / ops.LIBRARY) in lib["error"] and "make ops" in lib["error"]
+    (header,) = [line for line in lines if line.startswith("vspec ops ")]
+    assert header.split(None, 2)[2].startswith("not loaded: libvspec_ops.so not found"), header

@@ -125,6 +125,8 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def summary(hosts: list[tuple[str, dict[str, Path]]], in_effect: dict[str, Any]) -> dict:
+    from vllm_vspec import ops  # imports torch: only when the summary is built
+
     return {
         "versions": {
             "python": sys.version.split()[0],
@@ -137,6 +139,7 @@ def summary(hosts: list[tuple[str, dict[str, Path]]], in_effect: dict[str, Any])
         "ascend_build": ascend_wheel.build_info(),
         "cann": os.environ.get("ASCEND_HOME_PATH") or os.environ.get("ASCEND_TOOLKIT_HOME")
         or "not found",
+        "ops_library": ops.status(),
         "features": features(hosts),
         "vspec_settings": in_effect,
     }
@@ -172,6 +175,10 @@ def _table(result: dict, reports: list[HostReport]) -> str:
     if info is not None:
         rows.append(("  kernels", info["kernels_statement"]))
     rows.append(("CANN", s["cann"]))
+    lib = s["ops_library"]
+    rows.append(("vspec ops", f"{lib['library']} (loaded)" if lib["loaded"] else
+                 f"not loaded: {lib['error']}"))
+    rows += [(f"  {name}", ", ".join(backends)) for name, backends in lib["ops"].items()]
     for label, feats in s["features"].items():
         rows.append((f"features: {label}", ""))
         rows += [(f"  {k}", "yes" if v else "no") for k, v in feats.items()]

@@ -81,6 +81,30 @@ def loaded_from() -> Path | None:
     return _loaded
 
 
+# Dispatch key -> what runs there (csrc/ops.h lists the backends).
+BACKENDS = {"CPU": "cpu", "CUDA": "cuda (ATen composite)",
+            "PrivateUse1": "npu (AscendC)", "Meta": "meta (fake)"}
+
+
+def status() -> dict[str, Any]:
+    """What `vllm-vspec doctor` reports: the library this process loads (or
+    why it cannot), and for each op the backends it has a kernel for. A
+    library that is found but fails to load (e.g. a CANN build whose NPU
+    runtime is missing) is reported with the loader's error, not raised."""
+    try:
+        load()
+    except OpsLibraryMissing as exc:
+        return {"library": None, "loaded": False, "error": str(exc), "ops": {}}
+    except OSError as exc:
+        found = next((p for p in library_candidates() if p.is_file()), None)
+        return {"library": str(found), "loaded": False, "error": f"{exc}", "ops": {}}
+    names = sorted(n for n in torch._C._dispatch_get_all_op_names() if n.startswith("vspec::"))
+    return {"library": str(_loaded), "loaded": True, "error": None,
+            "ops": {n.removeprefix("vspec::"): [
+                label for key, label in BACKENDS.items()
+                if torch._C._dispatch_has_kernel_for_dispatch_key(n, key)] for n in names}}
+
+
 # ------------------------------------------------------------------ fakes
 # One per op: the shapes and dtypes of csrc/ops.h, nothing computed. Each
 # makes the kernels' metadata checks (cpu_ops.cpp check_*: dtype, shape and
