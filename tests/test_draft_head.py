@@ -7,9 +7,10 @@ Spec:
   +-127.
 - Int8Linear computes exactly the dequantized formula: w8a16 is x @ deq(W).T,
   w8a8 is deq(q(x)) @ deq(W).T; torch's CPU int8 kernels and the portable
-  float formula agree.
-- DraftHead with active ids scores only those rows and its argmax maps back
-  to the full id, which is the full head's argmax restricted to the ids.
+  float formula agree, and the device's kernel comes from INT8_MATMULS.
+- DraftHead with active ids scores only those rows (kept sorted) and its
+  argmax maps back to the full id, which is the full head's argmax
+  restricted to the ids.
 - build_ids keeps specials first, then falling frequency (ties by id), and
   `size` ids in all; load_ids rejects files for another vocabulary, foreign
   formats and sizes beyond the file, naming the key.
@@ -30,7 +31,8 @@ import torch
 from conftest import TARGET
 from vllm_vspec import active_vocab, diagnostics
 from vllm_vspec.config import VSpecConfig, VSpecConfigError
-from vllm_vspec.draft_head import DraftHead, Int8Linear, dequantize_int8, quantize_int8
+from vllm_vspec.draft_head import (INT8_MATMULS, CpuInt8Matmul, DequantizedInt8Matmul,
+                                   DraftHead, Int8Linear, dequantize_int8, quantize_int8)
 
 
 @pytest.fixture
@@ -76,8 +78,8 @@ def test_cpu_int8_kernels_match_the_portable_formula(weight, mode):
     x = torch.randn(7, 64)
     bias = torch.randn(96)
     fast = Int8Linear(weight, bias, mode, 16)
-    portable = Int8Linear(weight, bias, mode, 16)
-    portable._fast = False
+    portable = Int8Linear(weight, bias, mode, 16, matmul=DequantizedInt8Matmul)
+    assert isinstance(fast.matmul, CpuInt8Matmul) and INT8_MATMULS["cpu"] is CpuInt8Matmul
     torch.testing.assert_close(fast(x), portable(x), rtol=1e-4, atol=1e-4)
 
 
@@ -86,7 +88,7 @@ def test_active_head_maps_its_argmax_back_to_full_ids(weight):
     ids = torch.tensor([90, 3, 41, 7, 64, 12])
     head = DraftHead(weight, active_ids=ids)
     logits, got_ids = head.logits(hidden, restricted=True)
-    assert logits.shape == (20, 6) and torch.equal(got_ids, ids)
+    assert logits.shape == (20, 6) and got_ids.tolist() == sorted(ids.tolist())
     full = hidden @ weight.T
     want = ids[full[:, ids].argmax(-1)]
     assert torch.equal(DraftHead.to_full_ids(logits.argmax(-1), got_ids), want)

@@ -32,6 +32,11 @@ never for throughput numbers (the engine logs a warning saying so).
 
 Every safetensors file carries metadata `{"format": "vspec-draft-io/1" or
 "vspec-target-hidden/1", "step": "N"}`.
+
+`DrafterTraces` records them for any host: the proposers of vspec's vLLM
+adapter (adapters/vllm/proposers.py) and of the Ascend overlay
+(vllm_ascend/vspec/proposers.py) only call it from the host methods they
+extend.
 """
 
 from __future__ import annotations
@@ -40,9 +45,10 @@ import argparse
 import collections
 import json
 import logging
+import time
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
@@ -138,6 +144,97 @@ class Tracer:
         save_file({k: _cpu(v) for k, v in tensors.items()},
                   str(Path(directory) / f"step-{self.step:06d}.safetensors"),
                   metadata={"format": fmt, "step": str(self.step)})
+
+
+class DrafterTraces:
+    """One drafter's traces, recorded from the host methods a proposer
+    extends (the same on vLLM 0.32 and vLLM-Ascend 0.23):
+
+    - `begin_step(rows, discard)` from the method that receives the step's
+      sampled tokens (prepare_next_token_ids_padded / _cpu): starts a step;
+    - `watch(model)` once the draft model is loaded (the IO trace's hook);
+    - `propose(call, kwargs, head)` around the propose call, whose keyword
+      arguments (`target_token_ids`, `target_positions`,
+      `target_hidden_states`, `next_token_ids`, `common_attn_metadata`,
+      `sampling_metadata`, `num_rejected_tokens_gpu`) both hosts name alike.
+
+    `runner.input_batch.req_ids` names the batch's rows; a request is greedy
+    when its temperature is below `greedy_eps` (the host sampler's)."""
+
+    def __init__(self, options: TraceOptions, runner: Any, greedy_eps: float) -> None:
+        self.tracer = Tracer(options)
+        self._runner = runner
+        self._greedy_eps = greedy_eps
+        self._sampled: list[list[int]] | None = None   # this step's committed tokens
+        self._passes: list[dict[str, torch.Tensor]] | None = None  # set inside propose
+
+    @classmethod
+    def open(cls, options: TraceOptions | None, runner: Any,
+             greedy_eps: float) -> "DrafterTraces | None":
+        """The traces `options` turns on, or None when none is."""
+        return cls(options, runner, greedy_eps) if options is not None and options.any else None
+
+    def watch(self, model: torch.nn.Module) -> None:
+        """With the IO trace on, record every forward pass of `model` made
+        inside `propose` (eager passes only: a graph replay bypasses hooks)."""
+        if self.tracer.options.draft_io_trace_dir:
+            model.register_forward_hook(self._record_pass, with_kwargs=True)
+
+    def _record_pass(self, module: Any, args: Any, kwargs: dict, output: Any) -> None:
+        if self._passes is None:
+            return  # a dummy or catch-up pass, not a drafting step
+        i = len(self._passes)
+        rec = {f"pass{i}.{k}": kwargs[k] for k in ("input_ids", "positions", "hidden_states")
+               if kwargs.get(k) is not None}
+        rec[f"pass{i}.output"] = output[0] if isinstance(output, tuple) else output
+        self._passes.append({k: _cpu(v) for k, v in rec.items()})
+
+    def begin_step(self, rows: list[list[int]], discard: list[bool] | None = None) -> None:
+        """Start a drafter step whose target committed `rows` (one list per
+        batch row; negative ids are padding), none for a `discard`ed row."""
+        self.tracer.begin_step()
+        discard = discard or [False] * len(rows)
+        self._sampled = [[] if d else [t for t in r if t >= 0] for r, d in zip(rows, discard)]
+
+    def propose(self, call: Callable[[], torch.Tensor], kwargs: Mapping[str, Any],
+                head: Callable[[], str]) -> torch.Tensor:
+        """Run the host's propose (`call`, given `kwargs`), timing it with the
+        device synchronised, and write the step's records; `head()` names the
+        head the step drafted from, once it has run."""
+        tracer = self.tracer
+        self._passes = [] if tracer.options.draft_io_trace_dir else None
+        if tracer.options.target_hidden_trace_dir:
+            cad = kwargs["common_attn_metadata"]
+            hidden = {"token_ids": kwargs["target_token_ids"],
+                      "positions": kwargs["target_positions"],
+                      "hidden_states": kwargs["target_hidden_states"],
+                      "next_token_ids": kwargs["next_token_ids"],
+                      "query_start_loc": cad.query_start_loc[:cad.num_reqs + 1]}
+            if kwargs.get("num_rejected_tokens_gpu") is not None:
+                hidden["num_rejected_tokens"] = kwargs["num_rejected_tokens_gpu"]
+            tracer.target_hidden(hidden)
+        start = time.perf_counter()
+        try:
+            drafts = call()
+            if drafts.device.type != "cpu":
+                torch.accelerator.synchronize()
+            ms = (time.perf_counter() - start) * 1e3
+        finally:
+            passes, self._passes = self._passes, None
+        req_ids = list(self._runner.input_batch.req_ids[:drafts.shape[0]])
+        tracer.draft(req_ids, drafts, ms, head())
+        if self._sampled is not None:
+            m = kwargs["sampling_metadata"]
+            temp = m.temperature
+            greedy = ([True] * len(req_ids) if m.all_greedy or temp is None
+                      else (temp[:len(req_ids)] < self._greedy_eps).tolist())
+            tracer.target_argmax(req_ids, self._sampled[:len(req_ids)], greedy)
+            self._sampled = None
+        if passes is not None:
+            tensors = {k: v for rec in passes for k, v in rec.items()}
+            tensors["draft_token_ids"] = drafts
+            tracer.draft_io(tensors)
+        return drafts
 
 
 # ------------------------------------------------------------------ reading
@@ -248,4 +345,4 @@ def _summarize_main(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["TraceOptions", "Tracer", "summarize", "greedy_token_counts", "read_jsonl"]
+__all__ = ["TraceOptions", "Tracer", "DrafterTraces", "summarize", "greedy_token_counts", "read_jsonl"]
