@@ -21,6 +21,28 @@ from vllm_vspec.ascend_wheel import log_kernel_state  # noqa: E402
 
 REGISTRATIONS.append(log_kernel_state)
 
+# The CPU attention backend with draft-tree masks (adapters/vllm/tree_attention.py).
+TREE_ATTENTION_BACKEND = "vllm_vspec.adapters.vllm.tree_attention.TreeCPUAttentionBackend"
+
+
+def register_tree_attention() -> None:
+    """Overrides CPU_ATTN through vLLM's registry on the CPU platform (the
+    only one that selects it; other hosts, vLLM-Ascend's pinned vLLM
+    included, are left alone). In every CPU process, whatever the engine's
+    settings: vLLM caches the backend class per process, so a per-engine
+    choice would depend on which engine a process built first; without a
+    tree the class runs host code only."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+
+    register_backend(AttentionBackendEnum.CPU_ATTN, TREE_ATTENTION_BACKEND)
+
+
+REGISTRATIONS.append(register_tree_attention)
+
 _done = False
 
 
