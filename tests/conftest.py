@@ -169,6 +169,20 @@ def random_draft(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def pin():
+    """The default vLLM-Ascend host pin (patches/hosts.toml), an
+    ascend_build.common.Pin."""
+    import sys
+
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    from ascend_build import common
+
+    default, pins = common.load_pins()
+    return pins[default]
+
+
 @pytest.fixture(scope="module")
 def prompts(code_prompts, prose_prompts) -> list[str]:
     """Eight code and eight prose held-out prompts: one batch of 16."""

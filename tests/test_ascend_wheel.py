@@ -33,12 +33,6 @@ CACHE = REPO / ".cache"
 
 
 @pytest.fixture(scope="module")
-def pin() -> common.Pin:
-    default, pins = common.load_pins()
-    return pins[default]
-
-
-@pytest.fixture(scope="module")
 def built(tmp_path_factory) -> tuple[Path, Path]:
     """(wheel, patched tree) of one full build."""
     work = tmp_path_factory.mktemp("work")

@@ -27,12 +27,6 @@ from ascend_build import retarget as rt  # noqa: E402
 CACHE = REPO / ".cache"
 
 
-@pytest.fixture(scope="module")
-def pin() -> common.Pin:
-    default, pins = common.load_pins()
-    return pins[default]
-
-
 @pytest.fixture
 def pins_copy(tmp_path) -> tuple[Path, Path]:
     """(hosts.toml, patches/vllm-ascend) copies a re-target may write into."""
