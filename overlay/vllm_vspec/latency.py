@@ -79,16 +79,24 @@ class LatencyProfile:
     note: str = ""
     derivation: tuple[str, ...] = field(default=())
 
-    def step_ms(self, gamma: int, batch: int, ctx: float) -> float:
+    def step_ms(self, gamma: int, batch: int, ctx: float, width: int = 1) -> float:
         """Predicted step time at gamma with `batch` requests and `ctx` batch
-        context tokens, drafting and verifying the same gamma."""
-        return self.split_step_ms(batch * (gamma + 1), gamma, batch, ctx)
+        context tokens, drafting and verifying the same gamma (trees of
+        `width`: gamma*width draft nodes per request)."""
+        return self.split_step_ms(batch * (gamma * width + 1), gamma, batch, ctx, width)
 
-    def split_step_ms(self, target_tokens: int, draft: int, batch: int, ctx: float) -> float:
+    def split_step_ms(self, target_tokens: int, draft: int, batch: int, ctx: float,
+                      width: int = 1) -> float:
         """Step time when the target runs `target_tokens` query tokens (each
         request's token plus the drafts proposed one step earlier) and the
-        draft proposes `draft` new tokens per request."""
-        drafting = sum(self.draft(ctx + i * batch, batch) for i in range(draft))
+        draft proposes `draft` new tokens per request, or a tree `draft`
+        deep and `width` wide: its first pass runs `batch` queries (each
+        request's root) and each further depth `batch * width` (the
+        frontier), over a context grown by every pass before
+        (docs/eagle-tree.md 4.4). Width 1 is the linear drafter."""
+        drafting = sum(self.draft(ctx + i * batch + max(i - 1, 0) * batch * (width - 1),
+                                  batch * width if i else batch)
+                       for i in range(draft))
         return drafting + self.target(ctx, target_tokens)
 
     def to_dict(self) -> dict:

@@ -25,6 +25,10 @@ class BatchState:
     num_reqs: int                  # decode requests scheduled this step (B)
     max_num_batched_tokens: int    # gamma g feasible iff num_reqs * (g + 1) <= this
     mean_context_len: float = 0.0
+    # False when a request of the batch rules a tree out (sampled, or
+    # context-dependent logits processing: docs/eagle-tree.md 4.2): the
+    # step's arms are width 1. Read only by tree arm spaces (arms.py).
+    tree_allowed: bool = True
 
 
 @dataclass(frozen=True)
@@ -33,16 +37,17 @@ class StepFeedback:
     its timing are not here: the controller decided the one and stamps the
     other on its own clock (GammaController.decide/observe)."""
 
-    drafted: tuple[int, ...]       # per request: draft tokens VERIFIED in this step (proposed with the previous decision)
-    accepted: tuple[int, ...]      # per request: of those, accepted
+    drafted: tuple[int, ...]       # per request: draft tokens VERIFIED in this step (proposed with the previous decision); a tree's depth
+    accepted: tuple[int, ...]      # per request: of those, accepted (a tree's accepted path length)
     committed: int                 # tokens committed this step over the batch
 
 
 @dataclass(frozen=True)
 class Decision:
-    gamma: int
+    gamma: int                     # draft depth (the draft length at width 1)
     bucket: int                    # batch-size bucket 2**ceil(log2 B)
     reason: str                    # short word: warmup / ucb / hold / hysteresis / fixed / profile / infeasible / ...
+    width: int = 1                 # tree width: gamma*width draft nodes (1: a linear draft)
 
 
 @dataclass(frozen=True)
@@ -55,7 +60,9 @@ class StepOutcome:
     bucket: int
     interval_s: float              # non-overlapping completion interval
     reward: float                  # committed tokens per second of that interval
-    stable: bool                   # verified and proposed drafts used the same gamma
+    stable: bool                   # verified and proposed drafts used the same arm (gamma, width)
+    width: int = 1                 # the decision's tree width (with `gamma`, its arm)
+    verified_width: int = 1        # tree width of the drafts VERIFIED in this step (the previous decision's)
 
 
 def bucket_of(num_reqs: int) -> int:

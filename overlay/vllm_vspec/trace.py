@@ -5,14 +5,19 @@ the step's output is processed, joining the decision taken when it was
 scheduled with what it produced:
 
     {"schema": "vllm-vspec/trace", "version": 1, "policy": ..., "min_gamma": ...,
-     "max_gamma": ..., "num_speculative_tokens": ...}
+     "max_gamma": ..., "num_speculative_tokens": ..., "min_width": 1, "max_width": 1}
     {"step": 12, "num_reqs": 16, "bucket": 16, "mean_context_len": 310.0,
-     "gamma": 3, "reason": "ucb", "drafted": [3, ...], "accepted": [2, ...],
+     "gamma": 3, "width": 1, "reason": "ucb", "drafted": [3, ...], "accepted": [2, ...],
      "committed": 41, "interval_s": 0.0123, "stable": true, "reward": 3333.3,
      "overhead_us": 85.2}
 
-`drafted`/`accepted` are per request (drafts verified in this step, proposed
-one step earlier). `overhead_us` is the controller's cost of the step
+`gamma` and `width` are the step's decision: trees of depth gamma and
+`width` nodes per depth (gamma*width draft nodes per request; width 1 is a
+linear draft). Traces written before widths existed have no `width` (nor
+the header's `min_width`/`max_width`): read it as 1. `drafted`/`accepted`
+are per request (drafts verified in this step, proposed one step earlier,
+so with the previous step's width; for a tree: its depth and the accepted
+path's length). `overhead_us` is the controller's cost of the step
 (decide + observe + the adapter's bookkeeping, wall clock). The simulator replays these files (`vllm-vspec sim
 --trace FILE`), so the format is versioned and read back by `read_trace`.
 """

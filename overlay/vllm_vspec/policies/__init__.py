@@ -1,14 +1,16 @@
 """Gamma policies behind one small interface, chosen by `config.policy`.
 
-A policy scores gammas; the controller (controller.py) does the shared work
+A policy scores arms; the controller (controller.py) does the shared work
 around it (feasible range, bucket, reward, stability, summary, trace).
 
-    decide(batch, bucket, lo, hi, previous) -> (gamma, reason)   # lo <= gamma <= hi
+    decide(batch, bucket, lo, hi, previous) -> (arm, reason)   # lo <= gamma <= hi
     observe(outcome: StepOutcome) -> None
 
-`previous` is the controller's decision in force before this one (any
-bucket; None before the first): the controller owns it, a policy keeps no
-copy. The step types come from the leaf module steps.py, never from
+An arm is one of the policy's arm space (arms.py): a gamma at width 1 (the
+default), a (gamma, width) tree otherwise; `space.arms(batch, lo, hi)` are
+the step's feasible ones. `previous` is the controller's decision in force
+before this one, as an arm (any bucket; None before the first): the
+controller owns it, a policy keeps no copy. The step types come from the leaf module steps.py, never from
 controller.py (which imports this package).
 """
 
@@ -18,13 +20,14 @@ import importlib
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from vllm_vspec.arms import Arm
     from vllm_vspec.config import VSpecConfig
     from vllm_vspec.steps import BatchState, StepOutcome
 
 
 class Policy(Protocol):
     def decide(self, batch: "BatchState", bucket: int, lo: int, hi: int,
-               previous: int | None) -> tuple[int, str]: ...
+               previous: "Arm | None") -> tuple["Arm", str]: ...
 
     def observe(self, outcome: "StepOutcome") -> None: ...
 
@@ -38,7 +41,8 @@ REGISTRY: dict[str, str] = {
 }
 
 
-def make_policy(config: "VSpecConfig") -> Policy:
-    """Build the policy named by config.policy (config already validated)."""
+def make_policy(config: "VSpecConfig", space=None) -> Policy:
+    """Build the policy named by config.policy (config already validated)
+    over the arm space `space` (default: gammas at width 1)."""
     module, cls = REGISTRY[config.policy].split(":")
-    return getattr(importlib.import_module(module), cls)(config)
+    return getattr(importlib.import_module(module), cls)(config, space=space)

@@ -52,6 +52,15 @@ downwards from max gamma otherwise; from the SWEEP_MIN_ARMS-th arm on, the
 sweep stops once an arm scores SWEEP_STOP_MARGIN below the best so far
 (past the peak, the rest are extrapolated), then starts from the best (or
 the incumbent).
+
+Tree arms (arms.py `TreeArms`, when the controller is given a max width
+above 1): everything above runs over (gamma, width) arms. E(gamma, width)
+comes from the acceptance of that width's trees (per depth, pooled over the
+width's arms); step time is extrapolated along one line in gamma per width
+(gamma 0, which has no tree, lies on every width's line); the sweep takes
+the narrowest width's arms first (gamma 0 with them), then each wider
+width's, and stops a width's sweep past its own peak; the probed neighbours
+of an arm are one depth or one width away.
 """
 
 from __future__ import annotations
@@ -59,7 +68,7 @@ from __future__ import annotations
 import math
 from collections import deque
 
-from vllm_vspec.acceptance_stats import PositionAcceptance, expected_tokens_all
+from vllm_vspec.arms import Arm, GammaArms, WidthAcceptance, nearest, on_line
 from vllm_vspec.config import VSpecConfig
 from vllm_vspec.policies.governor import Governor
 from vllm_vspec.steps import nearest_bucket
@@ -100,7 +109,8 @@ class _Arms:
     """Per-arm windows of requests/s samples in one bucket, plus an optional
     seed: the relative speed of each arm in the bucket it was seeded from."""
 
-    def __init__(self, window: int, probe_interval: int, incumbent: int | None):
+    def __init__(self, window: int, probe_interval: int, incumbent: Arm | None, space=None):
+        self.space = GammaArms() if space is None else space
         self.window = window
         self.probe_interval = probe_interval
         self.rate: dict[int, deque[float]] = {}
@@ -132,43 +142,56 @@ class _Arms:
     def own_means(self) -> dict[int, float]:
         return {g: sum(r) / len(r) for g, r in self.rate.items() if r}
 
-    def means(self, lo: int, hi: int) -> dict[int, float]:
-        """Requests/s per arm of [lo, hi]: measured here, else the seed's
-        relative speed scaled by this bucket's own measurement of the
-        reference arm (a bigger batch runs every arm faster; the ranking is
-        what carries), else extrapolated (module docstring)."""
+    def means(self, lo: int, hi: int, arms=None) -> dict[Arm, float]:
+        """Requests/s per arm of `arms` (default the gammas lo..hi): measured
+        here, else the seed's relative speed scaled by this bucket's own
+        measurement of the reference arm (a bigger batch runs every arm
+        faster; the ranking is what carries), else extrapolated along its
+        width's line (module docstring)."""
+        space = self.space
+        arms = range(lo, hi + 1) if arms is None else arms
         own = self.own_means()
         out = dict(own)
         if self.seed_ref in own:
             for g, (relative, _n) in self.seed.items():
                 out.setdefault(g, own[self.seed_ref] * relative)
-        if len(own) >= 2:
-            seconds = _line({g: 1.0 / r for g, r in own.items() if r > 0})
-            for g in range(lo, hi + 1):
-                if g not in out and seconds is not None and seconds(g) > 0:
-                    out[g] = 1.0 / seconds(g)
-        return {g: r for g, r in out.items() if lo <= g <= hi}
+        lines: dict[int, object] = {}    # arm group (width) -> seconds per step along gamma
+        for a in arms:
+            if a in out:
+                continue
+            group = space.group(a)
+            if group not in lines:
+                points = {x: r for x, r in own.items() if on_line(space, x, group)}
+                lines[group] = (_line({space.gamma(x): 1.0 / r for x, r in points.items()
+                                       if r > 0}) if len(points) >= 2 else None)
+            seconds = lines[group]
+            if seconds is not None and seconds(space.gamma(a)) > 0:
+                out[a] = 1.0 / seconds(space.gamma(a))
+        return {a: r for a, r in out.items() if a in arms}
 
-    def count(self, gamma: int) -> int:
+    def count(self, gamma: Arm) -> int:
         """Samples behind an arm's estimate: its own, else the seed's, else 1
-        (extrapolated) when two arms are measured, else 0 (unknown)."""
+        (extrapolated) when two arms of its line are measured, else 0
+        (unknown)."""
         n = len(self.rate.get(gamma, ()))
         if n:
             return n
         if gamma in self.seed:
             return self.seed[gamma][1]
-        return 1 if len(self.rate) >= 2 else 0   # a window, once made, is never empty
+        group = self.space.group(gamma)
+        # A window, once made, is never empty.
+        return 1 if sum(on_line(self.space, x, group) for x in self.rate) >= 2 else 0
 
     def expired(self, gamma: int) -> bool:
         """Due for a probe: no sample of `gamma` in the last probe_interval steps."""
         return self.steps - self.last_seen.get(gamma, 0) > self.probe_interval
 
-    def seed_from(self, other: "_Arms", gamma: int) -> int:
+    def seed_from(self, other: "_Arms", gamma: Arm) -> Arm:
         """Take the relative arm speeds of `other` (its own measurements and
         what it was seeded with), referenced to its arm nearest to `gamma`;
         returns that arm (where this bucket starts)."""
-        means = other.means(0, max(other.rate.keys() | other.seed.keys()))
-        ref = min(means, key=lambda g: (abs(g - gamma), g))
+        means = other.means(0, 0, self.space.span(list(other.rate.keys() | other.seed.keys())))
+        ref = nearest(self.space, gamma, list(means))
         self.seed_ref = ref
         self.seed = {g: (m / means[ref], other.count(g)) for g, m in means.items()}
         self.warmup = None
@@ -189,95 +212,110 @@ def _line(points: dict[int, float]):
 
 
 class OnlinePolicy:
-    def __init__(self, config: VSpecConfig):
+    def __init__(self, config: VSpecConfig, space=None):
         self.config = config
-        self.governor = Governor(config)
-        self.acceptance = PositionAcceptance(config.max_gamma, config.ewma_weight,
-                                             config.min_observations)
+        self.space = GammaArms() if space is None else space
+        self.governor = Governor(config, self.space)
+        self.acceptance = WidthAcceptance(config.max_gamma, config.ewma_weight,
+                                          config.min_observations)
         self.buckets: dict[int, _Arms] = {}
 
     # ------------------------------------------------------------ decide
     def decide(self, batch, bucket: int, lo: int, hi: int,
-               previous: int | None) -> tuple[int, str]:
+               previous: Arm | None) -> tuple[Arm, str]:
+        feasible = self.space.arms(batch, lo, hi)
         arms = self.buckets.get(bucket)
         if arms is None:
-            gamma, reason = self._open(bucket, lo, hi, previous)
+            gamma, reason = self._open(bucket, lo, hi, feasible, previous)
         elif arms.warmup is not None:
-            gamma, reason = self._warmup(bucket, arms, lo, hi)
+            gamma, reason = self._warmup(bucket, arms, lo, hi, feasible)
         else:
             gamma, reason = self.governor.step(
-                bucket, lo, hi, lambda: self.scores(bucket, lo, hi), "ucb")
+                bucket, lo, hi, lambda: self.scores(bucket, lo, hi, feasible), "ucb", feasible)
         return gamma, reason
 
-    def _open(self, bucket: int, lo: int, hi: int, previous: int | None) -> tuple[int, str]:
+    def _open(self, bucket: int, lo: int, hi: int, feasible,
+              previous: Arm | None) -> tuple[Arm, str]:
         arms = _Arms(self.config.online_window, self.config.online_probe_interval,
-                     incumbent=previous)
+                     incumbent=previous, space=self.space)
         self.buckets[bucket] = arms
         source = self._nearest_measured(bucket)
         if source is not None and abs(math.log2(source / bucket)) <= SEED_MAX_OCTAVES:
             start = arms.seed_from(self.buckets[source], self.governor.gamma[source])
-            start = min(max(start, lo), hi)
+            start = nearest(self.space, start, feasible)
             self.governor.start(bucket, start)
             return start, "seed"
         upwards = source is not None and source < bucket
-        order = list(range(lo, hi + 1)) if upwards else list(range(hi, lo - 1, -1))
+        order = self.space.sweep(feasible, upwards)
         arms.warmup = order if self.config.online_warmup_samples else []
         arms.swept = []
-        return self._warmup(bucket, arms, lo, hi)
+        return self._warmup(bucket, arms, lo, hi, feasible)
 
     def _nearest_measured(self, bucket: int) -> int | None:
         return nearest_bucket((b for b, a in self.buckets.items()
                                if b != bucket and a.warmup is None and a.rate), bucket)
 
-    def _warmup(self, bucket: int, arms: _Arms, lo: int, hi: int) -> tuple[int, str]:
+    def _warmup(self, bucket: int, arms: _Arms, lo: int, hi: int,
+                feasible) -> tuple[Arm, str]:
+        space = self.space
         need = self.config.online_warmup_samples
-        while arms.warmup and (arms.warmup[0] > hi or arms.warmup[0] < lo
+        while arms.warmup and (arms.warmup[0] not in feasible
                                or len(arms.rate.get(arms.warmup[0], ())) >= need):
             g = arms.warmup.pop(0)
-            if lo <= g <= hi:
+            if g in feasible:
                 arms.swept.append(g)
-                if self._past_peak(bucket, arms.swept, lo, hi):
-                    arms.warmup.clear()
+                if self._past_peak(bucket, arms.swept, lo, hi, feasible):
+                    # This width's sweep is done (at width 1: the whole sweep).
+                    arms.warmup = [a for a in arms.warmup if space.group(a) != space.group(g)]
         if arms.warmup:
             gamma = arms.warmup[0]
             self.governor.start(bucket, gamma)
             return gamma, "warmup"
         arms.warmup = None
-        means = self.estimates(bucket, lo, hi)
+        means = self.estimates(bucket, lo, hi, feasible)
         if self.config.online_warmup_return == "incumbent" and arms.incumbent is not None:
-            gamma = min(max(arms.incumbent, lo), hi)
+            gamma = nearest(space, arms.incumbent, feasible)
         elif means:
-            gamma = max(means, key=lambda g: (means[g], -g))
+            gamma = max(means, key=lambda a: (means[a], [-c for c in space.cost(a)]))
         else:
-            gamma = hi
+            gamma = feasible[-1]
         self.governor.start(bucket, gamma)
         return gamma, "warmup"
 
-    def _past_peak(self, bucket: int, swept: list[int], lo: int, hi: int) -> bool:
-        """The newest swept arm, from the SWEEP_MIN_ARMS-th on, scores
-        SWEEP_STOP_MARGIN below the best swept."""
-        if len(swept) < SWEEP_MIN_ARMS:
+    def _past_peak(self, bucket: int, swept: list[Arm], lo: int, hi: int, feasible) -> bool:
+        """The newest swept arm, from the SWEEP_MIN_ARMS-th of its width on,
+        scores SWEEP_STOP_MARGIN below the best swept of its width."""
+        group = self.space.group(swept[-1])
+        mine = [a for a in swept if self.space.group(a) == group]
+        if len(mine) < SWEEP_MIN_ARMS:
             return False
-        est = self.estimates(bucket, lo, hi)
-        best = max(est.get(g, 0.0) for g in swept)
+        est = self.estimates(bucket, lo, hi, feasible)
+        best = max(est.get(a, 0.0) for a in mine)
         return est.get(swept[-1], 0.0) < best * (1.0 - SWEEP_STOP_MARGIN)
 
-    def estimates(self, bucket: int, lo: int, hi: int) -> dict[int, float]:
-        """R(g), committed tokens per second, for the arms of [lo, hi] this
-        bucket can estimate (measured, seeded or extrapolated: _Arms.means)."""
-        arms = self.buckets[bucket]
-        e = expected_tokens_all(self.acceptance.rates(), hi)
-        return {g: e[g] * m for g, m in arms.means(lo, hi).items()}
+    def estimates(self, bucket: int, lo: int, hi: int, arms=None) -> dict[Arm, float]:
+        """R(arm), committed tokens per second, for the arms of `arms`
+        (default the gammas lo..hi) this bucket can estimate (measured,
+        seeded or extrapolated: _Arms.means)."""
+        space = self.space
+        arms = range(lo, hi + 1) if arms is None else arms
+        depth = max(space.gamma(a) for a in arms)
+        e = {w: self.acceptance.expected(w, depth) for w in {space.width(a) for a in arms}}
+        return {a: e[space.width(a)][space.gamma(a)] * m
+                for a, m in self.buckets[bucket].means(lo, hi, arms).items()}
 
-    def scores(self, bucket: int, lo: int, hi: int) -> dict[int, float]:
-        """UCB score of every arm in [lo, hi] (see the module docstring)."""
+    def scores(self, bucket: int, lo: int, hi: int, arms=None) -> dict[Arm, float]:
+        """UCB score of every arm of `arms` (default the gammas lo..hi; see
+        the module docstring)."""
+        space = self.space
+        feasible = range(lo, hi + 1) if arms is None else arms
         arms = self.buckets[bucket]
-        means = self.estimates(bucket, lo, hi)
+        means = self.estimates(bucket, lo, hi, feasible)
         r_max = max(means.values(), default=0.0)
         total = sum(arms.count(g) for g in means)
         c = self.config.online_exploration
         out = {}
-        for g in range(lo, hi + 1):
+        for g in feasible:
             out[g] = (means[g] + c * r_max * math.sqrt(2 * math.log(total + 1) / arms.count(g))
                       if g in means else math.inf)
         cur = self.governor.gamma[bucket]
@@ -292,7 +330,7 @@ class OnlinePolicy:
         if (self.governor.exploring(bucket)
                 or means.get(cur, 0.0) * (1.0 + self.config.hysteresis) < r_max):
             return out
-        for g in (cur - 1, cur + 1):
+        for g in space.neighbours(cur):
             # A long-lived bucket checks the seed's guess, and re-measures a
             # close neighbour: its few samples may be unlucky ones, and the
             # current arm's many samples keep UCB's bonus for it tiny.
@@ -300,19 +338,21 @@ class OnlinePolicy:
                     not arms.rate.get(g) or arms.stale(g)
                     or means[g] >= r_max * (1.0 - NEIGHBOUR_PROBE_MARGIN)):
                 out[g] = math.inf
-        above = cur + 1
+        above = space.above(cur)
         if out.get(above, 0.0) < math.inf and above in means and arms.expired(above):
-            e = expected_tokens_all(self.acceptance.rates(), above)
-            # E(above) if position above-1 were always accepted.
-            e_best = e[above - 1] + (e[above - 1] - e[above - 2] if above >= 2 else 1.0)
-            if e_best / e[above] * means[above] > r_max * (1.0 + self.config.hysteresis):
+            depth = space.gamma(above)
+            e = self.acceptance.expected(space.width(above), depth)
+            # E(above) if position depth-1 were always accepted.
+            e_best = e[depth - 1] + (e[depth - 1] - e[depth - 2] if depth >= 2 else 1.0)
+            if e_best / e[depth] * means[above] > r_max * (1.0 + self.config.hysteresis):
                 out[above] = math.inf
         return out
 
     # ------------------------------------------------------------ observe
     def observe(self, outcome) -> None:
         fb = outcome.feedback
-        self.acceptance.update(fb.drafted, fb.accepted)
+        self.acceptance.update(fb.drafted, fb.accepted, outcome.verified_width)
         arms = self.buckets.get(outcome.bucket)
         if outcome.stable and arms is not None:
-            arms.add(outcome.gamma, outcome.batch.num_reqs / outcome.interval_s)
+            arms.add(self.space.arm(outcome.gamma, outcome.width),
+                     outcome.batch.num_reqs / outcome.interval_s)
