@@ -77,7 +77,7 @@ def tree_drafting_refusal(proposer) -> str | None:
         "not with entropy_stop (it cuts drafts at linear positions)":
             getattr(proposer, "entropy_stop", None) is not None,
         "not with the diagnostics traces (they record linear drafts)":
-            getattr(proposer, "tracer", None) is not None,
+            getattr(proposer, "traces", None) is not None,
         "not with async scheduling (tree parents do not travel with the "
         "placeholders yet)": proposer.vllm_config.scheduler_config.async_scheduling,
     }
