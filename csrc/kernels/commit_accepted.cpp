@@ -4,8 +4,10 @@
 #include "vspec_kernel.h"
 
 using namespace AscendC;
+using vspec_kernel::InitQueue;
 using vspec_kernel::kBufferNum;
-using vspec_kernel::UbBytes;
+using vspec_kernel::LoadTile;
+using vspec_kernel::StoreTile;
 
 class CommitAccepted {
  public:
@@ -25,16 +27,16 @@ class CommitAccepted {
     backup_gm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(backup) + range.begin);
     valid_gm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(num_valid) + range.begin);
     next_gm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(next_token) + range.begin);
-    pipe_.InitBuffer(ids_in_, kBufferNum, UbBytes(tile_rows * width * sizeof(int32_t)));
-    pipe_.InitBuffer(discard_in_, kBufferNum, UbBytes(tile_rows * sizeof(uint8_t)));
-    pipe_.InitBuffer(backup_in_, kBufferNum, UbBytes(tile_rows * sizeof(int32_t)));
-    pipe_.InitBuffer(valid_out_, kBufferNum, UbBytes(tile_rows * sizeof(int32_t)));
-    pipe_.InitBuffer(next_out_, kBufferNum, UbBytes(tile_rows * sizeof(int32_t)));
+    InitQueue<int32_t>(pipe_, ids_in_, tile_rows * width);
+    InitQueue<uint8_t>(pipe_, discard_in_, tile_rows);
+    InitQueue<int32_t>(pipe_, backup_in_, tile_rows);
+    InitQueue<int32_t>(pipe_, valid_out_, tile_rows);
+    InitQueue<int32_t>(pipe_, next_out_, tile_rows);
   }
 
   __aicore__ inline void Process() {
     for (int32_t first = 0; first < rows_; first += tile_rows_) {
-      const int32_t rows = rows_ - first < tile_rows_ ? rows_ - first : tile_rows_;
+      const int32_t rows = vspec_kernel::TileRows(first, rows_, tile_rows_);
       CopyInTile(first, rows);
       ComputeTile(rows);
       CopyOutTile(first, rows);
@@ -43,15 +45,9 @@ class CommitAccepted {
 
  private:
   __aicore__ inline void CopyInTile(int32_t first, int32_t rows) {
-    LocalTensor<int32_t> ids = ids_in_.AllocTensor<int32_t>();
-    LocalTensor<uint8_t> discard = discard_in_.AllocTensor<uint8_t>();
-    LocalTensor<int32_t> backup = backup_in_.AllocTensor<int32_t>();
-    vspec_kernel::CopyIn(ids, ids_gm_[first * width_], rows * width_);
-    vspec_kernel::CopyIn(discard, discard_gm_[first], rows);
-    vspec_kernel::CopyIn(backup, backup_gm_[first], rows);
-    ids_in_.EnQue(ids);
-    discard_in_.EnQue(discard);
-    backup_in_.EnQue(backup);
+    LoadTile(ids_in_, ids_gm_[first * width_], rows * width_);
+    LoadTile(discard_in_, discard_gm_[first], rows);
+    LoadTile(backup_in_, backup_gm_[first], rows);
   }
 
   // Per row: the leading run of valid ids (0 <= id < vocab_size), none for a
@@ -85,12 +81,8 @@ class CommitAccepted {
   }
 
   __aicore__ inline void CopyOutTile(int32_t first, int32_t rows) {
-    LocalTensor<int32_t> valid = valid_out_.DeQue<int32_t>();
-    LocalTensor<int32_t> next = next_out_.DeQue<int32_t>();
-    vspec_kernel::CopyOut(valid_gm_[first], valid, rows);
-    vspec_kernel::CopyOut(next_gm_[first], next, rows);
-    valid_out_.FreeTensor(valid);
-    next_out_.FreeTensor(next);
+    StoreTile(valid_out_, valid_gm_[first], rows);
+    StoreTile(next_out_, next_gm_[first], rows);
   }
 
   TPipe pipe_;

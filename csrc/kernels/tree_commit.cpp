@@ -6,8 +6,10 @@
 #include "vspec_kernel.h"
 
 using namespace AscendC;
+using vspec_kernel::InitQueue;
 using vspec_kernel::kBufferNum;
-using vspec_kernel::UbBytes;
+using vspec_kernel::LoadTile;
+using vspec_kernel::StoreTile;
 
 class TreeCommit {
  public:
@@ -31,19 +33,19 @@ class TreeCommit {
     next_gm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(next_token) + b);
     src_gm_.SetGlobalBuffer(reinterpret_cast<__gm__ int64_t*>(src_slots) + b * depth);
     dst_gm_.SetGlobalBuffer(reinterpret_cast<__gm__ int64_t*>(dst_slots) + b * depth);
-    pipe_.InitBuffer(path_in_, kBufferNum, UbBytes(tile_rows * depth * sizeof(int32_t)));
-    pipe_.InitBuffer(tokens_in_, kBufferNum, UbBytes(tile_rows * nodes * sizeof(int32_t)));
-    pipe_.InitBuffer(slots_in_, kBufferNum, UbBytes(tile_rows * nodes * sizeof(int64_t)));
-    pipe_.InitBuffer(lens_in_, kBufferNum, UbBytes(tile_rows * sizeof(int32_t)));
-    pipe_.InitBuffer(new_lens_out_, kBufferNum, UbBytes(tile_rows * sizeof(int32_t)));
-    pipe_.InitBuffer(next_out_, kBufferNum, UbBytes(tile_rows * sizeof(int32_t)));
-    pipe_.InitBuffer(src_out_, kBufferNum, UbBytes(tile_rows * depth * sizeof(int64_t)));
-    pipe_.InitBuffer(dst_out_, kBufferNum, UbBytes(tile_rows * depth * sizeof(int64_t)));
+    InitQueue<int32_t>(pipe_, path_in_, tile_rows * depth);
+    InitQueue<int32_t>(pipe_, tokens_in_, tile_rows * nodes);
+    InitQueue<int64_t>(pipe_, slots_in_, tile_rows * nodes);
+    InitQueue<int32_t>(pipe_, lens_in_, tile_rows);
+    InitQueue<int32_t>(pipe_, new_lens_out_, tile_rows);
+    InitQueue<int32_t>(pipe_, next_out_, tile_rows);
+    InitQueue<int64_t>(pipe_, src_out_, tile_rows * depth);
+    InitQueue<int64_t>(pipe_, dst_out_, tile_rows * depth);
   }
 
   __aicore__ inline void Process() {
     for (int32_t first = 0; first < rows_; first += tile_rows_) {
-      const int32_t rows = rows_ - first < tile_rows_ ? rows_ - first : tile_rows_;
+      const int32_t rows = vspec_kernel::TileRows(first, rows_, tile_rows_);
       CopyInTile(first, rows);
       ComputeTile(rows);
       CopyOutTile(first, rows);
@@ -52,18 +54,10 @@ class TreeCommit {
 
  private:
   __aicore__ inline void CopyInTile(int32_t first, int32_t rows) {
-    LocalTensor<int32_t> path = path_in_.AllocTensor<int32_t>();
-    LocalTensor<int32_t> tokens = tokens_in_.AllocTensor<int32_t>();
-    LocalTensor<int64_t> slots = slots_in_.AllocTensor<int64_t>();
-    LocalTensor<int32_t> lens = lens_in_.AllocTensor<int32_t>();
-    vspec_kernel::CopyIn(path, path_gm_[first * depth_], rows * depth_);
-    vspec_kernel::CopyIn(tokens, tokens_gm_[first * nodes_], rows * nodes_);
-    vspec_kernel::CopyIn(slots, slots_gm_[first * nodes_], rows * nodes_);
-    vspec_kernel::CopyIn(lens, lens_gm_[first], rows);
-    path_in_.EnQue(path);
-    tokens_in_.EnQue(tokens);
-    slots_in_.EnQue(slots);
-    lens_in_.EnQue(lens);
+    LoadTile(path_in_, path_gm_[first * depth_], rows * depth_);
+    LoadTile(tokens_in_, tokens_gm_[first * nodes_], rows * nodes_);
+    LoadTile(slots_in_, slots_gm_[first * nodes_], rows * nodes_);
+    LoadTile(lens_in_, lens_gm_[first], rows);
   }
 
   // Per row: the leading root path (path[0] == 0, then increasing and < N),
@@ -112,18 +106,10 @@ class TreeCommit {
   }
 
   __aicore__ inline void CopyOutTile(int32_t first, int32_t rows) {
-    LocalTensor<int32_t> new_lens = new_lens_out_.DeQue<int32_t>();
-    LocalTensor<int32_t> next = next_out_.DeQue<int32_t>();
-    LocalTensor<int64_t> src = src_out_.DeQue<int64_t>();
-    LocalTensor<int64_t> dst = dst_out_.DeQue<int64_t>();
-    vspec_kernel::CopyOut(new_lens_gm_[first], new_lens, rows);
-    vspec_kernel::CopyOut(next_gm_[first], next, rows);
-    vspec_kernel::CopyOut(src_gm_[first * depth_], src, rows * depth_);
-    vspec_kernel::CopyOut(dst_gm_[first * depth_], dst, rows * depth_);
-    new_lens_out_.FreeTensor(new_lens);
-    next_out_.FreeTensor(next);
-    src_out_.FreeTensor(src);
-    dst_out_.FreeTensor(dst);
+    StoreTile(new_lens_out_, new_lens_gm_[first], rows);
+    StoreTile(next_out_, next_gm_[first], rows);
+    StoreTile(src_out_, src_gm_[first * depth_], rows * depth_);
+    StoreTile(dst_out_, dst_gm_[first * depth_], rows * depth_);
   }
 
   TPipe pipe_;

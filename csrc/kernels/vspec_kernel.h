@@ -27,23 +27,38 @@ namespace vspec_kernel {
 constexpr int32_t kBufferNum = 2;
 constexpr int32_t kRowAlign = 32;  // must match npu_ops.cpp
 
-// Copies `count` elements GM -> UB (or UB -> GM): exact byte length, no
-// padding values needed because the scan never reads past `count`.
-template <typename T>
-__aicore__ inline void CopyIn(const AscendC::LocalTensor<T>& dst,
-                              const AscendC::GlobalTensor<T>& src,
-                              uint32_t count) {
-  AscendC::DataCopyExtParams params{1, static_cast<uint32_t>(count * sizeof(T)), 0, 0, 0};
-  AscendC::DataCopyPadExtParams<T> pad{false, 0, 0, 0};
-  AscendC::DataCopyPad(dst, src, params, pad);
+// UB buffers are allocated in whole 32-byte blocks.
+__aicore__ inline uint32_t UbBytes(uint32_t bytes) { return (bytes + 31) / 32 * 32; }
+
+// Gives `queue` kBufferNum UB buffers of `elements` values of T each.
+template <typename T, typename Queue>
+__aicore__ inline void InitQueue(AscendC::TPipe& pipe, Queue& queue, uint32_t elements) {
+  pipe.InitBuffer(queue, kBufferNum, UbBytes(elements * sizeof(T)));
 }
 
-template <typename T>
-__aicore__ inline void CopyOut(const AscendC::GlobalTensor<T>& dst,
-                               const AscendC::LocalTensor<T>& src,
-                               uint32_t count) {
+// One tile in: a buffer from the VECIN `queue`, `count` elements copied
+// GM -> UB (exact byte length: no padding values needed because the scan
+// never reads past `count`), enqueued for the compute stage to DeQue.
+template <typename T, typename Queue>
+__aicore__ inline void LoadTile(Queue& queue, const AscendC::GlobalTensor<T>& src,
+                                uint32_t count) {
+  AscendC::LocalTensor<T> tile = queue.template AllocTensor<T>();
   AscendC::DataCopyExtParams params{1, static_cast<uint32_t>(count * sizeof(T)), 0, 0, 0};
-  AscendC::DataCopyPad(dst, src, params);
+  AscendC::DataCopyPadExtParams<T> pad{false, 0, 0, 0};
+  AscendC::DataCopyPad(tile, src, params, pad);
+  queue.EnQue(tile);
+}
+
+// One tile out: the buffer the compute stage enqueued on the VECOUT `queue`,
+// `count` elements copied UB -> GM (exact bytes: no core writes outside its
+// own rows), then the buffer goes back to the queue.
+template <typename T, typename Queue>
+__aicore__ inline void StoreTile(Queue& queue, const AscendC::GlobalTensor<T>& dst,
+                                 uint32_t count) {
+  AscendC::LocalTensor<T> tile = queue.template DeQue<T>();
+  AscendC::DataCopyExtParams params{1, static_cast<uint32_t>(count * sizeof(T)), 0, 0, 0};
+  AscendC::DataCopyPad(dst, tile, params);
+  queue.FreeTensor(tile);
 }
 
 // Scalar reads of UB data that MTE2 just wrote wait for that copy.
@@ -62,9 +77,6 @@ __aicore__ inline void WaitScalarWrites() {
   AscendC::WaitFlag<AscendC::HardEvent::S_MTE3>(id);
 }
 
-// UB buffers are allocated in whole 32-byte blocks.
-__aicore__ inline uint32_t UbBytes(uint32_t bytes) { return (bytes + 31) / 32 * 32; }
-
 // This core's rows: [begin, begin + rows), rows possibly 0 for trailing cores.
 struct RowRange {
   int32_t begin;
@@ -75,6 +87,11 @@ __aicore__ inline RowRange CoreRows(int32_t batch, int32_t rows_per_core) {
   const int32_t begin = static_cast<int32_t>(AscendC::GetBlockIdx()) * rows_per_core;
   const int32_t left = batch - begin;
   return {begin, left <= 0 ? 0 : (left < rows_per_core ? left : rows_per_core)};
+}
+
+// Rows of the tile that starts at row `first` of a core's `rows`.
+__aicore__ inline int32_t TileRows(int32_t first, int32_t rows, int32_t tile_rows) {
+  return rows - first < tile_rows ? rows - first : tile_rows;
 }
 
 }  // namespace vspec_kernel

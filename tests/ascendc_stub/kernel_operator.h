@@ -27,7 +27,6 @@ enum class HardEvent { MTE2_S, S_MTE3 };
 using TEventID = int8_t;
 
 int64_t GetBlockIdx();
-int64_t GetBlockNum();
 
 template <typename T>
 class GlobalTensor {
@@ -94,8 +93,5 @@ void DataCopyPad(const LocalTensor<T>& dst, const GlobalTensor<T>& src,
 template <typename T>
 void DataCopyPad(const GlobalTensor<T>& dst, const LocalTensor<T>& src,
                  const DataCopyExtParams& params);
-
-template <typename T>
-void ArithProgression(const LocalTensor<T>& dst, T first, T diff, int32_t count);
 
 }  // namespace AscendC
