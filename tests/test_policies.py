@@ -387,3 +387,118 @@ def test_positions_below_min_observations_borrow_the_previous_estimate():
     rates = acc.rates()
     assert rates[0] == pytest.approx((0.5 * 0.5 + 1.0) / (0.5 + 1))   # newest weighs 1, older 0.5
     assert rates[1] == rates[0] and rates[2] == rates[0]
+
+
+# ------------------------------------------------------------------ tree arms
+class TreeEngine(Engine):
+    """Engine whose drafts are trees: `rates` maps a width to the conditional
+    acceptance per depth of that width's trees; a step at (gamma, width)
+    takes step_s(gamma, width, B) seconds."""
+
+    def run(self, ctl: GammaController, steps: int, num_reqs: int, budget: int = BUDGET,
+            tree_allowed: bool = True) -> list:
+        decisions = []
+        ctl.clock = lambda: self.now
+        prev_width = 1
+        for _ in range(steps):
+            d = ctl.decide(BatchState(num_reqs, budget, tree_allowed=tree_allowed))
+            decisions.append(d)
+            rates = self.rates[prev_width]
+            drafted = (self.prev_gamma,) * num_reqs
+            accepted = tuple(self._accepted(x, rates) for x in drafted)
+            self.now += self.step_s(d.gamma, d.width, num_reqs)
+            ctl.observe(StepFeedback(drafted, accepted, sum(accepted) + num_reqs))
+            self.prev_gamma, prev_width = d.gamma, d.width
+        return decisions
+
+    def _accepted(self, drafted: int, rates) -> int:
+        a = 0
+        while a < drafted and self.rng.random() < rates[a]:
+            a += 1
+        return a
+
+
+def tree_online(min_width: int = 1, max_width: int = 2, **over) -> GammaController:
+    return GammaController(VSpecConfig(**over), K, min_width=min_width, max_width=max_width)
+
+
+def arms_of(decisions) -> Counter:
+    return Counter((d.gamma, d.width) for d in decisions)
+
+
+# Width-2 trees accept more per depth and cost a little more per depth:
+# (2, 2) commits 15% more tokens/s than the best width-1 arm (gamma 2), 9%
+# more than (1, 2); (3, 2) and (4, 2) exceed K = 4 nodes.
+TREE_RATES = {1: (0.7, 0.5, 0.4, 0.3), 2: (0.87, 0.72, 0.5, 0.4)}
+TREE_STEP_S = lambda g, w, b: 1.0 + 0.25 * g + 0.04 * g * (w - 1)  # noqa: E731
+
+
+def tree_tok_s(arm) -> float:
+    g, w = arm
+    return expected_tokens(TREE_RATES[w], g) / TREE_STEP_S(g, w, 1)
+
+
+def test_online_settles_on_the_tree_arm_that_commits_15_percent_more():
+    linear_best = max(tree_tok_s((g, 1)) for g in range(K + 1))
+    assert tree_tok_s((2, 2)) >= 1.15 * linear_best
+    assert tree_tok_s((2, 2)) > 1.05 * tree_tok_s((1, 2))
+    decisions = TreeEngine(TREE_RATES, TREE_STEP_S).run(tree_online(), 400, num_reqs=4)
+    arms = [(d.gamma, d.width) for d in decisions]
+    # The warm-up sweeps 7 arms (3 steps each); seeds 0-5 settle by step 21-69.
+    settles_at = next(i for i in range(len(arms)) if arms[i:i + 20] == [(2, 2)] * 20)
+    assert settles_at <= 100, arms[:100]
+    settled = arms_of(decisions[150:])
+    assert settled[(2, 2)] >= 0.8 * len(decisions[150:]), settled
+
+
+def test_tree_arms_never_exceed_the_node_budget_or_the_token_budget():
+    # Wide trees are nearly free and accept everything: only the budgets stop them.
+    rates = {w: (0.95,) * K for w in range(1, 5)}
+    step_s = lambda g, w, b: 1.0 + 0.01 * g * w  # noqa: E731
+    ctl = tree_online(max_width=4)
+    roomy = TreeEngine(rates, step_s).run(ctl, 200, num_reqs=1)
+    assert max(d.gamma * d.width for d in roomy) == K            # gamma*width <= K
+    assert {(d.gamma, d.width) for d in roomy} > {(4, 1), (2, 2), (1, 4)}
+    tight = TreeEngine(rates, step_s).run(tree_online(max_width=4), 200, num_reqs=10, budget=30)
+    assert max(d.gamma * d.width for d in tight) == 2            # 10 * (1 + 2) <= 30
+
+
+def test_a_step_that_rules_trees_out_gets_width_1_and_min_width_holds_otherwise():
+    ctl = tree_online(min_width=2, max_width=2)
+    engine = TreeEngine(TREE_RATES, TREE_STEP_S)
+    linear = engine.run(ctl, 50, num_reqs=4, tree_allowed=False)
+    assert {d.width for d in linear} == {1}
+    wide = engine.run(ctl, 100, num_reqs=4)
+    assert all(d.width == 2 for d in wide if d.gamma > 0)
+    assert max(d.gamma for d in wide) <= 2                       # 2 * 2 <= K
+
+
+def test_the_tree_governor_moves_depth_by_max_gamma_step_at_a_feasible_width():
+    from vllm_vspec.arms import TreeArms
+    space = TreeArms(1, 4, max_nodes=8)
+    gov = Governor(VSpecConfig(control_interval=1, max_gamma_step=1), space)
+    arms = space.arms(BatchState(1, BUDGET), 0, 8)
+    gov.start(1, (4, 2))
+    # Best is (1, 4): depth moves one step per decision, the width goes to
+    # the nearest that fits each depth (3 x 4 > 8 nodes).
+    scores = lambda: {a: (10.0 if a == (1, 4) else 1.0) for a in arms}  # noqa: E731
+    assert [gov.step(1, 0, 8, scores, "ucb", arms)[0] for _ in range(3)] == [
+        (3, 2), (2, 4), (1, 4)]
+
+
+def test_profile_policy_takes_the_goodput_argmax_over_tree_arms():
+    from vllm_vspec.arms import TreeArms
+    cfg = VSpecConfig(policy="profile", profile_path="unused.json",
+                      min_observations=1).with_max_gamma(K)
+    policy = ProfilePolicy(cfg, profile=PROFILE, space=TreeArms(1, 2, max_nodes=K))
+    for _ in range(50):          # linear drafts: none accepted; width-2 trees: both depths
+        policy.acceptance.update((4,) * 8, (0,) * 8, width=1)
+        policy.acceptance.update((2,) * 8, (2,) * 8, width=2)
+    batch = BatchState(8, BUDGET)
+    g = policy.goodput(batch, 8, 0, K, policy.space.arms(batch, 0, K))
+    assert set(g) == {(0, 1), (1, 1), (2, 1), (3, 1), (4, 1), (1, 2), (2, 2)}
+    expected = {(k, w): 1000 * 8 * expected_tokens((0,) * K if w == 1 else (1,) * K, k)
+                / PROFILE.step_ms(k, 8, 0.0, w) for k, w in g}
+    assert g == pytest.approx(expected)
+    best = max(expected, key=expected.get)
+    assert best[1] == 2 and policy.decide(batch, 8, 0, K, None) == (best, "profile")
