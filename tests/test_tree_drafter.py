@@ -95,11 +95,13 @@ def test_the_draft_model_method_is_refused_and_width_one_never():
 
 # ------------------------------------------------------------ the engine
 def fresh(kwargs: dict) -> dict:
-    """A copy of the runner's propose arguments that a propose call may use
-    up: the linear loop updates the metadata's sequence lengths in place."""
+    """A copy of the runner's propose arguments but num_speculative_tokens,
+    which a propose call may use up: the linear loop updates the metadata's
+    sequence lengths in place."""
     cad = kwargs["common_attn_metadata"]
     upper = cad.seq_lens_cpu_upper_bound
-    return {**kwargs, "common_attn_metadata": dataclasses.replace(
+    kept = {k: v for k, v in kwargs.items() if k != "num_speculative_tokens"}
+    return {**kept, "common_attn_metadata": dataclasses.replace(
         cad, seq_lens=cad.seq_lens.clone(),
         seq_lens_cpu_upper_bound=None if upper is None else upper.clone())}
 
@@ -118,7 +120,7 @@ def forced_chain_logits(drafter, kwargs: dict, path: torch.Tensor) -> torch.Tens
 
     drafter._greedy_sample = forced   # the instance's, for this call only
     try:
-        type(drafter).propose(drafter, **{**fresh(kwargs), "num_speculative_tokens": depth + 1})
+        type(drafter).propose(drafter, num_speculative_tokens=depth + 1, **fresh(kwargs))
     finally:
         del drafter._greedy_sample
     assert len(seen) == depth + 1
@@ -161,7 +163,7 @@ def drafted(prompts):
     def check_then_propose(**kwargs):
         if len(steps) < STEPS:
             step = {"linear": type(drafter).propose(
-                drafter, **{**fresh(kwargs), "num_speculative_tokens": LINEAR_GAMMA}),
+                drafter, num_speculative_tokens=LINEAR_GAMMA, **fresh(kwargs)),
                 "width1": drafter.propose_tree(LINEAR_GAMMA, 1, **fresh(kwargs)),
                 "gamma0": drafter.propose_tree(0, 2, **fresh(kwargs))}
             for gamma, width in TREES:

@@ -193,7 +193,7 @@ class TreeDraftMixin:
         limit = self.max_model_len
         # Past max_model_len the target never verifies a node (the host cuts
         # the draft list there): no KV write, position 0, as the host does.
-        position = torch.where(p + depth < limit, p + depth, 0)
+        position = torch.where(p + depth < limit, p + depth, 0).expand(batch, width)
         slot_position = p + node
         block_table = first.cad.block_table_tensor[:batch]
         in_range = slot_position.clamp(max=limit - 1)
