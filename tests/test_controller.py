@@ -223,3 +223,42 @@ def test_policies_and_step_types_do_not_import_the_controller():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=Path(__file__).resolve().parents[1]).stdout
     assert out.split() == ["False"]
+
+
+# ------------------------------------------------------------------ tree arms
+def test_a_step_is_stable_only_after_one_of_the_same_gamma_and_width():
+    seen = []
+    ctl = GammaController(VSpecConfig(policy="cycle", min_gamma=1), 4, clock=Clock(),
+                          max_width=2)
+    ctl.policy.observe = seen.append
+    for i in range(6):
+        run_step(ctl, i, i + 1.0)
+    arms = [(o.gamma, o.width) for o in seen]
+    # Cost order (nodes, depth): (1,1) (1,2) (2,1) (3,1) (2,2) (4,1); interleaved.
+    assert arms == [(4, 1), (1, 1), (2, 2), (1, 2), (3, 1), (2, 1)]
+    assert [o.verified_width for o in seen] == [1, 1, 1, 2, 2, 1]
+    assert not any(o.stable for o in seen)
+
+
+def test_tree_arms_are_named_gamma_x_width_in_the_summary_and_traced_with_width(tmp_path):
+    path = tmp_path / "trace.jsonl"
+    ctl = GammaController(VSpecConfig(policy="fixed", fixed_gamma=2, trace_path=str(path)), 4,
+                          clock=Clock(), max_width=2)
+    for i in range(3):
+        run_step(ctl, i, i + 1)
+    ctl.decide(BatchState(2, BUDGET, tree_allowed=False))
+    ctl.clock.now = 4.0
+    ctl.observe(feedback())
+    ctl.close()
+    s = ctl.summary()
+    assert s["steps"] == {"2": 1, "2x2": 3} and s["reward_tok_s"] == {"2x2": 10.0}
+    assert "width<=2" in ctl.summary_line()
+    header, records = read_trace(path)
+    assert (header["min_width"], header["max_width"]) == (1, 2)
+    assert [(r["gamma"], r["width"]) for r in records] == [(2, 2)] * 3 + [(2, 1)]
+
+
+def test_tree_widths_must_be_ordered_and_at_least_1():
+    for lo, hi in ((0, 2), (3, 2)):
+        with pytest.raises(ValueError, match=f"min_width={lo}, max_width={hi}"):
+            GammaController(VSpecConfig(), 4, min_width=lo, max_width=hi)
