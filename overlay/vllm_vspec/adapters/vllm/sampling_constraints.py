@@ -60,10 +60,8 @@ class ExactConstraintsRejectionSampler(RejectionSampler):
     """RejectionSampler whose temperature/top-k/top-p scaling of the draft
     rows never reads the host's expand kernel (module docstring)."""
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        # The private metadata copy of the forward in flight, if any.
-        self._own_metadata: SamplingMetadata | None = None
+    # The private metadata copy of the forward in flight, if any.
+    _own_metadata: SamplingMetadata | None = None
 
     # extends RejectionSampler.forward: a batch that is not all greedy runs on a
     # private metadata copy, which apply_logits_processors below neutralises
