@@ -229,7 +229,8 @@ class VSpecConfig:
     the restriction only changes which tokens can be drafted. Used in steps
     whose whole batch is pure greedy (temperature 0, no logprobs, no
     penalties); other steps draft with the full head. eagle and draft_model,
-    vspec's worker."""
+    with vspec's worker or on vLLM-Ascend (there not yet run on NPU; not with
+    ascend_draft_full_graph)."""
 
     draft_active_vocab_size: int = 0
     """Use the first N ids of `draft_active_vocab_ids` (special tokens come
@@ -241,11 +242,13 @@ class VSpecConfig:
     accumulation). Symmetric scales per vocabulary row and per block of
     `draft_lm_head_quant_group_size` hidden channels. Changes only which
     tokens are drafted: outputs stay exact under strict acceptance. eagle
-    and draft_model, vspec's worker."""
+    and draft_model, with vspec's worker or on vLLM-Ascend (torch_npu's int8
+    matmuls, float16/bfloat16 models; not yet run on NPU)."""
 
     draft_lm_head_quant_group_size: int = 0
     """Hidden channels per quantization block of the draft LM head (must
-    divide the hidden size). 0: one block per row (per-channel scales)."""
+    divide the hidden size; w8a16 on NPU: a multiple of 32). 0: one block per
+    row (per-channel scales)."""
 
     draft_trace_path: str | None = None
     """Diagnostics (costs throughput): one JSON line per drafter step with
@@ -283,6 +286,18 @@ class VSpecConfig:
     target keeps its graphs): vLLM-Ascend keys captured attention parameters
     by token count only, so graphs of different gammas could replay each
     other's sequence lengths (docs/ascend.md, "ACL graphs")."""
+
+    ascend_pad_verify_width: bool = True
+    """vLLM-Ascend only (not yet run on NPU): a decode step whose batch fits
+    the target's full decode ACL graph (batch x (1 + K) tokens at most
+    max_cudagraph_capture_size) verifies K draft slots a request, the gamma
+    drafts then invalid ones (-1) the verifier rejects, so that the target
+    replays that graph: vLLM-Ascend treats a step as uniform decode only at
+    1 + K tokens a request, and a step with gamma < K would otherwise run
+    piecewise or eagerly (docs/ascend.md, "ACL graphs"). Outputs stay exact
+    and the drafter still drafts gamma tokens; the target verifies K - gamma
+    extra positions. false: every step verifies its gamma. No effect without
+    full decode graphs (cudagraph_mode FULL_DECODE_ONLY or FULL_AND_PIECEWISE)."""
 
     # ------------------------------------------------------------------ build
     @classmethod

@@ -179,16 +179,16 @@ def _require_vspec_worker(cfg: VSpecConfig, vllm_config: Any, mode: str) -> None
             "gamma0_mode", mode, "skipping the draft forward runs in vspec's vLLM "
             f"model runner (not yet in the Ascend overlay): {_ADD_WORKER}; "
             "or set gamma0_mode 'sync'")
-    # The draft head options and traces live in vspec's vLLM proposers only.
-    for key in drafter_features(cfg) if not _skips_draft_pass(vllm_config) else ():
-        raise VSpecConfigError(key, getattr(cfg, key), "runs in vspec's vLLM proposers "
-                               f"(not yet in the Ascend overlay): {_ADD_WORKER}")
     if _is_vspec_worker(vllm_config):
         return
     for key, on, what in _WORKER_FEATURES:
         if on(cfg):
             raise VSpecConfigError(key, getattr(cfg, key),
                                    f"{what} runs in vspec's model runner: {_ADD_WORKER}")
+    # The draft head options and traces live in vspec's proposers (its vLLM
+    # worker's, and the Ascend overlay's on vLLM-Ascend's worker).
+    for key in drafter_features(cfg):
+        raise VSpecConfigError(key, getattr(cfg, key), f"runs in vspec's proposers: {_ADD_WORKER}")
 
 
 # ------------------------------------------------------------ engine args

@@ -21,6 +21,11 @@ Invariants:
   host's chain of about ten torch ops.
 - gamma 0 returns a [batch, 0] draft (a target-only next step) after the
   first draft pass has kept the draft model's KV cache aligned.
+
+Two more mixins carry vspec's drafter options onto the NPU (not yet run on
+NPU), over the host-agnostic core: DraftHeadMixin (active vocabulary and
+int8 LM head, draft_head_tap.py over vllm_vspec.draft_head) and TraceMixin
+(the diagnostics traces, vllm_vspec.diagnostics.DrafterTraces).
 """
 
 from __future__ import annotations
@@ -32,15 +37,19 @@ from typing import Any, Iterator, Mapping
 import torch
 from vllm.config import CUDAGraphMode
 from vllm.logger import init_logger
+from vllm.v1.sample.sampler import _SAMPLING_EPS
 
 from vllm_ascend.compilation.acl_graph import ACLGraphWrapper
 from vllm_ascend.spec_decode.draft_proposer import AscendDraftModelProposer
 from vllm_ascend.spec_decode.eagle_proposer import AscendEagleProposer
+from vllm_ascend.vspec.draft_head_tap import DraftHeadTap
 from vllm_ascend.vspec.entropy_tap import EntropyTap
 from vllm_ascend.vspec.gamma import step_gamma
 from vllm_ascend.vspec.routing import vspec_settings
 from vllm_vspec import ops
 from vllm_vspec.adapters.vllm.commit_op import backup_tokens
+from vllm_vspec.diagnostics import DrafterTraces, TraceOptions
+from vllm_vspec.draft_head import pure_greedy
 
 # Under "vllm.": vLLM configures only its own logger tree.
 logger = init_logger(f"vllm.{__name__}")
@@ -158,9 +167,96 @@ class VSpecProposerMixin:
             self._vspec_active_gamma = None
 
 
-class VSpecEagleProposer(VSpecProposerMixin, AscendEagleProposer):
+class DraftHeadMixin:
+    """vspec's draft LM head (active vocabulary, int8) in the host's merged
+    draft loop, through a DraftHeadTap around the draft model. After
+    VSpecProposerMixin in the MRO, so the entropy tap (installed there) wraps
+    this one and reads the logits this head produces, as on CPU."""
+
+    _head_tap: DraftHeadTap | None = None
+
+    # Extends AscendSpecDecodeBaseProposer.load_model: the drafter's LM head
+    # exists only now (EAGLE: the target's, shared inside load_model).
+    def load_model(self, *args: Any, **kwargs: Any) -> None:
+        super().load_model(*args, **kwargs)
+        self._head_tap = DraftHeadTap.maybe_install(self, vspec_settings(self.vllm_config))
+
+    # Extends AscendSpecDecodeBaseProposer._propose: the active vocabulary
+    # drafts only steps whose batch is pure greedy (its premise).
+    def _propose(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if self._head_tap is not None:
+            self._head_tap.restricted = pure_greedy(kwargs["sampling_metadata"])
+        return super()._propose(*args, **kwargs)
+
+    @property
+    def head_in_use(self) -> str:
+        """`active` when this step drafts from the active vocabulary, else `full`."""
+        return "full" if self._head_tap is None else self._head_tap.name
+
+
+class TraceMixin:
+    """Writes the diagnostics traces of each drafter step (DrafterTraces).
+    First in the MRO: VSpecProposerMixin's prepare_next_token_ids_padded
+    replaces the host's without calling on, and the trace must see it."""
+
+    traces: DrafterTraces | None = None
+
+    # Extends AscendSpecDecodeBaseProposer.__init__: opens the traces the
+    # settings turn on (the host's runner names the batch's requests).
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        settings = vspec_settings(self.vllm_config)
+        if settings is not None:
+            self.traces = DrafterTraces.open(TraceOptions.from_config(settings), self.runner,
+                                             _SAMPLING_EPS)
+
+    # Extends AscendSpecDecodeBaseProposer.load_model: the IO trace hooks the
+    # draft model (the outermost wrapper: it sees every pass the host makes).
+    def load_model(self, *args: Any, **kwargs: Any) -> None:
+        super().load_model(*args, **kwargs)
+        if self.traces is not None:
+            self.traces.watch(self.model)
+
+    # Extends AscendSpecDecodeBaseProposer.prepare_next_token_ids_padded (the
+    # first drafter call of a step): starts the step with its committed tokens.
+    def prepare_next_token_ids_padded(self, sampled_token_ids: torch.Tensor, requests: dict,
+                                      gpu_input_batch: Any, discard_request_indices: torch.Tensor,
+                                      num_discarded_requests: int
+                                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.traces is not None:
+            rows = sampled_token_ids.tolist()
+            discard = [False] * len(rows)
+            for i in discard_request_indices[:num_discarded_requests].tolist():
+                discard[i] = True
+            self.traces.begin_step(rows, discard)
+        return super().prepare_next_token_ids_padded(sampled_token_ids, requests, gpu_input_batch,
+                                                     discard_request_indices,
+                                                     num_discarded_requests)
+
+    # Extends SpecDecodeBaseProposer.prepare_next_token_ids_cpu (padded
+    # drafter batch off): as above, from the host's token lists.
+    def prepare_next_token_ids_cpu(self, sampled_token_ids: list[list[int]], requests: dict,
+                                   gpu_input_batch: Any, num_scheduled_tokens: dict
+                                   ) -> torch.Tensor:
+        if self.traces is not None:
+            self.traces.begin_step([list(t) for t in sampled_token_ids])
+        return super().prepare_next_token_ids_cpu(sampled_token_ids, requests, gpu_input_batch,
+                                                  num_scheduled_tokens)
+
+    # Extends AscendSpecDecodeBaseProposer._propose: times the step (after
+    # vspec's gamma cut) and writes its records. NPUModelRunner passes every
+    # argument by keyword.
+    def _propose(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if self.traces is None:
+            return super()._propose(*args, **kwargs)
+        return self.traces.propose(lambda: super(TraceMixin, self)._propose(*args, **kwargs),
+                                   kwargs, lambda: self.head_in_use)
+
+
+class VSpecEagleProposer(TraceMixin, VSpecProposerMixin, DraftHeadMixin, AscendEagleProposer):
     """EAGLE / EAGLE-1 drafting with per-step gamma on the NPU."""
 
 
-class VSpecDraftModelProposer(VSpecProposerMixin, AscendDraftModelProposer):
+class VSpecDraftModelProposer(TraceMixin, VSpecProposerMixin, DraftHeadMixin,
+                              AscendDraftModelProposer):
     """Serial draft-model drafting with per-step gamma on the NPU."""
