@@ -144,3 +144,67 @@ def test_sim_command_prints_a_table_and_writes_json_and_plot(tmp_path, capsys):
         "target", *(f"fixed-{g}" for g in range(K + 1)), "table", "online", "profile", "oracle"}
     assert data["gamma0_mode"] == "sync"
     assert (tmp_path / "sim.png").stat().st_size > 0
+
+
+# ------------------------------------------------------------------ tree arms
+# Width-2 trees accept clearly deeper than linear drafts (the beam keeps the
+# target's token more often).
+LINEAR = (0.55, 0.42, 0.32, 0.25)
+TREE = {1: LINEAR, 2: (0.85, 0.8, 0.75, 0.7)}
+
+
+def test_the_oracle_picks_the_tree_arm_when_it_is_better():
+    profile = load_profile(ASCEND)
+    batch = sim.BatchState(16, 8192, 384.0)
+    better = sim.Oracle(profile, K, lambda: TREE, max_width=2).decide(batch)
+    assert better.width == 2 and better.gamma * better.width <= K, better
+    # A tree that accepts no deeper than the linear draft only costs more.
+    same = sim.Oracle(profile, K, lambda: {1: LINEAR, 2: LINEAR}, max_width=2).decide(batch)
+    assert same.width == 1, same
+    assert sim.Oracle(profile, K, lambda: TREE).decide(batch).width == 1   # max_width 1
+
+
+def test_with_tree_rates_the_oracle_bounds_every_fixed_arm_and_trees_help():
+    wl = sim.steady(16, TREE, tokens=4096)
+    results = {r.policy: r for r in sim.compare([wl], ASCEND, K, max_width=2)}
+    fixed = {k: r.tok_s for k, r in results.items() if k.startswith("fixed-")}
+    assert {"fixed-1x2", "fixed-2x2"} <= set(fixed) and "fixed-3x2" not in fixed   # 3*2 > K
+    assert all(results["oracle"].tok_s >= v for v in fixed.values()), fixed
+    assert fixed["fixed-2x2"] > fixed["fixed-2"]
+    assert any("x2" in arm for arm in results["oracle"].gamma_steps)
+    # Without tree rates the same comparison has no tree contenders.
+    linear = {r.policy for r in sim.compare([sim.steady(16, LINEAR, tokens=1024)], ASCEND, K,
+                                            max_width=2)}
+    assert not {"fixed-1x2", "fixed-2x2"} & linear and "fixed-2" in linear
+
+
+def test_a_trace_of_tree_steps_replays_acceptance_per_width(tmp_path):
+    # The cycle policy changes arm every step, so each step verifies drafts of
+    # another width than it decides: the replay must attribute them to the
+    # previous step's width.
+    trace = tmp_path / "trace.jsonl"
+    profile = load_profile(ASCEND)
+    clock = sim.SimClock()
+    from vllm_vspec.config import VSpecConfig
+    ctl = GammaController(VSpecConfig(policy="cycle", min_gamma=1, trace_path=str(trace)), K,
+                          clock=clock, max_width=2)
+    sim.simulate(sim.steady(8, TREE, tokens=8192), profile, ctl, clock, name="rec", max_gamma=K)
+    ctl.close()
+    rates = sim.from_trace(trace).rates.at(100)
+    assert set(rates) == {1, 2}
+    assert rates[1][0] == pytest.approx(TREE[1][0], abs=0.1)
+    assert rates[2][0] == pytest.approx(TREE[2][0], abs=0.1)
+    assert rates[2][1] == pytest.approx(TREE[2][1], abs=0.15)
+
+
+def test_sim_command_compares_tree_arms(tmp_path, capsys):
+    code = cli_main(["sim", "--profile", ASCEND, "--workloads", "steady-b16",
+                     "--scale", "0.02", "--max-width", "2",
+                     "--tree-rates", "2:0.85,0.8,0.75,0.7", "--out", str(tmp_path)])
+    assert code == 0
+    assert "fixed-2x2" in capsys.readouterr().out
+    data = json.loads((tmp_path / "sim.json").read_text())
+    assert data["max_width"] == 2
+    assert {"fixed-1x2", "fixed-2x2"} <= {r["policy"] for r in data["results"]}
+    with pytest.raises(SystemExit, match="W >= 2"):
+        cli_main(["sim", "--profile", ASCEND, "--tree-rates", "1:0.5", "--out", str(tmp_path)])

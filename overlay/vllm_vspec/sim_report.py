@@ -3,7 +3,10 @@
 Compares fixed gamma 0..K, vLLM's static batch-size table, the online and
 profile policies and the per-step oracle on the same synthetic or recorded
 workloads and latency profile, prints a table of tokens/s and ratios, and
-writes sim.json and sim.png. The simulated engine and the contenders are in
+writes sim.json and sim.png. With `--max-width W` and `--tree-rates` it
+adds tree arms: a fixed contender per (gamma, width) arm (`fixed-2x2`:
+depth 2, width 2) and the adaptive policies and the oracle choose among
+them. The simulated engine and the contenders are in
 sim.py; this module is its report and command line.
 """
 
@@ -15,8 +18,9 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from vllm_vspec.latency import load_profile
-from vllm_vspec.sim import (DRAFT_RATES, GAMMA0_MODES, SimResult, Workload, bursty, compare,
-                            controller_overhead_us, from_trace, phase_shift, ratios, steady)
+from vllm_vspec.sim import (DRAFT_RATES, GAMMA0_MODES, Rates, SimResult, Workload, bursty,
+                            compare, controller_overhead_us, from_trace, phase_shift, ratios,
+                            steady)
 
 
 # ------------------------------------------------------------------ report
@@ -27,7 +31,9 @@ def table_text(results: Sequence[SimResult]) -> str:
     head = f"{'workload':<18}" + "".join(f"{n:>10}" for n in names)
     lines = ["tokens/s", head]
     for wl in wls:
-        lines.append(f"{wl:<18}" + "".join(f"{by[wl, n].tok_s:>10.1f}" for n in names))
+        # A workload without tree rates has no tree contenders: "-".
+        lines.append(f"{wl:<18}" + "".join(f"{by[wl, n].tok_s:>10.1f}" if (wl, n) in by
+                                           else f"{'-':>10}" for n in names))
     lines.append("")
     rat = ratios(results)
     keys = list(next(iter(rat.values())))
@@ -60,7 +66,8 @@ def plot(results: Sequence[SimResult], path: Path) -> None:
     width = 0.8 / len(names)
     for i, n in enumerate(names):
         ax.bar([w + i * width for w in range(len(wls))],
-               [by[wl, n].tok_s / by[wl, "oracle"].tok_s for wl in wls], width, label=n)
+               [by[wl, n].tok_s / by[wl, "oracle"].tok_s if (wl, n) in by else 0.0
+                for wl in wls], width, label=n)
     ax.set_xticks([w + 0.4 - width / 2 for w in range(len(wls))], wls)
     ax.set_ylabel("tokens/s / oracle")
     ax.set_ylim(0.5, 1.05)
@@ -85,8 +92,9 @@ def plot(results: Sequence[SimResult], path: Path) -> None:
 
 # ------------------------------------------------------------------ CLI
 # name -> factory(scale, rates): `scale` multiplies the workload's tokens,
-# `rates` are the steady acceptance (phase workloads alternate EASY/HARD).
-WORKLOADS: dict[str, Callable[[float, Sequence[float]], Workload]] = {
+# `rates` are the steady acceptance, a tuple or {tree width: tuple} (phase
+# workloads alternate EASY/HARD, linear only).
+WORKLOADS: dict[str, Callable[[float, Rates], Workload]] = {
     "steady-b1": lambda s, r: steady(1, r, tokens=int(8192 * s)),
     "steady-b16": lambda s, r: steady(16, r, tokens=int(32768 * s)),
     "steady-b128": lambda s, r: steady(128, r, tokens=int(65536 * s)),
@@ -108,6 +116,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--rates", default=",".join(map(str, DRAFT_RATES)),
                    help="conditional acceptance per draft position for the steady and "
                         "bursty workloads (later positions repeat the last value)")
+    p.add_argument("--max-width", type=int, default=1,
+                   help="widest tree arm compared (1: linear drafts only); a workload gets "
+                        "tree arms up to the widest width it has rates for")
+    p.add_argument("--tree-rates", action="append", default=[], metavar="W:R1,R2,...",
+                   help="conditional acceptance per depth of width-W trees for the steady "
+                        "and bursty workloads (repeatable, one per width 2..--max-width)")
     p.add_argument("--scale", type=float, default=1.0,
                    help="multiply every synthetic workload's length (tokens)")
     p.add_argument("--table", default=None,
@@ -124,18 +138,35 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_main)
 
 
+def _rates(flag: str, text: str) -> tuple[float, ...]:
+    try:
+        rates = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        rates = ()
+    if not rates or not all(0.0 <= x <= 1.0 for x in rates):
+        raise SystemExit(f"{flag}={text!r}: need comma-separated values in [0, 1]")
+    return rates
+
+
 def _main(args: argparse.Namespace) -> int:
     unknown = [w for w in args.workloads.split(",") if w and w not in WORKLOADS]
     if unknown:
         raise SystemExit(f"--workloads: unknown {unknown}; known: {', '.join(WORKLOADS)}")
-    rates = tuple(float(x) for x in args.rates.split(","))
-    if not all(0.0 <= x <= 1.0 for x in rates):
-        raise SystemExit(f"--rates={args.rates!r}: need comma-separated values in [0, 1]")
+    rates: Rates = _rates("--rates", args.rates)
+    if args.max_width < 1:
+        raise SystemExit(f"--max-width={args.max_width}: need an integer >= 1")
+    if args.tree_rates:
+        rates = {1: rates}
+        for spec in args.tree_rates:
+            width, _, values = spec.partition(":")
+            if not width.isdigit() or int(width) < 2:
+                raise SystemExit(f"--tree-rates={spec!r}: need W:R1,R2,... with W >= 2")
+            rates[int(width)] = _rates("--tree-rates", values)
     workloads = [WORKLOADS[w](args.scale, rates) for w in args.workloads.split(",") if w]
     workloads += [from_trace(t) for t in args.trace]
     table = json.loads(args.table) if args.table else None
     results = compare(workloads, args.profile, args.max_gamma, table, json.loads(args.vspec),
-                      args.seed, args.noise, args.gamma0_mode)
+                      args.seed, args.noise, args.gamma0_mode, args.max_width)
     profile = load_profile(args.profile)
     print(f"profile: {profile.name} ({profile.source}) {profile.note}; "
           f"gamma 0: {args.gamma0_mode}")
@@ -150,7 +181,7 @@ def _main(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "sim.json").write_text(json.dumps({
         "profile": args.profile, "max_gamma": args.max_gamma, "seed": args.seed,
-        "gamma0_mode": args.gamma0_mode,
+        "gamma0_mode": args.gamma0_mode, "max_width": args.max_width,
         "results": [{"policy": r.policy, "workload": r.workload, "tokens": r.tokens,
                      "seconds": r.seconds, "tok_s": r.tok_s, "steps": r.steps,
                      "gamma_steps": r.gamma_steps} for r in results],
