@@ -31,6 +31,7 @@ from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 from vllm_vspec.acceptance import AcceptanceRule
 from vllm_vspec.adapters.vllm.proposers import PROPOSERS, proposer_features, vspec_proposer
 from vllm_vspec.adapters.vllm.rejection_sampler import VSpecRejectionSampler
+from vllm_vspec.adapters.vllm.tree_verify import TreeVerifyMixin
 from vllm_vspec.draft_lag import DraftLag
 from vllm_vspec.wiring import gamma0_mode, resolve
 
@@ -177,8 +178,11 @@ class PlainSamplingMixin:
         return logits_indices, metadata, max_num_sampled
 
 
-class VSpecCPUModelRunner(PlainSamplingMixin, VSpecRunnerMixin, CPUModelRunner):
-    """vLLM's CPU model runner with vspec's sampling, rule and entropy stop."""
+class VSpecCPUModelRunner(TreeVerifyMixin, PlainSamplingMixin, VSpecRunnerMixin,
+                          CPUModelRunner):
+    """vLLM's CPU model runner with vspec's sampling, rule and entropy stop,
+    and draft-tree verification (tree_verify.py; CPU only: the tree attention
+    masks exist for the CPU backend only)."""
 
 
 class VSpecGPUModelRunner(PlainSamplingMixin, VSpecRunnerMixin, GPUModelRunner):
