@@ -14,6 +14,13 @@ Spec:
 - The check is not vacuous: some tree keeps a branch that is not the best
   one's child alive below depth 1.
 - gamma 0 drafts nothing and returns the root alone.
+- The layout of a tree pass (no engine): at width 1 its RoPE positions, KV
+  slots and sequence lengths below max_model_len are the host's linear
+  step's (vLLM's own `eagle_step_update_slot_mapping_and_metadata`); at any
+  width node i of a
+  request writes the slot of position p + i (p: its root row), its queries'
+  masks are tree.tree_mask's rows over the tree keys, and nothing at or past
+  max_model_len is written or read.
 - What tree drafting cannot do stops it with the key `tree_width` named
   (section 4.4.5), width 1 never.
 
@@ -32,7 +39,8 @@ import torch
 
 from conftest import EAGLE, close_llm, greedy, make_llm, runner_of
 from vllm_vspec import tree
-from vllm_vspec.adapters.vllm.tree_proposer import TreeDraftMixin, check_tree_drafting
+from vllm_vspec.adapters.vllm.tree_proposer import (TreeDraftMixin, check_tree_drafting,
+                                                    pass_layout)
 from vllm_vspec.adapters.vllm.worker import CPU_WORKER_CLS
 from vllm_vspec.config import VSpecConfigError
 
@@ -91,6 +99,63 @@ def test_the_draft_model_method_is_refused_and_width_one_never():
     check_tree_drafting(draft_model, 1)
     check_tree_drafting(stub(uses_mrope=True, traces=object()), 1)
     check_tree_drafting(stub(), 4)
+
+
+# ------------------------------------------------------------ pass layout
+BLOCK, LIMIT = 4, 32                  # block size and max_model_len of the layout tests
+
+
+def block_table(batch: int) -> torch.Tensor:
+    """A scattered block table: request b's blocks in a shuffled order."""
+    blocks = LIMIT // BLOCK
+    gen = torch.Generator().manual_seed(7)
+    return torch.randperm(batch * blocks, generator=gen).reshape(batch, blocks).to(torch.int32)
+
+
+def test_width_one_layout_is_the_host_linear_step():
+    from vllm.platforms import current_platform
+    from vllm.v1.spec_decode.utils import eagle_step_update_slot_mapping_and_metadata
+
+    current_platform.register_triton_kernel_overrides()  # the host's CPU kernel
+    roots = torch.tensor([0, 5, 13, 27, 29, 31])          # the last ones reach LIMIT
+    table = block_table(len(roots))
+    position, seq_lens = roots.clone(), (roots + 1).to(torch.int32)
+    for depth in range(1, 6):
+        slots = torch.empty(len(roots), dtype=torch.int64)
+        eagle_step_update_slot_mapping_and_metadata(position.clone(), table, seq_lens, BLOCK,
+                                                    LIMIT, position, slots)
+        layout = pass_layout(roots, table, BLOCK, LIMIT, depth, 1)
+        inside = roots + depth < LIMIT
+        assert layout.positions[inside, 0].tolist() == position[inside].tolist(), depth
+        assert layout.slots[inside].tolist() == slots[inside].tolist(), depth
+        assert layout.seq_lens[inside].tolist() == seq_lens[inside].tolist(), depth
+        # Past max_model_len (never verified) no KV is written. The host
+        # pads only its first step there: it then counts positions up from
+        # 0 again and writes their slots, which the layout does not copy.
+        assert (layout.slots[~inside] == -1).all() and (layout.positions[~inside] == 0).all()
+        assert (layout.seq_lens <= LIMIT).all()
+
+
+def test_tree_nodes_write_their_own_slots_and_read_only_their_ancestors():
+    width, depth = 3, 2
+    roots = torch.tensor([2, 9, 26, 30])
+    table = block_table(len(roots))
+    # Depth-2 nodes hang from depth-1 nodes 2, 1, 2 (not in rank order).
+    parents = torch.tensor([tree.NO_NODE, 0, 0, 0, 2, 1, 2]).expand(len(roots), -1)
+    layout = pass_layout(roots, table, BLOCK, LIMIT, depth, width)
+    queries = layout.queries(parents)
+    want_mask = tree.tree_mask(parents[:1])[0, 4:7]
+    for b, p in enumerate(roots.tolist()):
+        at = [p + i for i in (4, 5, 6)]
+        want = [int(table[b, a // BLOCK]) * BLOCK + a % BLOCK if a < LIMIT else -1
+                for a in at]
+        assert layout.slots[b * width:(b + 1) * width].tolist() == want, b
+        assert layout.positions[b].tolist() == [p + depth if p + depth < LIMIT else 0] * width
+        keys = min(1 + depth * width, LIMIT - p)
+        assert layout.seq_lens[b] == p + keys <= LIMIT
+        assert queries.rows[b] == b
+        assert torch.equal(queries.masks[b], want_mask[:, :keys]), (b, queries.masks[b])
+        assert bool(queries.masks[b][:, 0].all()), "the root is every node's ancestor"
 
 
 # ------------------------------------------------------------ the engine

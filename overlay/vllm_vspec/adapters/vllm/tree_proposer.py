@@ -188,40 +188,81 @@ class TreeDraftMixin:
         Returns (output hidden [B, W, H], draft logits [B, W, V'])."""
         batch = tokens.shape[0]
         n = batch * width
-        p = first.positions.unsqueeze(1)
-        node = 1 + (depth - 1) * width + torch.arange(width, device=p.device)
-        limit = self.max_model_len
-        # Past max_model_len the target never verifies a node (the host cuts
-        # the draft list there): no KV write, position 0, as the host does.
-        position = torch.where(p + depth < limit, p + depth, 0).expand(batch, width)
-        slot_position = p + node
         block_table = first.cad.block_table_tensor[:batch]
-        in_range = slot_position.clamp(max=limit - 1)
-        slots = (block_table.gather(1, in_range // self.block_size).long() * self.block_size
-                 + in_range % self.block_size)
-        slots = torch.where(slot_position < limit, slots, PADDING_SLOT_ID).reshape(n)
-        # Tree keys: root and nodes 1 .. depth * W (slots p .. p + depth * W),
-        # cut at max_model_len; the prefix before p is visible to every node.
-        tree_keys = (limit - first.positions).clamp(max=1 + depth * width)
-        seq_lens = (first.positions + tree_keys).to(torch.int32).cpu()
+        layout = pass_layout(first.positions, block_table, self.block_size,
+                             self.max_model_len, depth, width)
         self.input_ids[:n] = tokens.reshape(n).to(torch.int32)
-        self.positions[:n] = position.reshape(n)
+        self.positions[:n] = layout.positions.reshape(n)
         self.hidden_states[:n] = hidden.reshape(n, -1)
         cad = drafter_batch(first.cad, query_lens=torch.full((batch,), width, dtype=torch.int32),
-                            seq_lens=seq_lens, block_table=block_table, slots=slots,
-                            prefilling=False)
+                            seq_lens=layout.seq_lens, block_table=block_table,
+                            slots=layout.slots, prefilling=False)
+        # A chain's mask is causal: width 1 runs the host kernel as it is.
         builders = tree_builders(self.draft_attn_groups) if width > 1 else []
-        if builders:
-            masks = tree.tree_mask(parents)[:, node]          # [B, W, 1 + depth * W]
-            queries = TreeQueries(tuple(range(batch)), tuple(
-                m[:, :t] for m, t in zip(masks, tree_keys.tolist())))
-            for builder in builders:
-                builder.set_tree(queries)
+        queries = layout.queries(parents) if builders else None
+        for builder in builders:
+            builder.set_tree(queries)
         try:
-            last, _ = run_pass(self, cad, n, slots, draft_index=depth)
+            last, _ = run_pass(self, cad, n, layout.slots, draft_index=depth)
         finally:
             for builder in builders:
                 builder.set_tree(None)
         out = last[:n]
         logits, _ = self._draft_logits(out)
         return out.reshape(batch, width, -1), logits.reshape(batch, width, -1)
+
+
+@dataclass(frozen=True)
+class PassLayout:
+    """Where the depth-d nodes of one tree pass go (section 4.4, step 3).
+
+    positions  int64 [B, W]: RoPE position p + d (0 past max_model_len).
+    slots      int64 [B * W]: KV slot of position p + i, i the node index
+               (PADDING_SLOT_ID past max_model_len: no write).
+    tree_keys  int64 [B]: the request's tree keys, root and nodes 1 .. d * W
+               at positions p .. p + d * W, cut at max_model_len.
+    seq_lens   int32 [B], on the host: p + tree_keys, every key the pass reads.
+    depth, width: the pass."""
+
+    positions: torch.Tensor
+    slots: torch.Tensor
+    tree_keys: torch.Tensor
+    seq_lens: torch.Tensor
+    depth: int
+    width: int
+
+    def queries(self, parents: torch.Tensor) -> TreeQueries:
+        """The tree queries of the pass: per request, the depth-d rows of
+        tree.tree_mask (parents [B, 1 + d * W]) over its tree keys. The root
+        (key 0) is every node's ancestor, so no row is empty."""
+        masks = tree.tree_mask(parents)[:, depth_nodes(self.depth, self.width)]
+        return TreeQueries(tuple(range(masks.shape[0])), tuple(
+            m[:, :t] for m, t in zip(masks, self.tree_keys.tolist())))
+
+
+def depth_nodes(depth: int, width: int) -> torch.Tensor:
+    """int64 [W]: the node indices of depth `depth` (tree.py's layout)."""
+    return 1 + (depth - 1) * width + torch.arange(width)
+
+
+def pass_layout(positions: torch.Tensor, block_table: torch.Tensor, block_size: int,
+                max_model_len: int, depth: int, width: int) -> PassLayout:
+    """The layout of the pass over depth-`depth` nodes for requests whose
+    root row sits at `positions` (p, int64 [B]), with `block_table` [B,
+    blocks] (the KV manager's, as the host's linear step reads it). Past
+    max_model_len the target never verifies a node (the host cuts the draft
+    list there): such a node writes no KV and takes position 0, as the
+    host's first linear step past it does, and no key past max_model_len is
+    read."""
+    p = positions.unsqueeze(1)
+    batch = p.shape[0]
+    rope = (p + depth).expand(batch, width)
+    rope = torch.where(rope < max_model_len, rope, 0)
+    at = p + depth_nodes(depth, width).to(p.device)
+    in_range = at.clamp(max=max_model_len - 1)
+    slots = (block_table.gather(1, in_range // block_size).long() * block_size
+             + in_range % block_size)
+    slots = torch.where(at < max_model_len, slots, PADDING_SLOT_ID).reshape(batch * width)
+    tree_keys = (max_model_len - positions).clamp(max=1 + depth * width)
+    return PassLayout(rope, slots, tree_keys, (positions + tree_keys).to(torch.int32).cpu(),
+                      depth, width)
