@@ -391,9 +391,13 @@ def test_positions_below_min_observations_borrow_the_previous_estimate():
 
 # ------------------------------------------------------------------ tree arms
 class TreeEngine(Engine):
-    """Engine whose drafts are trees: `rates` maps a width to the conditional
-    acceptance per depth of that width's trees; a step at (gamma, width)
-    takes step_s(gamma, width, B) seconds."""
+    """Engine whose drafts are trees: `by_width` maps a width to the
+    conditional acceptance per depth of that width's trees; a step at
+    (gamma, width) takes step_s(gamma, width, B) seconds."""
+
+    def __init__(self, by_width, step_s, seed: int = 0):
+        super().__init__(by_width[1], step_s, seed)
+        self.by_width = by_width
 
     def run(self, ctl: GammaController, steps: int, num_reqs: int, budget: int = BUDGET,
             tree_allowed: bool = True) -> list:
@@ -403,19 +407,13 @@ class TreeEngine(Engine):
         for _ in range(steps):
             d = ctl.decide(BatchState(num_reqs, budget, tree_allowed=tree_allowed))
             decisions.append(d)
-            rates = self.rates[prev_width]
+            self.rates = self.by_width[prev_width]      # the verified drafts' width
             drafted = (self.prev_gamma,) * num_reqs
-            accepted = tuple(self._accepted(x, rates) for x in drafted)
+            accepted = tuple(self.accepted(x) for x in drafted)
             self.now += self.step_s(d.gamma, d.width, num_reqs)
             ctl.observe(StepFeedback(drafted, accepted, sum(accepted) + num_reqs))
             self.prev_gamma, prev_width = d.gamma, d.width
         return decisions
-
-    def _accepted(self, drafted: int, rates) -> int:
-        a = 0
-        while a < drafted and self.rng.random() < rates[a]:
-            a += 1
-        return a
 
 
 def tree_online(min_width: int = 1, max_width: int = 2, **over) -> GammaController:
@@ -484,6 +482,14 @@ def test_the_tree_governor_moves_depth_by_max_gamma_step_at_a_feasible_width():
     scores = lambda: {a: (10.0 if a == (1, 4) else 1.0) for a in arms}  # noqa: E731
     assert [gov.step(1, 0, 8, scores, "ucb", arms)[0] for _ in range(3)] == [
         (3, 2), (2, 4), (1, 4)]
+
+
+def test_a_tree_step_drafts_its_root_then_a_frontier_of_width_queries_per_depth():
+    # PROFILE: draft 0.02 ms/query + 4 ms/pass, target 0.5 ms/query + 20 ms.
+    # (2, 2) at B 8: a root pass of 8 queries, one of 16, a verify of 8 * 5.
+    assert PROFILE.step_ms(2, 8, 0.0, width=2) == pytest.approx(
+        (4 + 0.02 * 8) + (4 + 0.02 * 16) + (20 + 0.5 * 40))
+    assert PROFILE.step_ms(3, 8, 100.0, width=1) == PROFILE.split_step_ms(32, 3, 8, 100.0)
 
 
 def test_profile_policy_takes_the_goodput_argmax_over_tree_arms():

@@ -105,7 +105,7 @@ class GammaController:
         # step times). Idle time before scheduling is no cost.
         self._busy_since: float | None = None
         self._last_completed_at: float | None = None
-        self._last_observed: tuple[int, int] | None = None     # (gamma, width) of the last observed step
+        self._last_observed: tuple[int, int] | None = None     # (gamma, width) last observed
         self._steps = 0
         self._cost: dict[int, CostTally] = {}                  # bucket -> cost
         # bucket -> (gamma, width) -> tally

@@ -37,8 +37,11 @@ class StepFeedback:
     its timing are not here: the controller decided the one and stamps the
     other on its own clock (GammaController.decide/observe)."""
 
-    drafted: tuple[int, ...]       # per request: draft tokens VERIFIED in this step (proposed with the previous decision); a tree's depth
-    accepted: tuple[int, ...]      # per request: of those, accepted (a tree's accepted path length)
+    # drafted: per request, draft tokens VERIFIED in this step (proposed with
+    # the previous decision); of a tree, its depth. accepted: of those, the
+    # accepted ones; of a tree, the accepted path's length.
+    drafted: tuple[int, ...]
+    accepted: tuple[int, ...]
     committed: int                 # tokens committed this step over the batch
 
 
@@ -62,7 +65,7 @@ class StepOutcome:
     reward: float                  # committed tokens per second of that interval
     stable: bool                   # verified and proposed drafts used the same arm (gamma, width)
     width: int = 1                 # the decision's tree width (with `gamma`, its arm)
-    verified_width: int = 1        # tree width of the drafts VERIFIED in this step (the previous decision's)
+    verified_width: int = 1        # width of the drafts VERIFIED here (the previous decision's)
 
 
 def bucket_of(num_reqs: int) -> int:

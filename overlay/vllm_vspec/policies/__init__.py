@@ -10,8 +10,9 @@ An arm is one of the policy's arm space (arms.py): a gamma at width 1 (the
 default), a (gamma, width) tree otherwise; `space.arms(batch, lo, hi)` are
 the step's feasible ones. `previous` is the controller's decision in force
 before this one, as an arm (any bucket; None before the first): the
-controller owns it, a policy keeps no copy. The step types come from the leaf module steps.py, never from
-controller.py (which imports this package).
+controller owns it, a policy keeps no copy. The step types come from the
+leaf module steps.py, never from controller.py (which imports this
+package); arms.py, like steps.py, imports neither.
 """
 
 from __future__ import annotations
