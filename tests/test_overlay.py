@@ -16,12 +16,15 @@ import torch
 # ------------------------------------------------------------------------------
 # The NPU-side decisions that need no NPU: the step's gamma and the routing.
 # (vllm_ascend.vspec resolves to overlay/vllm_ascend/vspec in a checkout.)
-def _engine_config(method="eagle", k=4, vspec=None, async_scheduling=False, scheduler_cls=None):
+def _engine_config(method="eagle", k=4, vspec=None, async_scheduling=False, scheduler_cls=None,
+                   cudagraph_mode="NONE", capture=None, device="npu"):
     from conftest import engine_config
 
-    return engine_config(method, k, vspec, device="npu", async_scheduling=async_scheduling,
-                         scheduler_cls=scheduler_cls,
-                         worker_cls="vllm_ascend.worker.worker.NPUWorker")
+    config = engine_config(method, k, vspec, device=device, async_scheduling=async_scheduling,
+                           scheduler_cls=scheduler_cls, cudagraph_mode=cudagraph_mode,
+                           worker_cls="vllm_ascend.worker.worker.NPUWorker")
+    config.compilation_config.max_cudagraph_capture_size = capture
+    return config
 
 
 def test_step_gamma_defaults_to_k_and_enforces_the_verify_width():
@@ -195,10 +198,10 @@ def proposers(monkeypatch):
     sys.modules.pop("vllm_ascend.vspec.proposers", None)
 
 
-def _make(proposers, k=4, full_graphs=False, vspec=None):
+def _make(proposers, k=4, full_graphs=False, vspec=None, **config_args):
     # Full draft graphs under dynamic gamma are opt-in (ascend_draft_full_graph).
     vspec = {"ascend_draft_full_graph": True} if full_graphs and vspec is None else vspec
-    config = _engine_config("eagle", k, vspec=vspec)
+    config = _engine_config("eagle", k, vspec=vspec, **config_args)
     config.full_graphs = full_graphs
     proposer = proposers.VSpecEagleProposer(config, torch.device("cpu"))
     proposer.load_model(model=None)
@@ -264,3 +267,116 @@ def test_profiling_dummy_runs_use_k_once(proposers):
     proposer.dummy_run(num_tokens=8, in_graph_capturing=True,
                        aclgraph_runtime_mode=CUDAGraphMode.FULL, is_profile=True)
     assert [g for g, _ in proposer.dummy_runs] == [3]
+
+
+# ------------------------------------------------------------------------------
+# Verify width (vllm_vspec/adapters/vllm/verify_width.py): a decode step whose
+# batch fits the target's full decode graph verifies K draft slots, its gamma
+# drafts then -1, which every verifier rejects (vLLM-Ascend 0.23 replays that
+# graph only for 1 + K tokens a request). Async scheduling always gets K
+# columns: vLLM 0.23's runner reads the previous drafts with a row stride of K.
+GRAPHS = dict(cudagraph_mode="FULL_AND_PIECEWISE", capture=40)  # K=4: up to 8 requests
+
+
+@pytest.mark.parametrize("config_args, vspec, pad_max_reqs", [
+    (GRAPHS, {}, 8),
+    (dict(cudagraph_mode="FULL_DECODE_ONLY", capture=512), {}, 102),
+    (dict(GRAPHS, cudagraph_mode="PIECEWISE"), {}, 0),       # no full decode graph
+    (dict(GRAPHS, cudagraph_mode="NONE"), {}, 0),
+    (dict(GRAPHS, capture=None), {}, 0),
+    (dict(GRAPHS, device="cpu"), {}, 0),                      # vLLM-Ascend only
+    (GRAPHS, {"ascend_pad_verify_width": False}, 0),
+    (GRAPHS, {"enabled": False}, 0),
+])
+def test_padding_applies_only_where_a_full_decode_graph_is_kept(config_args, vspec, pad_max_reqs):
+    from vllm_vspec.adapters.vllm.verify_width import VerifyWidth
+    from vllm_vspec.wiring import resolve
+
+    config = _engine_config("eagle", 4, vspec=vspec, **config_args)
+    verify = VerifyWidth.of(config, resolve(config))
+    assert verify.pad_max_reqs == pad_max_reqs
+    assert [verify.verified(2, n) for n in (1, 8, 9)] == \
+        [4 if n <= pad_max_reqs else 2 for n in (1, 8, 9)]
+
+
+def test_a_padded_step_returns_its_gamma_drafts_then_invalid_ones(proposers):
+    proposer = _make(proposers, k=4, **GRAPHS)
+    draft = proposer._propose(**_step(gamma=2, batch=3))
+    assert draft.tolist() == [[0, 1, -1, -1]] * 3
+    assert proposer.draft_passes == [2]  # the drafter still drafts gamma tokens
+
+
+def test_padding_stops_where_the_batch_outgrows_the_graph(proposers):
+    proposer = _make(proposers, k=4, **GRAPHS)
+    assert proposer._propose(**_step(gamma=2, batch=9)).tolist() == [[0, 1]] * 9
+
+
+def test_a_padded_gamma_zero_step_verifies_only_invalid_drafts(proposers):
+    proposer = _make(proposers, k=4, **GRAPHS)
+    assert proposer._propose(**_step(gamma=0)).tolist() == [[-1] * 4] * 2
+    assert proposer.draft_passes == [1]
+
+
+def test_without_padding_a_sync_step_returns_its_gamma_drafts(proposers):
+    proposer = _make(proposers, k=4, vspec={"ascend_pad_verify_width": False}, **GRAPHS)
+    assert proposer._propose(**_step(gamma=2)).tolist() == [[0, 1]] * 2
+
+
+def test_under_async_scheduling_the_draft_keeps_k_columns(proposers):
+    # No graph to keep (eager target): the scheduler verifies gamma of the K.
+    proposer = _make(proposers, k=4, async_scheduling=True)
+    assert proposer._propose(**_step(gamma=1)).tolist() == [[0, -1, -1, -1]] * 2
+
+
+def _padding_scheduler(k=4, async_scheduling=True, **config_args):
+    """A VSpecScheduler with only what its padding bookkeeping reads (vLLM's
+    Scheduler.__init__ needs a whole engine)."""
+    from vllm_vspec.adapters.vllm.scheduler import VSpecAsyncScheduler, VSpecScheduler
+    from vllm_vspec.adapters.vllm.verify_width import VerifyWidth
+    from vllm_vspec.wiring import resolve
+
+    config = _engine_config("eagle", k, async_scheduling=async_scheduling,
+                            **(config_args or GRAPHS))
+    scheduler = object.__new__(VSpecAsyncScheduler if async_scheduling else VSpecScheduler)
+    scheduler._verify = VerifyWidth.of(config, resolve(config))
+    scheduler._drafted = {}
+    return scheduler
+
+
+def _scheduled(spec, finished=()):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(num_scheduled_tokens={r: 1 + len(s) for r, s in spec.items()},
+                           scheduled_spec_decode_tokens={r: s for r, s in spec.items() if s},
+                           num_invalid_spec_tokens=None, finished_req_ids=set(finished))
+
+
+def test_async_placeholders_are_padded_to_k_while_the_graph_is_kept():
+    scheduler = _padding_scheduler()
+    scheduler._set_gamma(_scheduled({f"r{i}": [] for i in range(8)}), 1)
+    assert scheduler._spec_token_placeholders == [-1] * 4
+    scheduler._set_gamma(_scheduled({f"r{i}": [] for i in range(9)}), 1)
+    assert scheduler._spec_token_placeholders == [-1]
+
+
+def test_pads_are_reported_as_invalid_drafts_so_nobody_counts_them():
+    from types import SimpleNamespace
+
+    from vllm_vspec.adapters.vllm.scheduler import _feedback
+
+    scheduler = _padding_scheduler(async_scheduling=False)
+    scheduler._set_gamma(_scheduled({"a": [], "b": [], "gone": []}), 1)  # drafts 1 each
+    step = _scheduled({"a": [5, -1, -1, -1], "b": [], "new": [7, 8]}, finished={"gone"})
+    scheduler._report_padding(step)
+    assert step.num_invalid_spec_tokens == {"a": 3}  # "new": drafted before we knew it
+    assert "gone" not in scheduler._drafted
+    out = SimpleNamespace(sampled_token_ids=[[5, 9], [4], [7, 1]],
+                          req_id_to_index={"a": 0, "b": 1, "new": 2})
+    fb = _feedback(step, out)
+    assert (fb.drafted, fb.accepted) == ((1, 2), (1, 1))
+
+
+def test_no_bookkeeping_where_nothing_is_padded():
+    scheduler = _padding_scheduler(async_scheduling=False, cudagraph_mode="PIECEWISE", capture=40)
+    scheduler._set_gamma(_scheduled({"a": []}), 2)
+    assert not scheduler._verify.pads and scheduler._drafted == {}

@@ -30,6 +30,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import RequestStatus
 
+from vllm_vspec.adapters.vllm.verify_width import VerifyWidth
 from vllm_vspec.controller import GammaController
 from vllm_vspec.refill import RefillGate
 from vllm_vspec.steps import BatchState, StepFeedback
@@ -77,6 +78,12 @@ class VSpecScheduler(Scheduler):
         # id() of the SchedulerOutputs the controller decided and has not
         # yet observed (the steps it does not decide are not reported to it).
         self._decided: set[int] = set()
+        # Draft slots verified per step: gamma, or K padded with invalid
+        # drafts to keep the target's full decode graph (vLLM-Ascend only).
+        self._verify = VerifyWidth.of(vllm_config, self.vspec_config)
+        # request -> gamma of the step that drafted its pending drafts (kept
+        # only where steps can be padded).
+        self._drafted: dict[str, int] = {}
         logger.info("vspec: policy=%s gamma in [%d, %d]%s, acceptance=%s%s",
                     self.vspec_config.policy, self.vspec_config.min_gamma,
                     self.vspec_config.max_gamma,
@@ -106,6 +113,8 @@ class VSpecScheduler(Scheduler):
     # extends Scheduler._update_after_schedule: choose this step's gamma before
     # the host (AsyncScheduler) derives its draft placeholders from it.
     def _update_after_schedule(self, scheduler_output: SchedulerOutput) -> None:
+        if self.vspec is not None and self._verify.pads:
+            self._report_padding(scheduler_output)
         if self._sticky and self._stale:
             # Sticky gamma 0: the drafter skipped these requests' tokens, so
             # no speculation until they have all finished (the controller does
@@ -144,6 +153,22 @@ class VSpecScheduler(Scheduler):
         which lacks the field, the Ascend overlay's runner reads the same
         attribute)."""
         scheduler_output.num_spec_tokens_to_schedule = gamma
+        if self._verify.pads:
+            for req_id in scheduler_output.num_scheduled_tokens:
+                self._drafted[req_id] = gamma
+
+    def _report_padding(self, scheduler_output: SchedulerOutput) -> None:
+        """Scheduled drafts beyond the gamma that drafted them are padding
+        (verify_width.py): report them as vLLM's invalid spec tokens, which
+        its acceptance metrics and _feedback do not count as drafts."""
+        for req_id in scheduler_output.finished_req_ids:
+            self._drafted.pop(req_id, None)
+        for req_id, spec in scheduler_output.scheduled_spec_decode_tokens.items():
+            pads = len(spec) - self._drafted.get(req_id, len(spec))
+            if pads > 0:
+                invalid = scheduler_output.num_invalid_spec_tokens or {}
+                invalid[req_id] = max(invalid.get(req_id, 0), pads)
+                scheduler_output.num_invalid_spec_tokens = invalid
 
     # extends Scheduler.update_from_output: report each step's verified drafts
     # and committed tokens to the controller, after the host has consumed them.
@@ -178,8 +203,11 @@ class VSpecAsyncScheduler(VSpecScheduler, AsyncScheduler):
         super()._set_gamma(scheduler_output, gamma)
         # AsyncScheduler._update_after_schedule (next in the MRO) gives each
         # request these as next-step draft placeholders; vLLM 0.23 sizes
-        # them once by K, so size them by this step's gamma (0.32 does too).
-        self._spec_token_placeholders = [-1] * gamma
+        # them once by K, so size them by the slots the next step verifies:
+        # this step's gamma (0.32 does too), or K when padding keeps the
+        # target's full decode graph (verify_width.py).
+        verified = self._verify.verified(gamma, len(scheduler_output.num_scheduled_tokens))
+        self._spec_token_placeholders = [-1] * verified
 
 
 def _has_prefill(so: SchedulerOutput) -> bool:

@@ -1,0 +1,88 @@
+"""How many draft slots a decode step verifies on vLLM-Ascend: the step's
+gamma, or K when padding keeps the target's full decode ACL graph (not yet
+run on NPU). Elsewhere (CPU, CUDA) always the step's gamma.
+
+Why pad: vLLM-Ascend 0.23 replays the target's full decode graph only for a
+uniform decode step, every request scheduling exactly 1 + K tokens
+(worker/model_runner_v1.py lines 2953-2958); a step with gamma < K falls back
+to the piecewise or eager path. Padding each request's drafts with K - gamma
+invalid drafts (-1, vLLM's placeholder id) keeps the step uniform. Outputs
+stay exact: the runner feeds a -1 input to the model as token 0
+(_sanitize_placeholder_input_ids_for_forward, lines 1508-1523) after the
+verifier's draft ids were gathered with the -1 kept (lines 1599-1600), and -1
+never equals a target token, so the verifier rejects it (and everything after
+it). vLLM 0.32's own scheduler pads partial drafts the same way to keep its
+full CUDA graphs (vllm/v1/core/sched/scheduler.py, "Pad new decode requests
+to uniform spec decoding size"). The draft model still drafts only gamma
+tokens; the target verifies K - gamma more positions a request, which is why
+padding stops where no graph is kept (a batch over the capture range).
+
+Who pads: under sync scheduling the NPU proposer returns K columns (the
+scheduler schedules every draft it gets back); under async scheduling the
+scheduler's draft placeholders decide the verified count, and the proposer
+always returns K columns, because vLLM 0.23's runner reads the previous
+step's drafts with a row stride of K (gpu_model_runner.py _prepare_input_ids:
+`start = prev_index * self.num_spec_tokens`; its draft_token_ids_cpu buffer
+is [max_num_reqs, K]). The scheduler reports the pads as vLLM's
+`num_invalid_spec_tokens`, so neither vLLM's acceptance metrics nor the
+controller count them as drafts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from vllm.config import CUDAGraphMode
+
+from vllm_vspec.config import VSpecConfig
+
+INVALID_DRAFT = -1  # vLLM's PLACEHOLDER_TOKEN_ID: rejected by every verifier
+
+
+@dataclass(frozen=True)
+class VerifyWidth:
+    """The engine's padding rule, fixed at start-up."""
+
+    k: int
+    # Pad steps of at most this many requests (0: never): the most whose
+    # 1 + K tokens each fit the largest captured graph.
+    pad_max_reqs: int
+    # The host runner's draft tensor layout (see the module docstring).
+    async_scheduling: bool
+
+    @classmethod
+    def of(cls, vllm_config: Any, settings: VSpecConfig | None) -> "VerifyWidth":
+        k = vllm_config.speculative_config.num_speculative_tokens
+        compilation = vllm_config.compilation_config
+        capture = getattr(compilation, "max_cudagraph_capture_size", None)
+        mode = compilation.cudagraph_mode
+        pads = (settings is not None and settings.ascend_pad_verify_width
+                and vllm_config.device_config.device_type == "npu"
+                and mode is not None and mode.decode_mode() == CUDAGraphMode.FULL
+                and bool(capture))
+        return cls(k=k, pad_max_reqs=capture // (1 + k) if pads else 0,
+                   async_scheduling=bool(vllm_config.scheduler_config.async_scheduling))
+
+    @property
+    def pads(self) -> bool:
+        """Whether any step can be padded."""
+        return self.pad_max_reqs > 0
+
+    def verified(self, gamma: int, num_reqs: int) -> int:
+        """Draft slots each request verifies in the step after drafting gamma."""
+        return self.k if 0 < num_reqs <= self.pad_max_reqs else gamma
+
+    def draft_columns(self, gamma: int, num_reqs: int) -> int:
+        """Columns of the draft tensor the NPU proposer returns."""
+        return self.k if self.async_scheduling else self.verified(gamma, num_reqs)
+
+
+def pad_drafts(draft: torch.Tensor, gamma: int, columns: int) -> torch.Tensor:
+    """The first gamma columns of `draft`, then INVALID_DRAFT up to `columns`."""
+    if columns == gamma:
+        return draft[:, :gamma]
+    out = draft.new_full((draft.shape[0], columns), INVALID_DRAFT)
+    out[:, :gamma] = draft[:, :gamma]
+    return out
