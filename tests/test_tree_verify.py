@@ -1,0 +1,88 @@
+"""The tree step's sampling (adapters/vllm/tree_verify.sample_tree), no engine.
+
+One step mixes what an engine batch can hold: a width-2 tree, a request
+without drafts (a new request's prefill: the host sampler's token) and a
+chain (a linear draft). The oracle is tree.greedy_accept per request on the
+target's argmax at each node, in the rejection sampler's [B, max_spec_len +
+1] layout padded with -1.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from vllm_vspec import tree
+from vllm_vspec.adapters.vllm.tree_verify import PAD_TOKEN, TreeSpecDecodeMetadata, sample_tree
+
+VOCAB = 8
+
+
+def greedy_sampler(logits, sampling_metadata, predict_bonus_token):
+    """The host sampler on a greedy batch: the argmax of each row."""
+    assert predict_bonus_token
+    return SimpleNamespace(sampled_token_ids=logits.argmax(-1, keepdim=True).to(torch.int32))
+
+
+def step(trees: list[tuple[list[int], list[int]] | None], argmax: list[list[int]]):
+    """Metadata and logits of a step: trees[b] = (tokens, parents) or None (no
+    drafts); argmax[b] = the target's argmax at each of b's rows."""
+    logits = torch.cat([torch.nn.functional.one_hot(torch.tensor(a), VOCAB).float()
+                        for a in argmax])
+    num_draft = [0 if t is None else len(t[0]) - 1 for t in trees]
+    num_sampled = torch.tensor(num_draft) + 1
+    cu_sampled = num_sampled.cumsum(0)
+    rows = [b for b, t in enumerate(trees) if t is not None]
+    width = max(len(trees[b][0]) for b in rows)
+    tokens = torch.full((len(rows), width), PAD_TOKEN)
+    parents = torch.zeros((len(rows), width), dtype=torch.int64)
+    for k, b in enumerate(rows):
+        n = len(trees[b][0])
+        tokens[k, :n], parents[k, :n] = torch.tensor(trees[b][0]), torch.tensor(trees[b][1])
+    metadata = TreeSpecDecodeMetadata(
+        draft_token_ids=torch.tensor([x for t in trees if t for x in t[0][1:]]),
+        num_draft_tokens=num_draft, cu_num_draft_tokens=torch.tensor(num_draft).cumsum(0),
+        cu_num_sampled_tokens=cu_sampled, target_logits_indices=torch.zeros(0),
+        bonus_logits_indices=cu_sampled - 1, logits_indices=torch.arange(int(cu_sampled[-1])),
+        rows=tuple(rows), tokens=tokens, parents=parents,
+        seq_lens=torch.zeros(len(rows), dtype=torch.int64))
+    return metadata, logits
+
+
+GREEDY = SimpleNamespace(max_num_logprobs=None, all_greedy=True, temperature=None)
+
+
+def test_a_mixed_step_emits_each_requests_accepted_path_then_the_targets_token():
+    # Request 0: width 2, gamma 2; the target follows node 2 (rank 1) then node 4.
+    tree0 = ([5, 1, 2, 3, 4], [tree.NO_NODE, 0, 0, 1, 2])
+    argmax0 = [2, 0, 4, 0, 6]
+    # Request 2: a chain of 3 drafts, the second rejected.
+    tree2 = ([7, 3, 3, 1], [tree.NO_NODE, 0, 1, 2])
+    argmax2 = [3, 5, 0, 0]
+    metadata, logits = step([tree0, None, tree2], [argmax0, [6], argmax2])
+    out = sample_tree(greedy_sampler, logits, metadata, GREEDY).sampled_token_ids
+    assert out.shape == (3, metadata.max_spec_len + 1)
+    assert out.tolist() == [[2, 4, 6, -1, -1],
+                            [6, -1, -1, -1, -1],
+                            [3, 5, -1, -1, -1]]
+    assert metadata.acceptance.path[0, :3].tolist() == [0, 2, 4]
+    assert metadata.acceptance.length.tolist() == [3, 2]
+
+
+def test_padding_nodes_are_never_accepted():
+    # Request 1's tree is shorter: its padding hangs from the root with PAD_TOKEN.
+    metadata, logits = step([([0, 1, 2, 3], [tree.NO_NODE, 0, 1, 2]),
+                             ([0, 1], [tree.NO_NODE, 0])],
+                            [[1, 2, 3, 4], [1, 7]])
+    out = sample_tree(greedy_sampler, logits, metadata, GREEDY).sampled_token_ids
+    assert out.tolist() == [[1, 2, 3, 4], [1, 7, -1, -1]]
+
+
+def test_a_request_with_drafts_that_is_not_greedy_is_refused():
+    metadata, logits = step([([0, 1], [tree.NO_NODE, 0])], [[1, 2]])
+    sampled = SimpleNamespace(max_num_logprobs=None, all_greedy=False,
+                              temperature=torch.tensor([0.7]))
+    with pytest.raises(RuntimeError, match="not greedy"):
+        sample_tree(greedy_sampler, logits, metadata, sampled)
