@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from vllm_vspec.acceptance_stats import PositionAcceptance, expected_tokens
 from vllm_vspec.config import VSpecConfig
@@ -508,3 +510,28 @@ def test_profile_policy_takes_the_goodput_argmax_over_tree_arms():
     assert g == pytest.approx(expected)
     best = max(expected, key=expected.get)
     assert best[1] == 2 and policy.decide(batch, 8, 0, K, None) == (best, "profile")
+
+
+@settings(max_examples=100, deadline=None)
+@given(num_reqs=st.integers(1, 64), budget=st.integers(1, 512), k=st.integers(1, 8),
+       widths=st.tuples(st.integers(1, 4), st.integers(0, 3)), lo=st.integers(0, 2),
+       tree_allowed=st.booleans(), max_step=st.integers(1, 4), data=st.data())
+def test_tree_arms_are_exactly_the_feasible_ones_and_moves_stay_among_them(
+        num_reqs, budget, k, widths, lo, tree_allowed, max_step, data):
+    from vllm_vspec.arms import TreeArms
+    from vllm_vspec.steps import feasible_max_gamma
+    min_w, max_w = widths[0], widths[0] + widths[1]
+    batch = BatchState(num_reqs, budget, tree_allowed=tree_allowed)
+    hi = feasible_max_gamma(batch, k)
+    if hi < lo:
+        return                   # the controller drafts what fits without asking the policy
+    space = TreeArms(min_w, max_w, max_nodes=k)
+    arms = space.arms(batch, lo, hi)
+    nodes = min(k, budget // num_reqs - 1)
+    tree = {(g, w) for g in range(max(lo, 1), hi + 1) for w in range(min_w, max_w + 1)
+            if g * w <= nodes} if tree_allowed else set()
+    want = tree or {(g, 1) for g in range(max(lo, 1), hi + 1)}
+    assert set(arms) == want | ({(0, 1)} if lo == 0 else set())
+    assert arms == sorted(arms, key=lambda a: (a[0] * a[1], a[0]))
+    cur, best = data.draw(st.sampled_from(arms)), data.draw(st.sampled_from(arms))
+    assert space.toward(cur, best, max_step, arms) in arms

@@ -159,9 +159,10 @@ class TreeArms:
         if g == best[0]:
             return best
         # Depth limited by max_gamma_step: the width nearest the target's
-        # among the feasible arms of that depth (one exists: the arm of that
-        # depth at the narrower end's width fits whenever both ends do).
-        same = [a for a in arms if a[0] == g] or [self.arm(g, 1)]
+        # among the feasible arms of that depth. One exists: g lies strictly
+        # between the two ends' depths, so g times the deeper end's width
+        # fits whenever that end does.
+        same = [a for a in arms if a[0] == g]
         return min(same, key=lambda a: (abs(a[1] - best[1]), a[1]))
 
 
