@@ -6,9 +6,9 @@ step may take, which are neighbours, how to move towards another, their
 cost order. Policies and the governor are written against it once:
 
 - `GammaArms` (width 1, the default): an arm IS its gamma, a plain int,
-  exactly as before arms had widths, so a linear engine's controller, its
-  tallies and its trace are unchanged (tests/test_arm_replay.py replays
-  traces recorded before this module existed).
+  exactly as before arms had widths, so a linear engine's controller
+  decides and tallies as it did (tests/test_arm_replay.py replays traces
+  recorded before this module existed).
 - `TreeArms(min_width, max_width, max_nodes)`: an arm is a (gamma, width)
   tuple. A tree of depth gamma and width W drafts gamma*W nodes; the host's
   `num_speculative_tokens` K is that node budget, so an arm is feasible iff
@@ -35,9 +35,8 @@ Arm = Hashable          # an int (GammaArms) or a (gamma, width) tuple (TreeArms
 
 
 def arm_label(gamma: int, width: int) -> str:
-    """How summaries, the trace-derived tables and the simulator name an arm:
-    "3" for gamma 3 at width 1 (as before widths existed), "2x4" for depth 2,
-    width 4."""
+    """How the controller's summary and the simulator name an arm: "3" for
+    gamma 3 at width 1 (as before widths existed), "2x4" for depth 2, width 4."""
     return str(gamma) if width == 1 else f"{gamma}x{width}"
 
 
