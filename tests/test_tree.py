@@ -371,23 +371,16 @@ def test_cpu_kv_cache_keeps_keys_transposed_per_block_and_head(block_size):
     assert torch.equal(value_cache[block, :, offset], value)
 
 
-def read_paged_kv(key_cache, value_cache, blocks, length):
-    """A request's first `length` keys and values [length, kv_heads, head_size]
-    from the CPU cache halves, in the layout the test above locks."""
-    num_blocks, heads, block_size, head_size = value_cache.shape
-    keys = key_cache.reshape(num_blocks, heads, head_size, block_size)[blocks]
-    keys = keys.permute(0, 3, 1, 2).reshape(-1, heads, head_size)
-    values = value_cache[blocks].permute(0, 2, 1, 3).reshape(-1, heads, head_size)
-    return keys[:length], values[:length]
-
-
 def test_masked_attention_over_the_read_cache_equals_the_host_kernel_on_a_chain():
     """The tree backend's plan (docs/eagle-tree.md 4.1) on a width-1 tree, where
     the host's causal CPU kernel is the oracle: keys and values read back from
     the paged cache plus SDPA under `tree.attention_mask` (GQA included) give
-    the kernel's output for every query row."""
+    the kernel's output for every query row. The reader is the tree
+    backend's (tree_attention.read_paged_kv)."""
     from vllm import _custom_ops as host_ops
     from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+    from vllm_vspec.adapters.vllm.tree_attention import read_paged_kv
 
     block_size, heads, kv_heads, head_size, num_blocks = 32, 4, 2, 64, 8
     prefixes, gamma = [37, 5], 3
@@ -421,7 +414,7 @@ def test_masked_attention_over_the_read_cache_equals_the_host_kernel_on_a_chain(
     chain = torch.cat([torch.tensor([tree.NO_NODE]), torch.arange(gamma)]).expand(2, n)
     masks = tree.attention_mask(chain, torch.tensor(prefixes))
     for b, length in enumerate(seq_lens.tolist()):
-        keys, values = read_paged_kv(key_cache, value_cache, block_table[b].long(), length)
+        keys, values = read_paged_kv(cache, block_table[b], length)
         ours = torch.nn.functional.scaled_dot_product_attention(
             query[b * n:(b + 1) * n].transpose(0, 1), keys.transpose(0, 1),
             values.transpose(0, 1), attn_mask=masks[b], scale=scale, enable_gqa=True)
