@@ -112,7 +112,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help=f"comma list from {', '.join(WORKLOADS)} (default: all)")
     p.add_argument("--trace", action="append", default=[],
                    help="replay a recorded vspec trace JSONL (repeatable)")
-    p.add_argument("--max-gamma", type=int, default=4, help="K: gammas 0..K are compared (a tree arm drafts gamma*width <= K nodes)")
+    p.add_argument("--max-gamma", type=int, default=4,
+                   help="K: gammas 0..K are compared (a tree arm drafts gamma*width <= K "
+                        "nodes)")
     p.add_argument("--rates", default=",".join(map(str, DRAFT_RATES)),
                    help="conditional acceptance per draft position for the steady and "
                         "bursty workloads (later positions repeat the last value)")
