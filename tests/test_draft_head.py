@@ -12,7 +12,8 @@ Spec:
   argmax maps back to the full id, which is the full head's argmax
   restricted to the ids.
 - build_ids keeps specials first, then falling frequency (ties by id), and
-  `size` ids in all; load_ids rejects files for another vocabulary, foreign
+  `size` ids in all, completed with unseen ids (smallest first) only when
+  asked; load_ids rejects files for another vocabulary, foreign
   formats and sizes beyond the file, naming the key.
 - The new vspec keys validate by name; target_active_vocab_ids is refused
   with the reason.
@@ -113,6 +114,12 @@ def test_build_ids_keeps_specials_then_frequency():
     assert active_vocab.build_ids(counts, [0, 1], 4) == [0, 1, 5, 7]
     assert active_vocab.build_ids(counts, [1, 1], 10) == [1, 0, 5, 7, 2, 9]
     assert active_vocab.build_ids(counts, [3, 4, 6], 2) == [3, 4, 6]
+
+
+def test_build_ids_fills_with_unseen_ids_only_when_asked():
+    counts = collections.Counter({5: 9, 2: 4})
+    assert active_vocab.build_ids(counts, [0], 6) == [0, 5, 2]
+    assert active_vocab.build_ids(counts, [0], 6, fill_from=16) == [0, 5, 2, 1, 3, 4]
 
 
 def write_ids_file(tmp_path, ids=(0, 5, 7, 2), vocab=16):
@@ -219,3 +226,33 @@ def test_active_vocab_command_writes_an_ids_file(tmp_path):
     specials = raw["special_ids"]
     assert raw["vocab_size"] == 2048 and specials
     assert raw["ids"] == active_vocab.build_ids(collections.Counter({5: 2, 7: 2}), specials, 4)
+    assert main(["active-vocab", str(argmax_trace(tmp_path)), "--model", str(TARGET),
+                 "--size", "40", "--fill-unseen", "-o", str(out)]) == 0
+    assert len(json.loads(out.read_text())["ids"]) == 40
+
+
+# ------------------------------------------------------------ draft-head-bench
+def test_bench_collects_and_measures_on_disjoint_mixed_prompts():
+    from vllm_vspec.draft_head_bench import PROMPT_FILES, split_prompts
+
+    collect, held_out = split_prompts(48)
+    assert len(collect) == len(held_out) == 48 and not set(collect) & set(held_out)
+    files = [{json.loads(line)["prompt"] for line in f.read_text().splitlines() if line.strip()}
+             for f in PROMPT_FILES]
+    for half in (collect[:4], held_out[:4]):   # every prefix holds code and prose
+        assert all(any(p in texts for p in half) for texts in files)
+
+
+def test_bench_counts_the_rank_one_token_of_each_prompt_position():
+    from types import SimpleNamespace
+
+    from vllm_vspec.draft_head_bench import prompt_argmax_counts
+
+    def lp(rank):
+        return SimpleNamespace(rank=rank)
+
+    # Each position: the prompt token (any rank) and the argmax (rank 1).
+    out = SimpleNamespace(prompt_logprobs=[None, {7: lp(3), 4: lp(1)}, {9: lp(1)},
+                                           {4: lp(1), 2: lp(2)}])
+    llm = SimpleNamespace(generate=lambda prompts, params, use_tqdm: [out] * len(prompts))
+    assert prompt_argmax_counts(llm, ["a", "b"]) == {4: 4, 9: 2}

@@ -4,7 +4,8 @@ Counts how often the target committed each token id for greedy requests in a
 `target_argmax_trace_path` trace (diagnostics.py), and writes the ids file
 that `draft_active_vocab_ids` reads: the special tokens first (always kept),
 then the most frequent ids, `--size` ids in all (fewer when the trace saw
-fewer distinct ids; the file says so).
+fewer distinct ids, unless `--fill-unseen` adds ids the trace never saw,
+smallest id first: in a BPE vocabulary the earlier, more frequent merges).
 
 File format (JSON):
     {"format": "vspec-active-vocab/1", "vocab_size": V, "special_ids": [...],
@@ -29,13 +30,16 @@ from typing import Any, Iterable
 FORMAT = "vspec-active-vocab/1"
 
 
-def build_ids(counts: collections.Counter, special_ids: Iterable[int], size: int) -> list[int]:
+def build_ids(counts: collections.Counter, special_ids: Iterable[int], size: int,
+              fill_from: int = 0) -> list[int]:
     """Special ids (in the order given, duplicates dropped), then the most
     frequent other ids (ties by smaller id), `size` ids in all; the specials
-    are kept even when they alone exceed `size`."""
+    are kept even when they alone exceed `size`. With `fill_from` V > 0, ids
+    in [0, V) that `counts` never saw complete a short list, smallest first."""
     specials = list(dict.fromkeys(int(i) for i in special_ids))
     taken = set(specials)
     ranked = sorted((tid for tid in counts if tid not in taken), key=lambda t: (-counts[t], t))
+    ranked += [t for t in range(fill_from) if t not in taken and t not in counts]
     return specials + ranked[:max(size - len(specials), 0)]
 
 
@@ -101,6 +105,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     size = p.add_mutually_exclusive_group(required=True)
     size.add_argument("--size", type=int, help="number of ids")
     size.add_argument("--fraction", type=float, help="number of ids as a fraction of the vocabulary")
+    p.add_argument("--fill-unseen", action="store_true",
+                   help="when the trace saw fewer distinct ids than asked, add ids it never "
+                        "saw, smallest first")
     p.add_argument("-o", "--output", required=True, help="ids file to write (JSON)")
     p.add_argument("--json", action="store_true", help="print what was written as JSON")
     p.set_defaults(func=_main)
@@ -118,18 +125,19 @@ def _main(args: argparse.Namespace) -> int:
         return 2
     counts = greedy_token_counts(args.trace)
     specials = special_ids_of(args.model)
-    ids = build_ids(counts, specials, n)
+    ids = build_ids(counts, specials, n, vocab_size if args.fill_unseen else 0)
     counted = sum(counts.values())
     write_ids(args.output, ids, specials, vocab_size, counted, str(args.trace))
     covered = sum(counts[i] for i in ids)
+    unseen = sum(1 for i in ids if i not in counts and i not in specials)
     report = {"output": args.output, "ids": len(ids), "requested": n, "vocab_size": vocab_size,
-              "special_ids": len(specials), "counted_tokens": counted,
+              "special_ids": len(specials), "unseen_ids": unseen, "counted_tokens": counted,
               "trace_coverage": round(covered / counted, 4) if counted else None}
     if args.json:
         print(json.dumps(report))
     else:
         print(f"wrote {args.output}: {len(ids)} ids of {vocab_size} (asked {n}; "
-              f"{len(specials)} special), covering {report['trace_coverage']} of the "
+              f"{len(specials)} special, {unseen} unseen), covering {report['trace_coverage']} of the "
               f"{counted} greedy tokens in {args.trace}")
     return 0
 
