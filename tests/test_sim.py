@@ -208,3 +208,12 @@ def test_sim_command_compares_tree_arms(tmp_path, capsys):
     assert {"fixed-1x2", "fixed-2x2"} <= {r["policy"] for r in data["results"]}
     with pytest.raises(SystemExit, match="W >= 2"):
         cli_main(["sim", "--profile", ASCEND, "--tree-rates", "1:0.5", "--out", str(tmp_path)])
+
+
+def test_the_table_shows_a_dash_where_a_workload_has_no_tree_contender():
+    from vllm_vspec.sim_report import table_text
+    base = ["fixed-0", "table", "online", "profile", "oracle"]
+    results = [sim.SimResult(p, wl, 100, 1.0, 10, {}, []) for wl, names in
+               (("tree", base + ["fixed-1x2"]), ("linear", base)) for p in names]
+    rows = {line.split()[0]: line.split()[1:] for line in table_text(results).splitlines()[2:4]}
+    assert rows == {"tree": ["100.0"] * 6, "linear": ["100.0"] * 5 + ["-"]}
