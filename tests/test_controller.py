@@ -244,9 +244,12 @@ def test_tree_arms_are_named_gamma_x_width_in_the_summary_and_traced_with_width(
     path = tmp_path / "trace.jsonl"
     ctl = GammaController(VSpecConfig(policy="fixed", fixed_gamma=2, trace_path=str(path)), 4,
                           clock=Clock(), max_width=2)
+    assert (ctl.gamma, ctl.width) == (4, 1)          # before any decision
     for i in range(3):
         run_step(ctl, i, i + 1)
+    assert (ctl.gamma, ctl.width) == (2, 2)
     ctl.decide(BatchState(2, BUDGET, tree_allowed=False))
+    assert (ctl.gamma, ctl.width) == (2, 1)
     ctl.clock.now = 4.0
     ctl.observe(feedback())
     ctl.close()
