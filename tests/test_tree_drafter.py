@@ -14,6 +14,10 @@ Spec:
 - The check is not vacuous: some tree keeps a branch that is not the best
   one's child alive below depth 1.
 - gamma 0 drafts nothing and returns the root alone.
+- In the runner's tree steps (tree_verify.py verifies and commits;
+  EagleTreeDrafter asks the tree drafter; gamma cycles 1..4, width the
+  widest <= 4 that fits K, so 4 and 2 both occur) the engine emits exactly
+  what linear EAGLE emits, which is target-only's (tests/test_eagle.py).
 - The layout of a tree pass (no engine): at width 1 its RoPE positions, KV
   slots and sequence lengths below max_model_len are the host's linear
   step's (vLLM's own `eagle_step_update_slot_mapping_and_metadata`); at any
@@ -37,8 +41,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import EAGLE, close_llm, greedy, make_llm, runner_of
+from conftest import EAGLE, assert_same_tokens, close_llm, greedy, make_llm, runner_of
 from vllm_vspec import tree
+from vllm_vspec.adapters.vllm.eagle_tree import EagleTreeDrafter
 from vllm_vspec.adapters.vllm.tree_proposer import (TreeDraftMixin, check_tree_drafting,
                                                     pass_layout)
 from vllm_vspec.adapters.vllm.worker import CPU_WORKER_CLS
@@ -49,6 +54,8 @@ LINEAR_GAMMA = 4
 TREES = [(4, 2), (2, 4), (3, 2)]      # (gamma, width) checked against brute force
 STEPS = 4                             # drafter steps checked (the first is after prefill)
 BATCH = 4
+TOKENS = 24                           # per request
+TREE_WIDTH = 4                        # the runner's trees: widest width with gamma * W <= K
 
 
 # ------------------------------------------------------------ refusals
@@ -215,13 +222,23 @@ def brute_force_tree(drafter, kwargs: dict, gamma: int, width: int) -> tree.Draf
 
 
 @pytest.fixture(scope="module")
-def drafted(prompts):
-    """Per checked drafter step: the linear drafts, the width-1 tree, each
-    tree of TREES with its brute-force reference, and a gamma-0 tree."""
+def engine():
+    """EAGLE with vspec's worker; gamma cycles 1..4 (cycle policy)."""
     llm = make_llm(speculative_config={"method": "eagle", "model": str(EAGLE),
                                        "num_speculative_tokens": K},
-                   vspec={"policy": "fixed", "fixed_gamma": 2}, worker_cls=CPU_WORKER_CLS)
-    drafter = runner_of(llm).drafter
+                   vspec={"policy": "cycle", "min_gamma": 1, "max_gamma": 4},
+                   worker_cls=CPU_WORKER_CLS)
+    yield llm
+    close_llm(llm)
+
+
+@pytest.fixture(scope="module")
+def drafted(engine, prompts):
+    """(steps, outputs): per checked drafter step, the linear drafts, the
+    width-1 tree, each tree of TREES with its brute-force reference, and a
+    gamma-0 tree; and the run's outputs (linear EAGLE: the checks replay
+    copies of the runner's arguments before its real call)."""
+    drafter = runner_of(engine).drafter
     assert isinstance(drafter, TreeDraftMixin), type(drafter)
     steps: list[dict] = []
 
@@ -237,19 +254,34 @@ def drafted(prompts):
             steps.append(step)
         return type(drafter).propose(drafter, **kwargs)
 
-    drafter.propose = check_then_propose
+    drafter.propose = check_then_propose   # the instance's, for this run only
     try:
-        greedy(llm, prompts[:BATCH], max_tokens=6 * STEPS)
+        outputs = greedy(engine, prompts[:BATCH], max_tokens=TOKENS)
     finally:
-        close_llm(llm)
+        del drafter.propose
     assert len(steps) == STEPS, f"only {len(steps)} drafter steps ran"
-    return steps
+    return steps, outputs
+
+
+class RecordingTreeDrafter(EagleTreeDrafter):
+    """Notes the (gamma, width) of every tree it drafts."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__(width)
+        self.shapes: list[tuple[int, int]] = []
+
+    def propose_tree(self, runner, gamma, **propose_args):
+        drafted = super().propose_tree(runner, gamma, **propose_args)
+        if drafted is not None:
+            self.shapes.append((drafted.gamma, drafted.width))
+        return drafted
 
 
 @pytest.mark.engine
 def test_width_one_drafts_what_the_linear_drafter_drafts(drafted):
+    steps, _ = drafted
     chain = torch.arange(-1, LINEAR_GAMMA).expand(BATCH, -1)
-    for i, step in enumerate(drafted):
+    for i, step in enumerate(steps):
         tokens, parents = step["width1"]
         assert torch.equal(tokens, step["linear"].to(torch.int64)), (
             f"step {i}: width-1 tree {tokens.tolist()} vs linear {step['linear'].tolist()}")
@@ -260,7 +292,8 @@ def test_width_one_drafts_what_the_linear_drafter_drafts(drafted):
 @pytest.mark.parametrize("shape", TREES, ids=[f"gamma{g}-width{w}" for g, w in TREES])
 def test_tree_equals_the_brute_force_beam_over_root_paths(drafted, shape):
     gamma, width = shape
-    for i, step in enumerate(drafted):
+    steps, _ = drafted
+    for i, step in enumerate(steps):
         (tokens, parents), want = step[shape]
         assert tokens.shape == (BATCH, gamma * width)
         for depth in range(1, gamma + 1):
@@ -278,7 +311,7 @@ def test_some_tree_keeps_a_branch_other_than_the_best_alive(drafted):
     # A depth >= 2 node whose parent is not its depth's best node: the beam
     # is more than the best chain plus siblings, so the masks really mattered.
     for gamma, width in TREES:
-        for step in drafted:
+        for step in drafted[0]:
             _, parents = step[gamma, width][0]
             node = torch.arange(1 + width, 1 + gamma * width)   # depth >= 2
             best_of_parent_depth = 1 + ((node - 1) // width - 1) * width
@@ -289,7 +322,23 @@ def test_some_tree_keeps_a_branch_other_than_the_best_alive(drafted):
 
 @pytest.mark.engine
 def test_gamma_zero_drafts_nothing_and_keeps_the_root(drafted):
-    for step in drafted:
+    for step in drafted[0]:
         tokens, parents = step["gamma0"]
         assert tokens.shape == (BATCH, 0)
         assert parents.tolist() == [[tree.NO_NODE]] * BATCH
+
+
+@pytest.mark.engine
+def test_the_runner_with_eagle_trees_emits_what_linear_eagle_emits(engine, drafted, prompts):
+    # Linear EAGLE is exact against target-only (tests/test_eagle.py), so its
+    # outputs are the oracle; the runner's tree verify and commit are T1's
+    # (tree_verify.py), the drafts are the tree drafter's, width up to 4.
+    runner = runner_of(engine)
+    runner.tree_drafter = trees = RecordingTreeDrafter(TREE_WIDTH)
+    try:
+        got = greedy(engine, prompts[:BATCH], max_tokens=TOKENS)
+    finally:
+        runner.tree_drafter = None
+    assert_same_tokens(got, drafted[1], f"EAGLE trees up to width {TREE_WIDTH}")
+    widths = {w for _, w in trees.shapes}
+    assert {2, 4} <= widths, f"tree shapes drafted: {sorted(set(trees.shapes))}"

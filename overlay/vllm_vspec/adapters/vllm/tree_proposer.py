@@ -100,6 +100,32 @@ class TreeDraftMixin:
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._first_pass: _FirstPass | None = None
+        self._next_width: int | None = None      # set by propose_next_as_tree
+        self._tree: tree.DraftTree | None = None  # what that propose drafted
+
+    def propose_next_as_tree(self, width: int) -> None:
+        """Make the next `propose` call (the host runner's, with the inputs
+        it prepares) draft a tree of `width` instead; `take_tree` returns it."""
+        self._next_width, self._tree = width, None
+
+    def take_tree(self) -> tree.DraftTree | None:
+        """The tree the last `propose_next_as_tree` call drafted (root
+        included), once; None if no propose ran since."""
+        drafted, self._tree, self._next_width = self._tree, None, None
+        return drafted
+
+    # extends SpecDecodeBaseProposer.propose: the call propose_next_as_tree
+    # asked for drafts a tree; the host gets its draft list (node i > 0 is
+    # entry i - 1). The runner passes every argument by keyword.
+    def propose(self, *args, **kwargs) -> torch.Tensor:
+        width, self._next_width = self._next_width, None
+        if width is None:
+            return super().propose(*args, **kwargs)
+        gamma = kwargs.pop("num_speculative_tokens")
+        tokens, parents = self.propose_tree(gamma, width, **kwargs)
+        root = kwargs["next_token_ids"].to(tokens.dtype).reshape(-1, 1)
+        self._tree = tree.DraftTree(torch.cat([root, tokens], 1), parents, gamma, width)
+        return tokens
 
     def propose_tree(self, num_speculative_tokens: int, width: int, **kwargs
                      ) -> tuple[torch.Tensor, torch.Tensor]:
