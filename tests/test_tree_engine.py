@@ -9,7 +9,9 @@ decoys (distinct tokens per depth, none the true token) hanging from random
 nodes of the depth above; from a random depth on nothing true is planted.
 So every step exercises acceptance through any rank, partial and full
 acceptance, and the KV moves of the tree commit; gamma (the scheduler's cycle
-policy) and the width (the double's own cycle) change every step.
+policy) and the width (the double's own cycle) change every step, and every
+7th step the double declines, so vLLM's linear EAGLE drafter drafts from the
+accepted path of a tree step (the runner's path-first first-pass inputs).
 
 Oracles:
 - the outputs equal target-only decoding token for token;
@@ -35,7 +37,8 @@ pytestmark = pytest.mark.engine
 
 K = 16                   # gamma * width <= K: up to gamma 4 at width 4
 WIDTHS = (1, 2, 3, 4, 2)  # period 5 against the cycle policy's period-4 gammas: all pairs
-MAX_TOKENS = 48
+DECLINE_EVERY = 7         # every 7th step drafts linearly (host EAGLE) after a tree step
+MAX_TOKENS = 64
 SPEC = {"method": "eagle", "model": str(EAGLE), "num_speculative_tokens": K}
 VSPEC = {"policy": "cycle", "min_gamma": 1, "max_gamma": 4}
 
@@ -53,33 +56,43 @@ class OracleTrees:
         self.observed = 0
         self.mismatches: list[str] = []
         self.side_paths = 0      # planted paths through a beam rank > 0 (they move KV)
+        self.declined = 0
 
-    def propose_tree(self, runner, gamma: int, *, sampled_token_ids, **_) -> tree.DraftTree:
-        width = WIDTHS[self.calls % len(WIDTHS)]
+    def propose_tree(self, runner, gamma: int, *, sampled_token_ids,
+                     **_) -> tree.DraftTree | None:
         self.calls += 1
-        self.pairs.add((gamma, width))
         batch = runner.input_batch
         rows = batch.num_reqs
         sampled = (sampled_token_ids.tolist() if torch.is_tensor(sampled_token_ids)
                    else sampled_token_ids)
+        committed = []
+        for row in range(rows):
+            # This step's tokens are not in the batch yet (the drafter runs
+            # before the host's bookkeeping): add the sampled ones.
+            tokens = batch.token_ids_cpu[row, :batch.num_tokens_no_spec[row]].tolist()
+            if not runner.discard_request_mask.np[row]:
+                tokens += [t for t in sampled[row] if t >= 0]
+            committed.append(tokens)
+            self._observe(batch.req_ids[row], len(tokens))
+        if self.calls % DECLINE_EVERY == 0:
+            # A linear step: the host's EAGLE drafter drafts after a tree step.
+            self.declined += 1
+            return None
+        width = WIDTHS[self.calls % len(WIDTHS)]
+        self.pairs.add((gamma, width))
         n = tree.num_nodes(gamma, width)
         tokens = torch.zeros(rows, n, dtype=torch.int64)
         parents = torch.zeros(rows, n, dtype=torch.int64)
         for row in range(rows):
             req_id = batch.req_ids[row]
-            # This step's tokens are not in the batch yet (the drafter runs
-            # before the host's bookkeeping): add the sampled ones.
-            committed = batch.token_ids_cpu[row, :batch.num_tokens_no_spec[row]].tolist()
-            if not runner.discard_request_mask.np[row]:
-                committed += [t for t in sampled[row] if t >= 0]
             prompt_len = int(batch.num_prompt_tokens[row])
-            out = committed[prompt_len:]
-            self._observe(req_id, len(committed))
-            truth = self.continuations[tuple(committed[:prompt_len])][len(out):len(out) + gamma]
+            out = committed[row][prompt_len:]
+            truth = self.continuations[tuple(committed[row][:prompt_len])][
+                len(out):len(out) + gamma]
             rng = random.Random(hash((req_id, len(out), self.calls)))
             tokens[row], parents[row], planted, side = self._plant(
-                committed[-1], truth, gamma, width, rng)
-            self.planted[req_id] = (len(committed), planted + 1)
+                committed[row][-1], truth, gamma, width, rng)
+            self.planted[req_id] = (len(committed[row]), planted + 1)
             self.side_paths += side
         return tree.DraftTree(tokens, parents, gamma, width)
 
@@ -170,6 +183,7 @@ def test_planted_trees_of_widths_1_to_4_and_gamma_1_to_4_are_exact(tree_engine, 
     assert not oracle.mismatches, "\n".join(oracle.mismatches)
     assert oracle.observed > 0
     assert oracle.side_paths > 0, "no accepted path went through a beam rank > 0"
+    assert oracle.declined > 0
     want = {(g, w) for g in range(1, 5) for w in range(1, 5)}
     assert want <= oracle.pairs, f"(gamma, width) pairs never drafted: {sorted(want - oracle.pairs)}"
 

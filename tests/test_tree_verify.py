@@ -86,3 +86,31 @@ def test_a_request_with_drafts_that_is_not_greedy_is_refused():
                               temperature=torch.tensor([0.7]))
     with pytest.raises(RuntimeError, match="not greedy"):
         sample_tree(greedy_sampler, logits, metadata, sampled)
+
+
+def test_after_a_tree_step_the_drafter_sees_each_accepted_path_as_a_linear_verify():
+    """TreeVerifyMixin._accepted_paths_first on a runner's buffers: a tree
+    request's rows are reordered path first (node j of the path at row j),
+    at positions seq_len + j; a chain and a request without drafts keep
+    their rows and positions."""
+    import numpy as np
+
+    from vllm_vspec.adapters.vllm.tree_verify import TreeVerifyMixin
+
+    tree0 = ([5, 1, 2, 3, 4], [tree.NO_NODE, 0, 0, 1, 2])        # rows 0-4, seq_len 10
+    chain2 = ([7, 3, 3, 1], [tree.NO_NODE, 0, 1, 2])              # rows 6-9, seq_len 20
+    metadata, logits = step([tree0, None, chain2], [[2, 0, 4, 0, 6], [6], [3, 5, 0, 0]])
+    sample_tree(greedy_sampler, logits, metadata, GREEDY)        # path [0, 2, 4]; chain [0, 1]
+    metadata.seq_lens = torch.tensor([10, 20])
+    input_ids = torch.tensor([5, 1, 2, 3, 4, 9, 7, 3, 3, 1], dtype=torch.int32)
+    tree_positions = torch.tensor([10, 11, 11, 12, 12, 30, 20, 21, 22, 23])
+    runner = SimpleNamespace(
+        query_start_loc=SimpleNamespace(np=np.array([0, 5, 6, 10])),
+        input_batch=SimpleNamespace(num_reqs=3), device=torch.device("cpu"),
+        input_ids=SimpleNamespace(gpu=input_ids.clone()), positions=tree_positions.clone())
+    hidden = torch.arange(10.0).unsqueeze(1).expand(10, 3)
+    got = TreeVerifyMixin._accepted_paths_first(runner, metadata, hidden)
+    order = [0, 2, 4, 1, 3, 5, 6, 7, 8, 9]
+    assert runner.input_ids.gpu.tolist() == input_ids[order].tolist()
+    assert torch.equal(got, hidden[order])
+    assert runner.positions.tolist() == [10, 11, 12, 13, 14, 30, 20, 21, 22, 23]
