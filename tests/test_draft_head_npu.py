@@ -19,9 +19,10 @@ Spec:
   each position as `model.compute_logits(h).argmax(-1)`: a pure-greedy step
   drafts from the active vocabulary and a step with a sampled request from
   the full head; the entropy tap wraps the head tap; the four traces record
-  a step as on CPU (gamma after vspec's cut, the head, committed tokens with
-  discarded rows empty, one IO record per draft pass, the target's hidden
-  states). An active vocabulary with full draft graphs, tensor parallelism
+  a step as on CPU (the step's gamma and its drafts, without the invalid
+  columns the NPU proposer pads its result with, the head, committed tokens
+  with discarded rows empty, one IO record per draft pass, the target's
+  hidden states). An active vocabulary with full draft graphs, tensor parallelism
   or LM-head TP is refused naming the key.
 - wiring: the draft head and trace keys are accepted with vLLM-Ascend's
   worker and still refused with vLLM's stock worker.
@@ -297,7 +298,8 @@ def _sampling(temperatures):
 
 
 def _step(proposer, gamma, temperatures, hidden, discard=()):
-    """One verification commit and one draft step, as NPUModelRunner calls them."""
+    """One verification commit and one draft step, as NPUModelRunner calls
+    them; the step's drafted columns (the proposer may pad with invalid ones)."""
     sampled = torch.tensor([[7, 9, -1], [4, -1, -1], [2, 6, 11]], dtype=torch.int32)
     requests = {r: SimpleNamespace(get_token_id=lambda i: 1) for r in "abc"}
     batch = SimpleNamespace(num_reqs=BATCH, req_ids=list("abc"), vocab_size=VOCAB,
@@ -307,12 +309,13 @@ def _step(proposer, gamma, temperatures, hidden, discard=()):
                                                            len(discard))
     cad = SimpleNamespace(batch_size=lambda: BATCH, num_reqs=BATCH,
                           query_start_loc=torch.arange(BATCH + 1, dtype=torch.int32))
-    return proposer._propose(
+    drafts = proposer._propose(
         target_token_ids=torch.arange(BATCH), target_positions=torch.arange(BATCH),
         target_hidden_states=hidden, next_token_ids=next_token.long(),
         common_attn_metadata=cad, sampling_metadata=_sampling(temperatures),
         scheduler_output=SimpleNamespace(num_spec_tokens_to_schedule=gamma),
         num_rejected_tokens_gpu=None)
+    return drafts[:, :gamma]
 
 
 def _host_drafts(weight, hidden, next_token, gamma, head=None):

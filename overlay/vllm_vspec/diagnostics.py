@@ -197,10 +197,12 @@ class DrafterTraces:
         self._sampled = [[] if d else [t for t in r if t >= 0] for r, d in zip(rows, discard)]
 
     def propose(self, call: Callable[[], torch.Tensor], kwargs: Mapping[str, Any],
-                head: Callable[[], str]) -> torch.Tensor:
+                head: Callable[[], str], gamma: int | None = None) -> torch.Tensor:
         """Run the host's propose (`call`, given `kwargs`), timing it with the
         device synchronised, and write the step's records; `head()` names the
-        head the step drafted from, once it has run."""
+        head the step drafted from, once it has run. `gamma`: the step's
+        drafted columns, where the host pads what propose returns beyond them
+        (the Ascend overlay: K columns, invalid drafts after gamma); None: all."""
         tracer = self.tracer
         self._passes = [] if tracer.options.draft_io_trace_dir else None
         if tracer.options.target_hidden_trace_dir:
@@ -221,8 +223,9 @@ class DrafterTraces:
             ms = (time.perf_counter() - start) * 1e3
         finally:
             passes, self._passes = self._passes, None
+        drafted = drafts if gamma is None else drafts[:, :gamma]
         req_ids = list(self._runner.input_batch.req_ids[:drafts.shape[0]])
-        tracer.draft(req_ids, drafts, ms, head())
+        tracer.draft(req_ids, drafted, ms, head())
         if self._sampled is not None:
             m = kwargs["sampling_metadata"]
             temp = m.temperature
@@ -232,7 +235,7 @@ class DrafterTraces:
             self._sampled = None
         if passes is not None:
             tensors = {k: v for rec in passes for k, v in rec.items()}
-            tensors["draft_token_ids"] = drafts
+            tensors["draft_token_ids"] = drafted
             tracer.draft_io(tensors)
         return drafts
 

@@ -3,8 +3,8 @@
 vLLM-Ascend 0.23's merged draft loop (`_run_merged_draft`) takes every
 greedy draft token as `self.model.compute_logits(h).argmax(-1)`, so vspec's
 head (vllm_vspec.draft_head.DraftHead, the host-agnostic core) sits where
-those logits come from: a transparent wrapper around the draft model, as
-entropy_tap.py does, whose `compute_logits` returns
+those logits come from: a ModelTap around the draft model whose
+`compute_logits` returns
 
 - with an active vocabulary (on a pure-greedy step): the active rows' logits
   written into their columns of a full-width row that is -inf everywhere
@@ -33,8 +33,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch import nn
 
+from vllm_ascend.vspec.model_tap import ModelTap
 from vllm_vspec import draft_head
 from vllm_vspec.config import VSpecConfig, VSpecConfigError
 from vllm_vspec.draft_head import DraftHead, draft_head_for, refuse_head, wants_head
@@ -117,14 +117,13 @@ class NpuInt8Matmul:
 draft_head.INT8_MATMULS["npu"] = NpuInt8Matmul
 
 
-class DraftHeadTap(nn.Module):
-    """Wraps the draft model; attributes not defined here resolve on it.
-    `restricted` is set per step by the proposer (the active vocabulary
-    drafts pure-greedy steps only)."""
+class DraftHeadTap(ModelTap):
+    """Wraps the draft model (ModelTap) with vspec's head. `restricted` is
+    set per step by the proposer (the active vocabulary drafts pure-greedy
+    steps only)."""
 
-    def __init__(self, model: nn.Module, head: DraftHead):
-        super().__init__()
-        self.inner = model
+    def __init__(self, model: torch.nn.Module, head: DraftHead):
+        super().__init__(model)
         self.head = head
         self.restricted = False
         self._full_width: torch.Tensor | None = None  # [rows, V], -inf off the active ids
@@ -146,18 +145,7 @@ class DraftHeadTap(nn.Module):
             refuse_head(settings, "not with ascend_draft_full_graph: the captured draft graph "
                         "would fix one head, and the active vocabulary is chosen per step "
                         "(pure-greedy steps only)")
-        tap = cls(proposer.model, draft_head_for(proposer.model, settings))
-        proposer.model = tap
-        return tap
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            return getattr(self._modules["inner"], name)
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self.inner(*args, **kwargs)
+        return cls(proposer.model, draft_head_for(proposer.model, settings)).install(proposer)
 
     @property
     def name(self) -> str:

@@ -21,9 +21,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch import nn
 
 from vllm.logger import init_logger
+from vllm_ascend.vspec.model_tap import ModelTap
 
 from vllm_vspec.entropy import EntropyStop
 from vllm_vspec.config import VSpecConfig
@@ -34,13 +34,12 @@ INVALID_DRAFT_ID = -1
 logger = init_logger(f"vllm.{__name__}")
 
 
-class EntropyTap(nn.Module):
-    """Wraps the draft model; attributes not defined here resolve on it."""
+class EntropyTap(ModelTap):
+    """Wraps the draft model (ModelTap), recording entropies in compute_logits."""
 
-    def __init__(self, model: nn.Module, settings: VSpecConfig, max_gamma: int, max_reqs: int,
-                 device: torch.device):
-        super().__init__()
-        self.inner = model
+    def __init__(self, model: torch.nn.Module, settings: VSpecConfig, max_gamma: int,
+                 max_reqs: int, device: torch.device):
+        super().__init__(model)
         self.stop = EntropyStop.from_config(settings)
         self.entropy = torch.zeros((max_gamma, max_reqs), dtype=torch.float32, device=device)
         self.calls = 0
@@ -53,19 +52,8 @@ class EntropyTap(nn.Module):
         logger.warning("vspec entropy_stop on vLLM-Ascend only changes acceptance: the host's "
                        "merged draft loop has a fixed width, so cut drafts are still drafted "
                        "and verified (no draft or verify compute is saved; docs/ascend.md)")
-        tap = cls(proposer.model, settings, proposer.max_num_speculative_tokens,
-                  proposer.runner.max_num_reqs, proposer.device)
-        proposer.model = tap
-        return tap
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            return getattr(self._modules["inner"], name)
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self.inner(*args, **kwargs)
+        return cls(proposer.model, settings, proposer.max_num_speculative_tokens,
+                   proposer.runner.max_num_reqs, proposer.device).install(proposer)
 
     def compute_logits(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         logits = self.inner.compute_logits(hidden_states, *args, **kwargs)

@@ -254,14 +254,16 @@ class TraceMixin:
         return super().prepare_next_token_ids_cpu(sampled_token_ids, requests, gpu_input_batch,
                                                   num_scheduled_tokens)
 
-    # Extends AscendSpecDecodeBaseProposer._propose: times the step (after
-    # vspec's gamma cut) and writes its records. NPUModelRunner passes every
+    # Extends AscendSpecDecodeBaseProposer._propose: times the step and writes
+    # its records: the step's gamma drafts, not the invalid columns
+    # VSpecProposerMixin pads the result with. NPUModelRunner passes every
     # argument by keyword.
     def _propose(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         if self.traces is None:
             return super()._propose(*args, **kwargs)
+        gamma = step_gamma(kwargs.get("scheduler_output"), self.max_num_speculative_tokens)
         return self.traces.propose(lambda: super(TraceMixin, self)._propose(*args, **kwargs),
-                                   kwargs, lambda: self.head_in_use)
+                                   kwargs, lambda: self.head_in_use, gamma)
 
 
 class VSpecEagleProposer(TraceMixin, VSpecProposerMixin, DraftHeadMixin, AscendEagleProposer):
