@@ -1,4 +1,8 @@
-"""The tree step's sampling (adapters/vllm/tree_verify.sample_tree), no engine.
+"""The runner's tree step (adapters/vllm/tree_verify.py), no engine: its
+inputs (`_tree_step`), its sampling (`sample_tree`) and the drafter's inputs
+after it (`_accepted_paths_first`), on hand-built runner state.
+
+Sampling:
 
 One step mixes what an engine batch can hold: a width-2 tree, a request
 without drafts (a new request's prefill: the host sampler's token) and a
@@ -13,6 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
 
 from vllm_vspec import tree
 from vllm_vspec.adapters.vllm.tree_verify import PAD_TOKEN, TreeSpecDecodeMetadata, sample_tree
@@ -114,3 +119,69 @@ def test_after_a_tree_step_the_drafter_sees_each_accepted_path_as_a_linear_verif
     assert runner.input_ids.gpu.tolist() == input_ids[order].tolist()
     assert torch.equal(got, hidden[order])
     assert runner.positions.tolist() == [10, 11, 12, 13, 14, 30, 20, 21, 22, 23]
+
+
+def fake_runner(num_computed: list[int], query_lens: list[int], input_ids: list[int]):
+    """The runner state TreeVerifyMixin._tree_step reads, after the host's
+    _prepare_inputs: linear positions and the slot mapping of a one-group
+    cache whose slot is 100 * row + position."""
+    import numpy as np
+
+    from vllm_vspec.adapters.vllm.tree_attention import TreeCPUAttentionMetadataBuilder
+
+    starts = np.concatenate([[0], np.cumsum(query_lens)])
+    rows = np.repeat(np.arange(len(query_lens)), query_lens)
+    positions = torch.tensor([num_computed[r] + i - starts[r] for i, r in enumerate(rows)])
+    builder = TreeCPUAttentionMetadataBuilder.__new__(TreeCPUAttentionMetadataBuilder)
+    builder.isa, builder._tree = "vec", None
+    table = SimpleNamespace(slot_mapping=SimpleNamespace(cpu=torch.tensor(rows) * 100 + positions))
+    batch = SimpleNamespace(
+        num_reqs=len(query_lens), req_ids=[f"r{i}" for i in range(len(query_lens))],
+        req_id_to_index={f"r{i}": i for i in range(len(query_lens))},
+        num_computed_tokens_cpu=np.array(num_computed),
+        block_table=SimpleNamespace(block_tables=[table]))
+    return SimpleNamespace(
+        input_batch=batch, query_start_loc=SimpleNamespace(np=starts), positions=positions,
+        input_ids=SimpleNamespace(cpu=torch.tensor(input_ids, dtype=torch.int32)),
+        attn_groups=[[SimpleNamespace(metadata_builders=[builder])]]), builder
+
+
+def host_metadata(num_draft: list[int]):
+    n = torch.tensor(num_draft)
+    return SpecDecodeMetadata(
+        draft_token_ids=torch.zeros(int(n.sum())), num_draft_tokens=num_draft,
+        cu_num_draft_tokens=n.cumsum(0), cu_num_sampled_tokens=(n + 1).cumsum(0),
+        target_logits_indices=torch.zeros(0), bonus_logits_indices=(n + 1).cumsum(0) - 1,
+        logits_indices=torch.arange(int((n + 1).sum())))
+
+
+def test_a_tree_step_places_nodes_at_their_depth_and_masks_only_real_trees():
+    """Request r0 has a pending width-2 tree, r1 a linear draft (a chain), r2
+    no drafts: r0's rows move to positions seq_len + depth, its mask goes to
+    the builder, and the metadata pads r1's chain with PAD_TOKEN nodes."""
+    from vllm_vspec.adapters.vllm.tree_verify import TreeVerifyMixin
+
+    runner, builder = fake_runner([10, 20, 30], [5, 3, 1], [5, 1, 2, 3, 4, 7, 8, 9, 6])
+    pending = {"r0": (torch.tensor([5, 1, 2, 3, 4]), torch.tensor([tree.NO_NODE, 0, 0, 1, 2]))}
+    scheduled = SimpleNamespace(scheduled_spec_decode_tokens={"r0": [1, 2, 3, 4], "r1": [8, 9]})
+    got = TreeVerifyMixin._tree_step(runner, scheduled, [5, 3, 1], host_metadata([4, 2, 0]),
+                                     pending)
+    assert runner.positions.tolist() == [10, 11, 11, 12, 12, 20, 21, 22, 30]
+    assert builder._tree.rows == (0,)
+    assert torch.equal(builder._tree.masks[0], tree.tree_mask(pending["r0"][1].unsqueeze(0))[0])
+    assert got.rows == (0, 1)
+    assert got.tokens.tolist() == [[5, 1, 2, 3, 4], [7, 8, 9, PAD_TOKEN, PAD_TOKEN]]
+    assert got.parents.tolist() == [[-1, 0, 0, 1, 2], [-1, 0, 1, 0, 0]]
+    assert got.seq_lens.tolist() == [10, 20]
+    assert got.slots[0].tolist() == [[10, 11, 12, 13, 14], [120, 121, 122, -1, -1]]
+    assert got.max_spec_len == 4
+
+
+def test_scheduled_drafts_that_are_not_the_proposed_tree_stop_the_step():
+    from vllm_vspec.adapters.vllm.tree_verify import TreeVerifyMixin
+
+    runner, _ = fake_runner([10], [3], [5, 1, 9])
+    pending = {"r0": (torch.tensor([5, 1, 2]), torch.tensor([tree.NO_NODE, 0, 0]))}
+    scheduled = SimpleNamespace(scheduled_spec_decode_tokens={"r0": [1, 9]})
+    with pytest.raises(RuntimeError, match="not the tree proposed"):
+        TreeVerifyMixin._tree_step(runner, scheduled, [3], host_metadata([2]), pending)
