@@ -80,7 +80,7 @@ class NpuInt8Matmul:
         n, k = q.shape
         blocks = scales.shape[1]
         group = k // blocks
-        self.mode, self.group, self.dtype = mode, group, dtype
+        self.mode, self.group = mode, group
         self._ops = torch_npu
         weight_kn = q.t().contiguous()
         if mode == "w8a16":
