@@ -2,9 +2,7 @@
 inputs (`_tree_step`), its sampling (`sample_tree`) and the drafter's inputs
 after it (`_accepted_paths_first`), on hand-built runner state.
 
-Sampling:
-
-One step mixes what an engine batch can hold: a width-2 tree, a request
+Sampling: one step mixes what an engine batch can hold: a width-2 tree, a request
 without drafts (a new request's prefill: the host sampler's token) and a
 chain (a linear draft). The oracle is tree.greedy_accept per request on the
 target's argmax at each node, in the rejection sampler's [B, max_spec_len +
@@ -185,3 +183,37 @@ def test_scheduled_drafts_that_are_not_the_proposed_tree_stop_the_step():
     scheduled = SimpleNamespace(scheduled_spec_decode_tokens={"r0": [1, 9]})
     with pytest.raises(RuntimeError, match="not the tree proposed"):
         TreeVerifyMixin._tree_step(runner, scheduled, [3], host_metadata([2]), pending)
+
+
+def test_the_commit_moves_each_accepted_path_to_contiguous_slots_in_target_layers_only():
+    """After sampling, path [0, 2, 4] at seq_len 10 (slots 10-14) moves slot
+    12 -> 11 and 14 -> 12 in every target layer (tree_commit's pairs,
+    move_slots); the chain moves nothing; the drafter's layer is left."""
+    from vllm_vspec.adapters.vllm.tree_attention import read_paged_kv
+    from vllm_vspec.adapters.vllm.tree_verify import TreeVerifyMixin
+
+    tree0 = ([5, 1, 2, 3, 4], [tree.NO_NODE, 0, 0, 1, 2])
+    chain1 = ([7, 3, 3, 1], [tree.NO_NODE, 0, 1, 2])
+    metadata, logits = step([tree0, chain1], [[2, 0, 4, 0, 6], [3, 3, 1, 0]])
+    sample_tree(greedy_sampler, logits, metadata, GREEDY)
+    metadata.seq_lens = torch.tensor([10, 40])
+    metadata.slots = (torch.tensor([[10, 11, 12, 13, 14], [40, 41, 42, 43, -1]]),)
+    gen = torch.Generator().manual_seed(0)
+    caches = {name: torch.randn(2, 2, 32, 128, generator=gen) for name in ("t0", "t1", "d0")}
+    before = {name: read_paged_kv(c, torch.arange(2), 64) for name, c in caches.items()}
+    runner = SimpleNamespace(
+        kv_cache_config=SimpleNamespace(kv_cache_groups=[SimpleNamespace(
+            layer_names=["t0", "t1", "d0"])]),
+        compilation_config=SimpleNamespace(static_forward_context={
+            name: SimpleNamespace(kv_cache=c) for name, c in caches.items()}),
+        drafter=SimpleNamespace(_draft_attn_layer_names={"d0"}))
+    runner._target_attention_layers = lambda: TreeVerifyMixin._target_attention_layers(runner)
+    TreeVerifyMixin._commit_trees(runner, metadata)
+    moved = list(range(64))
+    moved[11], moved[12] = 12, 14
+    for name in ("t0", "t1"):
+        keys, values = read_paged_kv(caches[name], torch.arange(2), 64)
+        assert torch.equal(keys, before[name][0][moved]), name
+        assert torch.equal(values, before[name][1][moved]), name
+    keys, values = read_paged_kv(caches["d0"], torch.arange(2), 64)
+    assert torch.equal(keys, before["d0"][0]) and torch.equal(values, before["d0"][1])
