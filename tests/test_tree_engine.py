@@ -89,7 +89,7 @@ class OracleTrees:
             out = committed[row][prompt_len:]
             truth = self.continuations[tuple(committed[row][:prompt_len])][
                 len(out):len(out) + gamma]
-            rng = random.Random(f"{req_id}/{len(out)}/{self.calls}")   # str seeds are stable
+            rng = random.Random(f"{row}/{len(out)}/{self.calls}")   # str seeds are stable
             tokens[row], parents[row], planted, side = self._plant(
                 committed[row][-1], truth, gamma, width, rng)
             self.planted[req_id] = (len(committed[row]), planted + 1)
