@@ -224,16 +224,10 @@ def test_buffers_are_sized_by_k_and_k_is_read_outside_a_step(proposers):
 
 def test_a_step_drafts_the_schedulers_gamma_then_k_is_back(proposers):
     proposer = _make(proposers, k=4)
-    assert proposer._propose(**_step(gamma=2)).shape == (2, 2)
-    assert proposer._propose(**_step()).shape == (2, 4)  # vLLM 0.23 output: no field
+    assert proposer._propose(**_step(gamma=2)).tolist() == [[0, 1, -1, -1]] * 2
+    assert proposer._propose(**_step()).tolist() == [[0, 1, 2, 3]] * 2  # 0.23: no field
     assert proposer.draft_passes == [2, 4]
     assert proposer.num_speculative_tokens == 4
-
-
-def test_gamma_zero_runs_the_first_draft_pass_and_returns_no_drafts(proposers):
-    proposer = _make(proposers, k=4)
-    assert proposer._propose(**_step(gamma=0)).shape == (2, 0)
-    assert proposer.draft_passes == [1]  # the draft KV cache saw this step's tokens
 
 
 def test_a_gamma_over_k_is_refused_and_leaves_k_in_place(proposers):
@@ -299,33 +293,20 @@ def test_padding_applies_only_where_a_full_decode_graph_is_kept(config_args, vsp
         [4 if n <= pad_max_reqs else 2 for n in (1, 8, 9)]
 
 
-def test_a_padded_step_returns_its_gamma_drafts_then_invalid_ones(proposers):
-    proposer = _make(proposers, k=4, **GRAPHS)
-    draft = proposer._propose(**_step(gamma=2, batch=3))
-    assert draft.tolist() == [[0, 1, -1, -1]] * 3
-    assert proposer.draft_passes == [2]  # the drafter still drafts gamma tokens
+def test_a_step_returns_k_columns_its_gamma_drafts_then_invalid_ones(proposers):
+    # vLLM 0.23's runner copies drafts into a [max_num_reqs, K] buffer and
+    # reads them with a row stride of K, graphs or not, sync or async.
+    for config_args in (GRAPHS, {}, dict(async_scheduling=True)):
+        proposer = _make(proposers, k=4, **config_args)
+        draft = proposer._propose(**_step(gamma=2, batch=3))
+        assert draft.tolist() == [[0, 1, -1, -1]] * 3, config_args
+        assert proposer.draft_passes == [2]  # the drafter still drafts gamma tokens
 
 
-def test_padding_stops_where_the_batch_outgrows_the_graph(proposers):
-    proposer = _make(proposers, k=4, **GRAPHS)
-    assert proposer._propose(**_step(gamma=2, batch=9)).tolist() == [[0, 1]] * 9
-
-
-def test_a_padded_gamma_zero_step_verifies_only_invalid_drafts(proposers):
-    proposer = _make(proposers, k=4, **GRAPHS)
+def test_gamma_zero_runs_the_first_draft_pass_and_returns_only_invalid_drafts(proposers):
+    proposer = _make(proposers, k=4)
     assert proposer._propose(**_step(gamma=0)).tolist() == [[-1] * 4] * 2
-    assert proposer.draft_passes == [1]
-
-
-def test_without_padding_a_sync_step_returns_its_gamma_drafts(proposers):
-    proposer = _make(proposers, k=4, vspec={"ascend_pad_verify_width": False}, **GRAPHS)
-    assert proposer._propose(**_step(gamma=2)).tolist() == [[0, 1]] * 2
-
-
-def test_under_async_scheduling_the_draft_keeps_k_columns(proposers):
-    # No graph to keep (eager target): the scheduler verifies gamma of the K.
-    proposer = _make(proposers, k=4, async_scheduling=True)
-    assert proposer._propose(**_step(gamma=1)).tolist() == [[0, -1, -1, -1]] * 2
+    assert proposer.draft_passes == [1]  # the draft KV cache saw this step's tokens
 
 
 def _padding_scheduler(k=4, async_scheduling=True, **config_args):
@@ -338,8 +319,9 @@ def _padding_scheduler(k=4, async_scheduling=True, **config_args):
     config = _engine_config("eagle", k, async_scheduling=async_scheduling,
                             **(config_args or GRAPHS))
     scheduler = object.__new__(VSpecAsyncScheduler if async_scheduling else VSpecScheduler)
+    scheduler.vspec = object()  # vspec on
     scheduler._verify = VerifyWidth.of(config, resolve(config))
-    scheduler._drafted = {}
+    scheduler._verified, scheduler._drafted = k, {}
     return scheduler
 
 
@@ -357,6 +339,25 @@ def test_async_placeholders_are_padded_to_k_while_the_graph_is_kept():
     assert scheduler._spec_token_placeholders == [-1] * 4
     scheduler._set_gamma(_scheduled({f"r{i}": [] for i in range(9)}), 1)
     assert scheduler._spec_token_placeholders == [-1]
+
+
+@pytest.mark.parametrize("num_reqs, config_args, kept", [
+    (8, GRAPHS, [5, -1, -1, -1]),                             # padded: the graph is kept
+    (9, GRAPHS, [5]),                                         # past the capture range
+    (8, dict(cudagraph_mode="PIECEWISE", capture=40), [5]),   # no full decode graph
+])
+def test_sync_scheduling_keeps_the_drafts_the_next_step_verifies(monkeypatch, num_reqs,
+                                                                   config_args, kept):
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.outputs import DraftTokenIds
+
+    seen = []
+    monkeypatch.setattr(Scheduler, "update_draft_token_ids", lambda self, d: seen.append(d))
+    scheduler = _padding_scheduler(async_scheduling=False, **config_args)
+    ids = [f"r{i}" for i in range(num_reqs)]
+    scheduler._set_gamma(_scheduled({r: [] for r in ids}), 1)
+    scheduler.update_draft_token_ids(DraftTokenIds(ids, [[5, -1, -1, -1]] * num_reqs))
+    assert seen[0].req_ids == ids and seen[0].draft_token_ids == [kept] * num_reqs
 
 
 def test_pads_are_reported_as_invalid_drafts_so_nobody_counts_them():

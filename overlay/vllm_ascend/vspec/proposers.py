@@ -19,12 +19,12 @@ Invariants:
 - What a verification step commits (valid token counts, next tokens) comes
   from torch.ops.vspec.commit_accepted, the AscendC kernel, instead of the
   host's chain of about ten torch ops.
-- A step returns its gamma drafts, then invalid drafts (-1) up to K columns
-  where vllm_vspec.adapters.vllm.verify_width says so: under async
-  scheduling always (vLLM 0.23's runner reads drafts with a row stride of
-  K), and where padding keeps the target's full decode ACL graph. Gamma 0
-  without padding returns a [batch, 0] draft (a target-only next step), after
-  the first draft pass has kept the draft model's KV cache aligned.
+- A step returns K columns: its gamma drafts, then invalid drafts (-1), the
+  layout vLLM 0.23's runner requires (vllm_vspec/adapters/vllm/
+  verify_width.py); the scheduler decides how many of them the next step
+  verifies (gamma, or K to keep the target's full decode ACL graph). Gamma 0
+  drafts nothing after the first draft pass has kept the draft model's KV
+  cache aligned.
 
 Two more mixins carry vspec's drafter options onto the NPU (not yet run on
 NPU), over the host-agnostic core: DraftHeadMixin (active vocabulary and
@@ -52,7 +52,7 @@ from vllm_ascend.vspec.gamma import step_gamma
 from vllm_ascend.vspec.routing import vspec_settings
 from vllm_vspec import ops
 from vllm_vspec.adapters.vllm.commit_op import backup_tokens
-from vllm_vspec.adapters.vllm.verify_width import VerifyWidth, pad_drafts
+from vllm_vspec.adapters.vllm.verify_width import pad_drafts
 from vllm_vspec.diagnostics import DrafterTraces, TraceOptions
 from vllm_vspec.draft_head import pure_greedy
 
@@ -97,12 +97,6 @@ class VSpecProposerMixin:
         super().__init__(*args, **kwargs)
         self.vspec_ops = ops.load()
         settings = vspec_settings(self.vllm_config)
-        self._vspec_verify = VerifyWidth.of(self.vllm_config, settings)
-        if self._vspec_verify.pads:
-            logger.info("vspec: decode steps of up to %d requests verify %d draft slots (the "
-                        "step's gamma drafts, then invalid ones) so that the target keeps its "
-                        "full decode ACL graph; ascend_pad_verify_width=false verifies gamma",
-                        self._vspec_verify.pad_max_reqs, self.max_num_speculative_tokens)
         if self.use_cuda_graph and not (settings and settings.ascend_draft_full_graph):
             logger.info("vspec: the draft model runs eagerly under dynamic gamma (the target "
                         "keeps its ACL graphs); ascend_draft_full_graph=true captures one "
@@ -136,7 +130,7 @@ class VSpecProposerMixin:
             draft = super()._propose(*args, **kwargs)
         if self._entropy_tap is not None:
             draft = self._entropy_tap.cut(draft)
-        return pad_drafts(draft, gamma, self._vspec_verify.draft_columns(gamma, draft.shape[0]))
+        return pad_drafts(draft, gamma, self.max_num_speculative_tokens)
 
     # Extends AscendSpecDecodeBaseProposer.prepare_next_token_ids_padded: the
     # same two results (next token ids, valid sampled token counts) from one

@@ -27,7 +27,7 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.request_queue import create_request_queue
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
 from vllm.v1.request import RequestStatus
 
 from vllm_vspec.adapters.vllm.verify_width import VerifyWidth
@@ -81,6 +81,8 @@ class VSpecScheduler(Scheduler):
         # Draft slots verified per step: gamma, or K padded with invalid
         # drafts to keep the target's full decode graph (vLLM-Ascend only).
         self._verify = VerifyWidth.of(vllm_config, self.vspec_config)
+        # What the next step verifies of the last step's drafts.
+        self._verified = k
         # request -> gamma of the step that drafted its pending drafts (kept
         # only where steps can be padded).
         self._drafted: dict[str, int] = {}
@@ -91,6 +93,11 @@ class VSpecScheduler(Scheduler):
                     self.vspec_config.acceptance,
                     "" if self.vspec_config.lossless else " (LOSSY: outputs may "
                     "differ from target-only decoding)")
+        if self._verify.pads:
+            logger.info("vspec: decode steps of up to %d requests verify %d draft slots (the "
+                        "step's gamma drafts, then invalid ones) so that the target keeps its "
+                        "full decode graph; ascend_pad_verify_width=false verifies gamma",
+                        self._verify.pad_max_reqs, k)
 
     # extends Scheduler.schedule: refill holding (refill.py) schedules a step
     # without its waiting queue; requests the host puts back into that queue
@@ -153,6 +160,7 @@ class VSpecScheduler(Scheduler):
         which lacks the field, the Ascend overlay's runner reads the same
         attribute)."""
         scheduler_output.num_spec_tokens_to_schedule = gamma
+        self._verified = self._verify.verified(gamma, len(scheduler_output.num_scheduled_tokens))
         if self._verify.pads:
             for req_id in scheduler_output.num_scheduled_tokens:
                 self._drafted[req_id] = gamma
@@ -169,6 +177,17 @@ class VSpecScheduler(Scheduler):
                 invalid = scheduler_output.num_invalid_spec_tokens or {}
                 invalid[req_id] = max(invalid.get(req_id, 0), pads)
                 scheduler_output.num_invalid_spec_tokens = invalid
+
+    # extends Scheduler.update_draft_token_ids (sync scheduling): keep the
+    # drafts the next step verifies. vLLM 0.23's runner hands back K drafts a
+    # request whatever the step drafted, the NPU proposer's -1 after gamma
+    # (verify_width.py); elsewhere the lists already have that length.
+    def update_draft_token_ids(self, draft_token_ids: DraftTokenIds) -> None:
+        drafts = draft_token_ids.draft_token_ids
+        if self.vspec is not None and any(len(d) > self._verified for d in drafts):
+            draft_token_ids = DraftTokenIds(draft_token_ids.req_ids,
+                                            [d[:self._verified] for d in drafts])
+        super().update_draft_token_ids(draft_token_ids)
 
     # extends Scheduler.update_from_output: report each step's verified drafts
     # and committed tokens to the controller, after the host has consumed them.
@@ -206,8 +225,7 @@ class VSpecAsyncScheduler(VSpecScheduler, AsyncScheduler):
         # them once by K, so size them by the slots the next step verifies:
         # this step's gamma (0.32 does too), or K when padding keeps the
         # target's full decode graph (verify_width.py).
-        verified = self._verify.verified(gamma, len(scheduler_output.num_scheduled_tokens))
-        self._spec_token_placeholders = [-1] * verified
+        self._spec_token_placeholders = [-1] * self._verified
 
 
 def _has_prefill(so: SchedulerOutput) -> bool:

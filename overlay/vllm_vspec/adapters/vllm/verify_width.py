@@ -17,15 +17,18 @@ to uniform spec decoding size"). The draft model still drafts only gamma
 tokens; the target verifies K - gamma more positions a request, which is why
 padding stops where no graph is kept (a batch over the capture range).
 
-Who pads: under sync scheduling the NPU proposer returns K columns (the
-scheduler schedules every draft it gets back); under async scheduling the
-scheduler's draft placeholders decide the verified count, and the proposer
-always returns K columns, because vLLM 0.23's runner reads the previous
-step's drafts with a row stride of K (gpu_model_runner.py _prepare_input_ids:
-`start = prev_index * self.num_spec_tokens`; its draft_token_ids_cpu buffer
-is [max_num_reqs, K]). The scheduler reports the pads as vLLM's
-`num_invalid_spec_tokens`, so neither vLLM's acceptance metrics nor the
-controller count them as drafts.
+Who pads: the scheduler (VSpecScheduler), which knows each step's gamma and
+batch: under sync scheduling it keeps the first `verified` drafts of each
+request's list, under async scheduling it sizes the next step's draft
+placeholders by it. It reports the pads as vLLM's `num_invalid_spec_tokens`,
+so neither vLLM's acceptance metrics nor the controller count them as
+drafts. The NPU proposer always returns K columns (gamma drafts, then -1):
+vLLM 0.23's runner copies the draft tensor into a [max_num_reqs, K] buffer
+and hands the scheduler all K columns (gpu_model_runner.py
+_copy_draft_token_ids_to_cpu, _get_draft_token_ids_cpu), and under async
+scheduling reads the previous step's drafts with a row stride of K
+(_prepare_input_ids: `start = prev_index * self.num_spec_tokens`); a
+[batch, gamma] draft would fail that copy or be read at the wrong rows.
 """
 
 from __future__ import annotations
@@ -49,8 +52,6 @@ class VerifyWidth:
     # Pad steps of at most this many requests (0: never): the most whose
     # 1 + K tokens each fit the largest captured graph.
     pad_max_reqs: int
-    # The host runner's draft tensor layout (see the module docstring).
-    async_scheduling: bool
 
     @classmethod
     def of(cls, vllm_config: Any, settings: VSpecConfig | None) -> "VerifyWidth":
@@ -62,8 +63,7 @@ class VerifyWidth:
                 and vllm_config.device_config.device_type == "npu"
                 and mode is not None and mode.decode_mode() == CUDAGraphMode.FULL
                 and bool(capture))
-        return cls(k=k, pad_max_reqs=capture // (1 + k) if pads else 0,
-                   async_scheduling=bool(vllm_config.scheduler_config.async_scheduling))
+        return cls(k=k, pad_max_reqs=capture // (1 + k) if pads else 0)
 
     @property
     def pads(self) -> bool:
@@ -71,12 +71,9 @@ class VerifyWidth:
         return self.pad_max_reqs > 0
 
     def verified(self, gamma: int, num_reqs: int) -> int:
-        """Draft slots each request verifies in the step after drafting gamma."""
+        """Draft slots each request of a step of num_reqs requests that
+        drafted gamma verifies in the next step."""
         return self.k if 0 < num_reqs <= self.pad_max_reqs else gamma
-
-    def draft_columns(self, gamma: int, num_reqs: int) -> int:
-        """Columns of the draft tensor the NPU proposer returns."""
-        return self.k if self.async_scheduling else self.verified(gamma, num_reqs)
 
 
 def pad_drafts(draft: torch.Tensor, gamma: int, columns: int) -> torch.Tensor:
