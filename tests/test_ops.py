@@ -286,3 +286,14 @@ def test_ascendc_kernel_compiles_against_the_api_stub(kernel):
     run = subprocess.run(["c++", "-std=c++17", "-fsyntax-only", "-Wall", "-Wextra", "-Werror",
                           "-I", str(stub), str(kernel)], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
+
+
+def test_status_reports_a_stale_library_instead_of_raising(vspec, monkeypatch):
+    """A library without an op this package has a fake for (an old build)
+    is reported by `vllm-vspec doctor` with the error, not raised."""
+    monkeypatch.setattr(ops, "_loaded", None)
+    monkeypatch.setitem(ops.FAKES, "vspec::not_in_the_library", lambda *args: None)
+    status = ops.status()
+    assert (status["loaded"], status["ops"]) == (False, {})
+    assert status["library"] == str(next(p for p in ops.library_candidates() if p.is_file()))
+    assert "vspec::not_in_the_library does not exist" in status["error"], status

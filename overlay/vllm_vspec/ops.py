@@ -90,12 +90,13 @@ def status() -> dict[str, Any]:
     """What `vllm-vspec doctor` reports: the library this process loads (or
     why it cannot), and for each op the backends it has a kernel for. A
     library that is found but fails to load (e.g. a CANN build whose NPU
-    runtime is missing) is reported with the loader's error, not raised."""
+    runtime is missing: OSError) or lacks an op this package has a fake for
+    (a stale build: RuntimeError) is reported with that error, not raised."""
     try:
         load()
     except OpsLibraryMissing as exc:
         return {"library": None, "loaded": False, "error": str(exc), "ops": {}}
-    except OSError as exc:
+    except (OSError, RuntimeError) as exc:
         found = next((p for p in library_candidates() if p.is_file()), None)
         return {"library": str(found), "loaded": False, "error": f"{exc}", "ops": {}}
     names = sorted(n for n in torch._C._dispatch_get_all_op_names() if n.startswith("vspec::"))
