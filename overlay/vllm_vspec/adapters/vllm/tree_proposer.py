@@ -24,6 +24,11 @@ gamma * W], depth-major, beam-rank order) and the parents [B, 1 + gamma * W].
 - The drafter KV written for tree nodes is scratch: the next first pass
   rewrites every position the target accepted.
 
+`propose_next_as_tree(W)` turns the proposer's next `propose` (the host
+runner's call, with the inputs it prepares) into `propose_tree` and
+`take_tree` returns what it drafted: how eagle_tree.EagleTreeDrafter joins
+the runner's tree steps.
+
 `check_tree_drafting` names what tree drafting cannot do (section 4.4.5);
 propose_tree runs it for width > 1, and start-up will run it once the
 `tree_width` key exists (section 5).
@@ -48,7 +53,6 @@ from vllm_vspec.draft_head import DraftHead
 class _FirstPass:
     """What the host's first pass of a tree step leaves for the tree passes."""
 
-    rows: torch.Tensor | None = None                 # [B] sampled row per request
     positions: torch.Tensor | None = None            # [B] int64: p, the root row's position
     cad: CommonAttentionMetadata | None = None       # the first pass's metadata
     hidden: torch.Tensor | None = None               # [B, H] output at the root row
@@ -186,12 +190,12 @@ class TreeDraftMixin:
                                "(tree_attention.py) on the drafter's layers")
 
     # extends SpecDecodeBaseProposer.set_inputs_first_pass: in a tree step,
-    # keeps each request's sampled row, its position and the step's metadata.
+    # keeps the position of each request's sampled row and the step's metadata.
     def set_inputs_first_pass(self, *args, **kwargs):
         num_tokens, rows, cad = super().set_inputs_first_pass(*args, **kwargs)
         first = self._first_pass
         if first is not None:
-            first.rows, first.cad = rows, cad
+            first.cad = cad
             first.positions = self.positions[rows].to(torch.int64)
         return num_tokens, rows, cad
 
