@@ -57,8 +57,11 @@
 //     src_slots[b, j], dst_slots[b, j] for j < L[b] and path[b, j] != j:
 //                        slots[b, path[b, j]] and slots[b, j]; otherwise -1.
 //   The caller moves KV from src to dst for every pair that is not -1. The
-//   moves are independent (may run in any order or in parallel): path[b, j]
-//   >= j for a root path, so no destination is another move's source.
+//   moves are NOT independent: a destination can be an earlier pair's source
+//   (path 0, 2, 4 gives 2 -> 1 and 4 -> 2). Since path[b, j] >= j, moving in
+//   increasing j, or reading every source before writing any destination
+//   (what TreeCPUAttentionBackend.move_slots does), is correct; an unordered
+//   parallel in-place move is not.
 //   Outputs: int32 [B], int32 [B], int64 [B, D], int64 [B, D].
 #pragma once
 
