@@ -14,10 +14,8 @@ Spec:
 - The check is not vacuous: some tree keeps a branch that is not the best
   one's child alive below depth 1.
 - gamma 0 drafts nothing and returns the root alone.
-- In the runner's tree steps (tree_verify.py verifies and commits;
-  EagleTreeDrafter asks the tree drafter; gamma cycles 1..4, width the
-  widest <= 4 that fits K, so 4 and 2 both occur) the engine emits exactly
-  what linear EAGLE emits, which is target-only's (tests/test_eagle.py).
+- The engine with EAGLE trees chosen by the scheduler is exact against
+  target-only: tests/test_tree_engine.py.
 - The layout of a tree pass (no engine): at width 1 its RoPE positions, KV
   slots and sequence lengths below max_model_len are the host's linear
   step's (vLLM's own `eagle_step_update_slot_mapping_and_metadata`); at any
@@ -41,9 +39,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import EAGLE, assert_same_tokens, close_llm, greedy, make_llm, runner_of
+from conftest import EAGLE, close_llm, greedy, make_llm, runner_of
 from vllm_vspec import tree
-from vllm_vspec.adapters.vllm.eagle_tree import EagleTreeDrafter
 from vllm_vspec.adapters.vllm.tree_proposer import (TreeDraftMixin, check_tree_drafting,
                                                     pass_layout)
 from vllm_vspec.adapters.vllm.worker import CPU_WORKER_CLS
@@ -55,7 +52,6 @@ TREES = [(4, 2), (2, 4), (3, 2)]      # (gamma, width) checked against brute for
 STEPS = 4                             # drafter steps checked (the first is after prefill)
 BATCH = 4
 TOKENS = 24                           # per request
-TREE_WIDTH = 4                        # the runner's trees: widest width with gamma * W <= K
 
 
 # ------------------------------------------------------------ refusals
@@ -263,20 +259,6 @@ def drafted(engine, prompts):
     return steps, outputs
 
 
-class RecordingTreeDrafter(EagleTreeDrafter):
-    """Notes the (gamma, width) of every tree it drafts."""
-
-    def __init__(self, width: int) -> None:
-        super().__init__(width)
-        self.shapes: list[tuple[int, int]] = []
-
-    def propose_tree(self, runner, gamma, **propose_args):
-        drafted = super().propose_tree(runner, gamma, **propose_args)
-        if drafted is not None:
-            self.shapes.append((drafted.gamma, drafted.width))
-        return drafted
-
-
 @pytest.mark.engine
 def test_width_one_drafts_what_the_linear_drafter_drafts(drafted):
     steps, _ = drafted
@@ -326,19 +308,3 @@ def test_gamma_zero_drafts_nothing_and_keeps_the_root(drafted):
         tokens, parents = step["gamma0"]
         assert tokens.shape == (BATCH, 0)
         assert parents.tolist() == [[tree.NO_NODE]] * BATCH
-
-
-@pytest.mark.engine
-def test_the_runner_with_eagle_trees_emits_what_linear_eagle_emits(engine, drafted, prompts):
-    # Linear EAGLE is exact against target-only (tests/test_eagle.py), so its
-    # outputs are the oracle; the runner's tree verify and commit are T1's
-    # (tree_verify.py), the drafts are the tree drafter's, width up to 4.
-    runner = runner_of(engine)
-    runner.tree_drafter = trees = RecordingTreeDrafter(TREE_WIDTH)
-    try:
-        got = greedy(engine, prompts[:BATCH], max_tokens=TOKENS)
-    finally:
-        runner.tree_drafter = None
-    assert_same_tokens(got, drafted[1], f"EAGLE trees up to width {TREE_WIDTH}")
-    widths = {w for _, w in trees.shapes}
-    assert {2, 4} <= widths, f"tree shapes drafted: {sorted(set(trees.shapes))}"

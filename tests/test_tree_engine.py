@@ -1,26 +1,30 @@
-"""Draft trees verified and committed by the target in the real engine (CPU,
-float32, greedy): docs/eagle-tree.md steps 2-3.
+"""Draft trees in the real engine (CPU, float32, greedy): docs/eagle-tree.md
+steps 3 and 5. The engine runs `tree_width = 4` with the cycle policy, so
+the scheduler hands the runner a different (gamma, width) arm every step,
+gamma 1..4 x width 1..4 within gamma * width <= K, and prefix caching on.
 
-The trees come from a test double, `OracleTrees` (the runner's
-`tree_drafter`), that knows every prompt's target-only continuation and
-plants it in a beam-shaped tree: at each depth the true token sits at a
-random beam rank, hanging from the true node above; the other nodes are
-decoys (distinct tokens per depth, none the true token) hanging from random
-nodes of the depth above; from a random depth on nothing true is planted.
-So every step exercises acceptance through any rank, partial and full
-acceptance, and the KV moves of the tree commit; gamma (the scheduler's cycle
-policy) and the width (the double's own cycle) change every step, and every
-7th step the double declines, so vLLM's linear EAGLE drafter drafts from the
-accepted path of a tree step (the runner's path-first first-pass inputs).
+Two tree drafters:
+- `OracleTrees`, a test double that knows every prompt's target-only
+  continuation and plants it in a beam-shaped tree of the scheduler's
+  shape: at each depth the true token sits at a random beam rank, hanging
+  from the true node above; the other nodes are decoys (distinct tokens per
+  depth, none the true token) hanging from random nodes of the depth above;
+  from a random depth on nothing true is planted. So every step exercises
+  acceptance through any rank, partial and full acceptance, and the KV moves
+  of the tree commit. Every 7th step it declines, so vLLM's linear EAGLE
+  drafter drafts from the accepted path of a tree step.
+- the engine's own `EagleTreeDrafter` (the EAGLE head's beam).
 
 Oracles:
-- the outputs equal target-only decoding token for token;
-- every step commits exactly what the double planted: the true nodes down to
-  the break, plus one token (the engine's accepted lengths, observed as each
-  request's growth between two proposals). Strict xfail for now: vspec's
-  scheduler cuts each draft list to gamma entries (its reason says where);
-- the same engine without a tree drafter drafts linearly again (EAGLE) and
-  stays exact.
+- the outputs equal target-only decoding token for token: planted trees,
+  EAGLE trees, EAGLE trees on prefix-cached prompts, EAGLE trees across
+  preemptions (a second engine with a tiny KV cache);
+- every planted step commits exactly what the double planted: the true nodes
+  down to the break, plus one token (the engine's accepted lengths, observed
+  as each request's growth between two proposals);
+- a batch with a sampled request drafts no tree (the scheduler's arms are
+  width 1 while it runs) and its greedy requests stay exact;
+- a width the host cannot run stops start-up naming `tree_width`.
 """
 
 from __future__ import annotations
@@ -30,18 +34,21 @@ import random
 import pytest
 import torch
 
-from conftest import EAGLE, assert_same_tokens, close_llm, load_prompts, make_llm, runner_of
+from conftest import (DRAFT, EAGLE, assert_same_tokens, close_llm, counter, load_prompts, make_llm,
+                      runner_of)
 from vllm_vspec import tree
+from vllm_vspec.adapters.vllm.eagle_tree import EagleTreeDrafter
 from vllm_vspec.adapters.vllm.worker import CPU_WORKER_CLS
+from vllm_vspec.config import VSpecConfigError
 
 pytestmark = pytest.mark.engine
 
 K = 16                   # gamma * width <= K: up to gamma 4 at width 4
-WIDTHS = (1, 2, 3, 4, 2)  # period 5 against the cycle policy's period-4 gammas: all pairs
 DECLINE_EVERY = 7         # every 7th step drafts linearly (host EAGLE) after a tree step
 MAX_TOKENS = 64
+PREEMPTING_KV_BYTES = 5 << 20   # far less KV than 8 requests x (prompt + 64 + K) need
 SPEC = {"method": "eagle", "model": str(EAGLE), "num_speculative_tokens": K}
-VSPEC = {"policy": "cycle", "min_gamma": 1, "max_gamma": 4}
+VSPEC = {"policy": "cycle", "min_gamma": 1, "max_gamma": 4, "tree_width": 4}
 
 
 class OracleTrees:
@@ -59,7 +66,7 @@ class OracleTrees:
         self.side_paths = 0      # planted paths through a beam rank > 0 (they move KV)
         self.declined = 0
 
-    def propose_tree(self, runner, gamma: int, *, sampled_token_ids,
+    def propose_tree(self, runner, gamma: int, width: int, *, sampled_token_ids,
                      **_) -> tree.DraftTree | None:
         self.calls += 1
         batch = runner.input_batch
@@ -79,7 +86,6 @@ class OracleTrees:
             # A linear step: the host's EAGLE drafter drafts after a tree step.
             self.declined += 1
             return None
-        width = WIDTHS[self.calls % len(WIDTHS)]
         self.pairs.add((gamma, width))
         n = tree.num_nodes(gamma, width)
         tokens = torch.zeros(rows, n, dtype=torch.int64)
@@ -162,10 +168,57 @@ def target_only(token_prompts) -> list[list[int]]:
         close_llm(llm)
 
 
+class RecordingTreeDrafter(EagleTreeDrafter):
+    """The engine's EAGLE tree drafter, noting the (gamma, width) of every
+    tree it drafts."""
+
+    def __init__(self) -> None:
+        self.shapes: list[tuple[int, int]] = []
+
+    def propose_tree(self, runner, gamma, width, **propose_args):
+        drafted = super().propose_tree(runner, gamma, width, **propose_args)
+        if drafted is not None:
+            self.shapes.append((drafted.gamma, drafted.width))
+        return drafted
+
+
+@pytest.mark.parametrize("vspec, spec, why", [
+    ({"tree_width": 2}, {"method": "draft_model", "model": str(DRAFT),
+                         "num_speculative_tokens": 4}, "method eagle"),
+    ({"tree_width": 2, "acceptance": "margin"}, SPEC, "strict"),
+    ({"tree_width": 9}, SPEC, "[1, 8]"),
+], ids=["draft-model", "lossy-rule", "wider-than-8"])
+def test_a_tree_width_the_engine_cannot_run_stops_start_up_naming_it(vspec, spec, why):
+    # Before any other engine of the module starts (one in-process engine at a time).
+    with pytest.raises(VSpecConfigError) as err:
+        make_llm(speculative_config=spec, vspec=vspec, worker_cls=CPU_WORKER_CLS)
+    assert err.value.key == "tree_width" and why in str(err.value), str(err.value)
+
+
+def test_eagle_trees_across_preemptions_are_exact(token_prompts, target_only):
+    # Its own engine, before the module's one starts (one in-process engine
+    # at a time): a KV cache smaller than the batch needs.
+    llm = make_llm(speculative_config=SPEC, vspec=VSPEC, worker_cls=CPU_WORKER_CLS,
+                   kv_cache_memory_bytes=PREEMPTING_KV_BYTES, max_model_len=256,
+                   disable_log_stats=False)
+    try:
+        before = counter(llm, "vllm:num_preemptions")
+        got = generate(llm, token_prompts)
+        preempted = counter(llm, "vllm:num_preemptions") - before
+    finally:
+        close_llm(llm)
+    assert preempted > 0, "the tiny KV cache caused no preemption; shrink it"
+    assert_same_tokens(got, target_only, "EAGLE trees across preemptions")
+
+
 @pytest.fixture(scope="module")
 def tree_engine(target_only):
-    """One engine for the module (started after the target-only one closed)."""
-    llm = make_llm(speculative_config=SPEC, vspec=VSPEC, worker_cls=CPU_WORKER_CLS)
+    """One engine for the module (started after the target-only one closed).
+    Blocks of 32 tokens (the CPU backend's smallest): vLLM caches whole
+    blocks and, for EAGLE, drops the last matched one, so the CPU default of
+    128 would leave these 74-156 token prompts no cache hit."""
+    llm = make_llm(speculative_config=SPEC, vspec=VSPEC, worker_cls=CPU_WORKER_CLS,
+                   enable_prefix_caching=True, block_size=32, disable_log_stats=False)
     yield llm
     close_llm(llm)
 
@@ -174,13 +227,18 @@ def tree_engine(target_only):
 def planted_run(tree_engine, token_prompts, target_only):
     """One generation with OracleTrees as the tree drafter: (outputs, oracle)."""
     runner = runner_of(tree_engine)
+    engine_drafter = runner.tree_drafter
     oracle = OracleTrees({tuple(p): out for p, out in zip(token_prompts, target_only)},
                          runner.input_batch.vocab_size)
     runner.tree_drafter = oracle
     try:
         return generate(tree_engine, token_prompts), oracle
     finally:
-        runner.tree_drafter = None
+        runner.tree_drafter = engine_drafter
+
+
+def test_the_engine_drafts_with_the_eagle_tree_drafter(tree_engine):
+    assert isinstance(runner_of(tree_engine).tree_drafter, EagleTreeDrafter)
 
 
 def test_planted_trees_of_widths_1_to_4_and_gamma_1_to_4_are_exact(planted_run, target_only):
@@ -191,11 +249,6 @@ def test_planted_trees_of_widths_1_to_4_and_gamma_1_to_4_are_exact(planted_run, 
     assert want <= oracle.pairs, f"(gamma, width) pairs never drafted: {sorted(want - oracle.pairs)}"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "VSpecScheduler.update_draft_token_ids cuts every draft list to the step's gamma "
-    "(verify_width.verified), so a tree's gamma*W-entry list keeps only its first gamma "
-    "entries: deeper planted nodes are never verified. Step 5 (the scheduler's width) "
-    "must keep gamma*W entries"))
 def test_every_tree_step_commits_exactly_the_planted_path(planted_run):
     _, oracle = planted_run
     assert oracle.observed > 0
@@ -203,7 +256,49 @@ def test_every_tree_step_commits_exactly_the_planted_path(planted_run):
     assert oracle.side_paths > 0, "no accepted path went through a beam rank > 0"
 
 
-def test_without_a_tree_drafter_the_same_engine_drafts_linearly_and_stays_exact(
-        planted_run, tree_engine, token_prompts, target_only):
-    assert runner_of(tree_engine).tree_drafter is None
-    assert_same_tokens(generate(tree_engine, token_prompts), target_only, "linear EAGLE after trees")
+@pytest.fixture(scope="module")
+def eagle_tree_run(planted_run, tree_engine, token_prompts):
+    """The engine's own EAGLE trees on the prompts the planted run already
+    cached: (outputs, shapes drafted, prefix-cache hits during the run)."""
+    runner = runner_of(tree_engine)
+    engine_drafter, runner.tree_drafter = runner.tree_drafter, RecordingTreeDrafter()
+    hits = counter(tree_engine, "vllm:prefix_cache_hits")
+    try:
+        got = generate(tree_engine, token_prompts)
+        return got, runner.tree_drafter.shapes, counter(
+            tree_engine, "vllm:prefix_cache_hits") - hits
+    finally:
+        runner.tree_drafter = engine_drafter
+
+
+def test_eagle_trees_with_width_and_gamma_changing_every_step_are_exact(eagle_tree_run,
+                                                                         target_only):
+    got, shapes, _ = eagle_tree_run
+    assert_same_tokens(got, target_only, "EAGLE trees, cycling (gamma, width)")
+    want = {(g, w) for g in range(1, 5) for w in range(2, 5)}
+    assert want <= set(shapes), f"tree shapes never drafted: {sorted(want - set(shapes))}"
+
+
+def test_eagle_trees_on_prefix_cached_prompts_are_exact(eagle_tree_run):
+    _, _, hits = eagle_tree_run
+    assert hits > 0, "no prefix-cache hit happened (the planted run cached these prompts)"
+
+
+def test_a_sampled_request_keeps_its_batch_linear_and_greedy_exact(
+        eagle_tree_run, tree_engine, token_prompts, target_only):
+    from vllm import SamplingParams, TokensPrompt
+
+    runner = runner_of(tree_engine)
+    engine_drafter, runner.tree_drafter = runner.tree_drafter, RecordingTreeDrafter()
+    greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS // 2, ignore_eos=True)
+    sampled = SamplingParams(temperature=0.8, seed=0, max_tokens=MAX_TOKENS // 2, ignore_eos=True)
+    prompts = [TokensPrompt(prompt_token_ids=p) for p in token_prompts[:3]]
+    try:
+        outs = tree_engine.generate(prompts, [greedy, sampled, greedy], use_tqdm=False)
+        shapes = runner.tree_drafter.shapes
+    finally:
+        runner.tree_drafter = engine_drafter
+    got = [list(outs[i].outputs[0].token_ids) for i in (0, 2)]
+    want = [target_only[i][:MAX_TOKENS // 2] for i in (0, 2)]
+    assert_same_tokens(got, want, "greedy requests beside a sampled one")
+    assert not shapes, f"trees drafted beside a sampled request: {shapes}"

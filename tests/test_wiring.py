@@ -92,6 +92,44 @@ def test_runner_features_need_the_vspec_worker():
                                      device="npu", worker_cls=npu))
 
 
+CPU_WORKER = wiring.WORKER_CLS["cpu"]
+
+
+@pytest.mark.parametrize("changes, refusal", [
+    ({"method": "draft_model"}, r"tree_width=2 .*method eagle \(EAGLE-1\), not draft_model"),
+    ({"device": "cuda", "worker_cls": wiring.WORKER_CLS["cuda"]}, r"only on the CPU host"),
+    ({"device": "npu", "worker_cls": "vllm_ascend.worker.worker.NPUWorker", "k": 8},
+     r"only on the CPU host"),
+    ({"async_scheduling": True}, r"not with async scheduling"),
+    ({"worker_cls": "auto"}, r"draft-tree verification runs in vspec's model runner"),
+    ({"k": 1}, r"at most num_speculative_tokens \(1\)"),
+], ids=["draft-model", "cuda", "npu", "async", "vllm-worker", "wider-than-k"])
+def test_trees_are_refused_where_the_engine_cannot_verify_them(changes, refusal):
+    args = {"method": "eagle", "worker_cls": CPU_WORKER, "vspec": {"tree_width": 2}, **changes}
+    with pytest.raises(VSpecConfigError, match=refusal) as err:
+        wiring.resolve(engine_config(**args))
+    assert err.value.key == "tree_width"
+
+
+@pytest.mark.parametrize("vspec, key, allowed", [
+    ({"tree_width": 0}, "tree_width", r"an integer \[1, 8\]"),
+    ({"tree_width": 9}, "tree_width", r"an integer \[1, 8\]"),
+    ({"tree_width": 2, "min_tree_width": 3}, "min_tree_width", r"at most tree_width \(2\)"),
+    ({"tree_width": 2, "acceptance": "relaxed_topk"}, "tree_width", r"acceptance 'strict'"),
+    ({"tree_width": 2, "entropy_stop": True}, "tree_width", r"entropy_stop"),
+])
+def test_bad_tree_settings_name_the_key(vspec, key, allowed):
+    with pytest.raises(VSpecConfigError, match=rf"vspec.{key}=.*{allowed}") as err:
+        wiring.resolve(engine_config(method="eagle", worker_cls=CPU_WORKER, vspec=vspec))
+    assert err.value.key == key
+
+
+def test_eagle_trees_on_the_cpu_host_resolve():
+    cfg = wiring.resolve(engine_config(method="eagle", worker_cls=CPU_WORKER,
+                                       vspec={"tree_width": 4, "min_tree_width": 2}))
+    assert (cfg.tree_width, cfg.min_tree_width) == (4, 2)
+
+
 def test_gamma0_auto_is_lazy_only_with_vspecs_worker():
     settings = {"min_gamma": 0}
     stock = engine_config(vspec=settings)

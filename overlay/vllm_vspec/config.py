@@ -36,6 +36,9 @@ NOT_OFFERED = {
 
 # FIA attention on Ascend verifies at most 16 query tokens per request per step.
 MAX_VERIFY_WIDTH = 16
+# Widest draft tree offered: beyond it the tree's nodes crowd out depth
+# within any K a host verifies in one forward (gamma * width <= K).
+MAX_TREE_WIDTH = 8
 
 
 def ranged(default: Any, lo: float, hi: float | None = None, *, lo_open: bool = False) -> Any:
@@ -175,6 +178,23 @@ class VSpecConfig:
     `auto`: `lazy` where it applies (method draft_model, synchronous
     scheduling, vspec's worker), else `sync`. `lazy` and `sticky` need the
     vspec worker (`worker_cls`)."""
+
+    tree_width: int = ranged(1, 1, MAX_TREE_WIDTH)
+    """EXPERIMENTAL, CPU host only: the widest EAGLE draft tree the controller
+    may choose. A tree of depth gamma and width W keeps the W best draft
+    candidates at every depth (a beam) and the target verifies all gamma*W
+    nodes in one forward under a tree attention mask; strict greedy accepts
+    the longest root path the target agrees with, so outputs stay exact.
+    The controller then picks (gamma, width) per step within gamma*W <=
+    `num_speculative_tokens`; width 1 is linear EAGLE. 1 (the default):
+    linear drafts only. Above 1 only with method `eagle` (EAGLE-1), vspec's
+    worker on the CPU host, synchronous scheduling, strict acceptance, no
+    entropy stop or draft traces; steps whose batch has a sampled request or
+    per-position logits processing draft linearly (docs/eagle-tree.md)."""
+
+    min_tree_width: int = ranged(1, 1, MAX_TREE_WIDTH)
+    """The narrowest tree the controller may choose on steps where trees are
+    allowed (at most `tree_width`); equal to `tree_width` pins the width."""
 
     entropy_stop: bool = False
     """Per request, cut the current draft at the first position whose top-k
@@ -360,6 +380,22 @@ class VSpecConfig:
             raise VSpecConfigError("profile_path", self.profile_path,
                                    "a profile JSON path when policy='profile' "
                                    "(or use policy='online', which needs none)")
+        if self.min_tree_width > self.tree_width:
+            raise VSpecConfigError("min_tree_width", self.min_tree_width,
+                                   f"at most tree_width ({self.tree_width})")
+        if k is not None and self.tree_width > k:
+            raise VSpecConfigError("tree_width", self.tree_width,
+                                   f"at most num_speculative_tokens ({k}): a tree of depth 1 "
+                                   "and width W drafts W nodes, and gamma * width <= "
+                                   "num_speculative_tokens")
+        if self.tree_width > 1 and not self.lossless:
+            raise VSpecConfigError("tree_width", self.tree_width,
+                                   f"1 with acceptance {self.acceptance!r}: trees accept "
+                                   "strictly only (set acceptance 'strict')")
+        if self.tree_width > 1 and self.entropy_stop:
+            raise VSpecConfigError("tree_width", self.tree_width,
+                                   "1 with entropy_stop (the stop cuts drafts at linear "
+                                   "positions); turn one of them off")
         if self.entropy_stop and self.policy != "online":
             raise VSpecConfigError("entropy_stop", self.entropy_stop,
                                    "true only with policy='online'")

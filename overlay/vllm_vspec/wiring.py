@@ -105,6 +105,7 @@ def resolve(vllm_config: Any) -> VSpecConfig | None:
             "vspec chooses gamma per step itself, so remove one of the two")
     _check_data_parallel(vllm_config)
     _check_graphs(vllm_config)
+    _check_trees(cfg, vllm_config)
     _require_vspec_worker(cfg, vllm_config, gamma0_mode(cfg, vllm_config))
     return cfg
 
@@ -152,6 +153,32 @@ def _check_graphs(vllm_config: Any) -> None:
             "speculation), or use `vllm-vspec serve`, which does")
 
 
+# Hosts whose attention takes draft-tree masks (adapters/vllm/tree_attention.py).
+TREE_PLATFORMS = ("cpu",)
+
+
+def _check_trees(cfg: VSpecConfig, vllm_config: Any) -> None:
+    """`tree_width` > 1 where the engine can verify trees: EAGLE-1 on the
+    CPU host, synchronous scheduling (the drafter's own limits are checked
+    by vspec's runner at start-up, tree_proposer.check_tree_drafting)."""
+    if cfg.tree_width == 1:
+        return
+    method = vllm_config.speculative_config.method
+    device = _device_type(vllm_config)
+    reasons = (
+        (method != "eagle", f"only with speculative method eagle (EAGLE-1), not {method}"),
+        (device not in TREE_PLATFORMS,
+         f"only on the CPU host (this engine: {device}); tree attention masks are not "
+         "built for CUDA or Ascend attention yet"),
+        (bool(vllm_config.scheduler_config.async_scheduling),
+         "not with async scheduling (tree parents do not travel with the draft "
+         "placeholders yet)"),
+    )
+    for refused, why in reasons:
+        if refused:
+            raise VSpecConfigError("tree_width", cfg.tree_width, why + "; or set tree_width 1")
+
+
 def _is_vspec_worker(vllm_config: Any) -> bool:
     # Ours, or vLLM-Ascend's (the overlay routes these on NPU).
     return str(vllm_config.parallel_config.worker_cls).startswith(("vllm_vspec.", "vllm_ascend."))
@@ -168,6 +195,7 @@ def _skips_draft_pass(vllm_config: Any) -> bool:
 _WORKER_FEATURES = (
     ("acceptance", lambda c: c.acceptance != "strict", "a lossy acceptance rule"),
     ("entropy_stop", lambda c: c.entropy_stop, "the entropy stop"),
+    ("tree_width", lambda c: c.tree_width > 1, "draft-tree verification"),
 )
 _ADD_WORKER = (f"add --worker-cls {WORKER_CLS['cpu']} ({WORKER_CLS['cuda'].rpartition('.')[2]} "
                "on CUDA), or use `vllm-vspec serve`, which adds it")

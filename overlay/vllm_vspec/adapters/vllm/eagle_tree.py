@@ -6,7 +6,9 @@ tree step it runs the rest of the runner's `propose_draft_token_ids` chain
 (vspec's runner mixins, then the host, which prepares the drafter's inputs
 from the verify forward: after a tree step, the accepted path's rows,
 tree_verify.py) with the proposer's next `propose` turned into
-`propose_tree`. Its own module: tree_verify imports the proposers.
+`propose_tree`. The scheduler chooses the step's (gamma, width)
+(VSpecScheduler, `vspec_tree_width`). Its own module: tree_verify imports
+the proposers.
 """
 
 from __future__ import annotations
@@ -19,24 +21,28 @@ from vllm_vspec.adapters.vllm.tree_verify import TreeVerifyMixin
 
 
 class EagleTreeDrafter:
-    """Trees of the widest width <= `width` the engine's K allows at the
-    step's gamma (gamma * W <= num_speculative_tokens), so a fixed maximum
-    width works with any gamma the scheduler picks (until the scheduler
-    chooses (gamma, width) arms, docs/eagle-tree.md step 5)."""
+    """The engine's tree drafter when `tree_width` > 1: a tree of the
+    scheduler's width for the step; at width 1 the runner's linear path
+    (the host's EAGLE drafter) drafts, exactly as without trees."""
 
-    def __init__(self, width: int) -> None:
-        if width < 1:
-            raise ValueError(f"width={width} is not allowed: an integer >= 1")
-        self.width = width
-
-    def propose_tree(self, runner: Any, gamma: int, **propose_args: Any
+    def propose_tree(self, runner: Any, gamma: int, width: int, **propose_args: Any
                      ) -> tree.DraftTree | None:
+        if width == 1:
+            return None
         drafter = runner.drafter
-        width = min(self.width, runner.speculative_config.num_speculative_tokens // gamma)
-        check_tree_drafting(drafter, width)
         drafter.propose_next_as_tree(width)
         try:
             super(TreeVerifyMixin, runner).propose_draft_token_ids(**propose_args)
         finally:
             drafted = drafter.take_tree()
         return drafted
+
+
+def engine_tree_drafter(runner: Any, cfg: Any) -> EagleTreeDrafter | None:
+    """The tree drafter vspec's runner starts with: one when `tree_width` >
+    1, after checking that the engine's drafter can draft such trees
+    (VSpecConfigError naming `tree_width` otherwise)."""
+    if cfg is None or cfg.tree_width == 1:
+        return None
+    check_tree_drafting(runner.drafter, cfg.tree_width)
+    return EagleTreeDrafter()

@@ -30,6 +30,7 @@ from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 from vllm_vspec.acceptance import AcceptanceRule
 from vllm_vspec.adapters.vllm.proposers import PROPOSERS, proposer_features, vspec_proposer
+from vllm_vspec.adapters.vllm.eagle_tree import engine_tree_drafter
 from vllm_vspec.adapters.vllm.rejection_sampler import VSpecRejectionSampler
 from vllm_vspec.adapters.vllm.tree_verify import TreeVerifyMixin
 from vllm_vspec.draft_lag import DraftLag
@@ -46,7 +47,7 @@ class VSpecRunnerMixin:
         self._entropy_stop = False
         self._gamma0_mode = "sync"
         self._lag: DraftLag | None = None  # lazy gamma 0 only
-        cfg = resolve(vllm_config)
+        cfg = self.vspec_config = resolve(vllm_config)
         if cfg is None or not hasattr(self, "drafter"):
             return  # stock vLLM (no speculation, vspec off), or not the rank that drafts
         self._gamma0_mode = gamma0_mode(cfg, vllm_config)
@@ -181,8 +182,14 @@ class PlainSamplingMixin:
 class VSpecCPUModelRunner(TreeVerifyMixin, PlainSamplingMixin, VSpecRunnerMixin,
                           CPUModelRunner):
     """vLLM's CPU model runner with vspec's sampling, rule and entropy stop,
-    and draft-tree verification (tree_verify.py; CPU only: the tree attention
-    masks exist for the CPU backend only)."""
+    and draft trees (tree_verify.py; CPU only: the tree attention masks exist
+    for the CPU backend only)."""
+
+    # extends CPUModelRunner.__init__: the EAGLE tree drafter when tree_width > 1.
+    def __init__(self, vllm_config, device) -> None:
+        super().__init__(vllm_config, device)
+        if hasattr(self, "drafter"):
+            self.tree_drafter = engine_tree_drafter(self, self.vspec_config)
 
 
 class VSpecGPUModelRunner(PlainSamplingMixin, VSpecRunnerMixin, GPUModelRunner):

@@ -10,7 +10,10 @@ How gamma reaches the model runner: vLLM (0.32) drafts
 `SchedulerOutput.num_spec_tokens_to_schedule` tokens after each step, and the
 scheduler verifies exactly the drafts it gets back the next step. So setting
 that field once per step is the whole mechanism; gamma 0 means "draft
-nothing", and the next step is a plain target-only step.
+nothing", and the next step is a plain target-only step. With `tree_width` >
+1 the step's tree width travels beside it as `vspec_tree_width` (an attribute
+of the output; vspec's runner reads it), and the drafts come back as gamma*W
+tree nodes (docs/eagle-tree.md).
 
 Glossary (as in vLLM's rejection sampler): for one request in one step,
 *drafted* = draft tokens verified, *accepted* = the prefix of them the target
@@ -30,6 +33,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
 from vllm.v1.request import RequestStatus
 
+from vllm_vspec.adapters.vllm.tree_verify import request_allows_tree
 from vllm_vspec.adapters.vllm.verify_width import VerifyWidth
 from vllm_vspec.controller import GammaController
 from vllm_vspec.refill import RefillGate
@@ -66,7 +70,9 @@ class VSpecScheduler(Scheduler):
         self._sticky = mode == "sticky"
         # Requests whose draft KV missed a target-only step (sticky mode only).
         self._stale: set[str] = set()
-        self.vspec = GammaController(self.vspec_config, k)
+        self.vspec = GammaController(self.vspec_config, k,
+                                     min_width=self.vspec_config.min_tree_width,
+                                     max_width=self.vspec_config.tree_width)
         self._refill = (RefillGate(self.vspec_config.refill_batch,
                                    self.vspec_config.refill_max_wait_steps)
                         if self.vspec_config.refill_batch else None)
@@ -139,7 +145,7 @@ class VSpecScheduler(Scheduler):
             # the step and do not report it to the controller, unless the
             # rewards are to count all steps (reward_prefill_steps). (Not after
             # a sticky gamma 0: a new cohort's prefill must not skip the drafter.)
-            self._set_gamma(scheduler_output, self.vspec.gamma)
+            self._set_gamma(scheduler_output, self.vspec.gamma, self.vspec.width)
         elif self.vspec is not None and scheduler_output.num_scheduled_tokens:
             started = time.perf_counter()
             scheduled = scheduler_output.num_scheduled_tokens
@@ -147,20 +153,26 @@ class VSpecScheduler(Scheduler):
             batch = BatchState(
                 num_reqs=len(scheduled),
                 max_num_batched_tokens=self.scheduler_config.max_num_batched_tokens,
-                mean_context_len=context / len(scheduled))
+                mean_context_len=context / len(scheduled),
+                tree_allowed=self.vspec.space.max_width > 1 and all(
+                    request_allows_tree(self.requests[r].sampling_params,
+                                        self.requests[r].num_output_tokens)
+                    for r in scheduled))
             decision = self.vspec.decide(batch, host_overhead_s=time.perf_counter() - started)
-            self._set_gamma(scheduler_output, decision.gamma)
+            self._set_gamma(scheduler_output, decision.gamma, decision.width)
             self._decided.add(id(scheduler_output))
             if self._sticky and decision.gamma == 0:
                 self._stale.update(scheduled)
         super()._update_after_schedule(scheduler_output)
 
-    def _set_gamma(self, scheduler_output: SchedulerOutput, gamma: int) -> None:
+    def _set_gamma(self, scheduler_output: SchedulerOutput, gamma: int, width: int = 1) -> None:
         """The runner drafts this many tokens after the step (on vLLM 0.23,
         which lacks the field, the Ascend overlay's runner reads the same
-        attribute)."""
+        attribute), as a tree of `width` (gamma * width nodes) when above 1."""
         scheduler_output.num_spec_tokens_to_schedule = gamma
-        self._verified = self._verify.verified(gamma, len(scheduler_output.num_scheduled_tokens))
+        scheduler_output.vspec_tree_width = width
+        self._verified = self._verify.verified(gamma * width,
+                                               len(scheduler_output.num_scheduled_tokens))
         if self._verify.pads:
             for req_id in scheduler_output.num_scheduled_tokens:
                 self._drafted[req_id] = gamma
@@ -179,9 +191,10 @@ class VSpecScheduler(Scheduler):
                 scheduler_output.num_invalid_spec_tokens = invalid
 
     # extends Scheduler.update_draft_token_ids (sync scheduling): keep the
-    # drafts the next step verifies. vLLM 0.23's runner hands back K drafts a
-    # request whatever the step drafted, the NPU proposer's -1 after gamma
-    # (verify_width.py); elsewhere the lists already have that length.
+    # drafts the next step verifies (gamma * width of them). vLLM 0.23's
+    # runner hands back K drafts a request whatever the step drafted, the NPU
+    # proposer's -1 after gamma (verify_width.py); elsewhere the lists
+    # already have at most that length.
     def update_draft_token_ids(self, draft_token_ids: DraftTokenIds) -> None:
         drafts = draft_token_ids.draft_token_ids
         if self.vspec is not None and any(len(d) > self._verified for d in drafts):

@@ -51,19 +51,18 @@ PAD_TOKEN = -2   # token of padding nodes: never a target argmax, so never accep
 class TreeDrafter(Protocol):
     """What the runner asks for a tree step."""
 
-    def propose_tree(self, runner: Any, gamma: int, **propose_args: Any
+    def propose_tree(self, runner: Any, gamma: int, width: int, **propose_args: Any
                      ) -> tree.DraftTree | None:
-        """Trees of depth `gamma` for the runner's batch rows 0..B-1
-        (input_batch order), or None to draft linearly this step.
+        """Trees of depth `gamma` and width `width` (the scheduler's arm for
+        the step; gamma * width <= the engine's num_speculative_tokens) for
+        the runner's batch rows 0..B-1 (input_batch order), or None to draft
+        linearly this step.
         `propose_args` are the host's propose_draft_token_ids arguments, by
         name (scheduler_output, sampled_token_ids, sampling_metadata,
         hidden_states, sample_hidden_states, aux_hidden_states,
         spec_decode_metadata, common_attn_metadata, slot_mappings); a tree
         step's spec_decode_metadata is a TreeSpecDecodeMetadata whose
-        `acceptance` holds the paths just accepted. The width is the
-        drafter's own (until the scheduler chooses (gamma, width) arms,
-        docs/eagle-tree.md step 5); gamma * width must not exceed the
-        engine's num_speculative_tokens."""
+        `acceptance` holds the paths just accepted."""
 
 
 @dataclass
@@ -88,19 +87,28 @@ class TreeSpecDecodeMetadata(SpecDecodeMetadata):
     acceptance: tree.Acceptance | None = None
 
 
+def request_allows_tree(params, num_output_tokens: int) -> bool:
+    """Whether one request's drafts may be a tree without changing its
+    output: greedy, no logprobs, and none of the logits processing the host
+    applies per linear draft position (penalties, bad words, allowed ids, a
+    logit bias, structured output, a min_tokens not yet reached). The
+    scheduler asks it per request to choose the step's width; the runner
+    asks `trees_allowed` again on the step's sampling metadata."""
+    return (params is not None and params.temperature < _SAMPLING_EPS
+            and params.logprobs is None and not params.logit_bias
+            and not params.bad_words and not params.allowed_token_ids
+            and params.presence_penalty == 0.0 and params.frequency_penalty == 0.0
+            and params.repetition_penalty == 1.0 and params.structured_outputs is None
+            and num_output_tokens >= params.min_tokens)
+
+
 def trees_allowed(sampling_metadata, requests: dict, req_ids: list[str]) -> bool:
-    """Whether a step's drafts may be trees without changing any output:
-    pure greedy (proposers.pure_greedy) and no request with a logit bias, a
-    min_tokens not yet reached or structured output (logits processing that
-    the host applies per linear draft position)."""
-    if not pure_greedy(sampling_metadata):
-        return False
-    for req_id in req_ids:
-        params = requests[req_id].sampling_params
-        if (params is None or params.logit_bias or params.structured_outputs is not None
-                or len(requests[req_id].output_token_ids) < params.min_tokens):
-            return False
-    return True
+    """Whether a step's drafts may be trees: the batch is pure greedy
+    (draft_head.pure_greedy) and every request allows one
+    (`request_allows_tree`)."""
+    return pure_greedy(sampling_metadata) and all(
+        request_allows_tree(requests[r].sampling_params, len(requests[r].output_token_ids))
+        for r in req_ids)
 
 
 class TreeVerifyMixin:
@@ -126,6 +134,8 @@ class TreeVerifyMixin:
                      common_attn_metadata, *args)
         self._pending_trees = {}
         gamma = scheduler_output.num_spec_tokens_to_schedule
+        # VSpecScheduler's arm for the step (1 from any other scheduler).
+        width = getattr(scheduler_output, "vspec_tree_width", 1)
         req_ids = self.input_batch.req_ids[:self.input_batch.num_reqs]
         rule = getattr(self.rejection_sampler, "rule", None)
         if (self.tree_drafter is None or not gamma or (rule is not None and not rule.lossless)
@@ -135,7 +145,7 @@ class TreeVerifyMixin:
                  "sample_hidden_states", "aux_hidden_states", "spec_decode_metadata",
                  "common_attn_metadata", "slot_mappings")
         drafted = self.tree_drafter.propose_tree(
-            self, gamma, **dict(zip(names, host_args)), **kwargs)
+            self, gamma, width, **dict(zip(names, host_args)), **kwargs)
         if drafted is None:
             return super().propose_draft_token_ids(*host_args, **kwargs)
         k = self.speculative_config.num_speculative_tokens
@@ -323,4 +333,4 @@ def sample_tree(sampler, logits: torch.Tensor, metadata: TreeSpecDecodeMetadata,
 
 
 __all__ = ["PAD_TOKEN", "TreeDrafter", "TreeSpecDecodeMetadata", "TreeVerifyMixin",
-           "sample_tree", "trees_allowed"]
+           "request_allows_tree", "sample_tree", "trees_allowed"]
