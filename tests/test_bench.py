@@ -22,7 +22,8 @@ import pytest
 from vllm_vspec import cli, wiring
 from vllm_vspec.bench import protocols, runner, scrape, variants, workloads
 from vllm_vspec.bench.loadgen import Completion, client_for, run_phase
-from vllm_vspec.bench.report import Run, exact_match, format_gamma_counts, markdown_table, rows
+from vllm_vspec.bench.report import (Run, accepted_length, exact_match, format_gamma_counts,
+                                     markdown_table, results_json, rows)
 from vllm_vspec.bench.server import ServerSpec, serve_argv
 from vllm_vspec.bench.plot import Timeline, plot_timelines
 from vllm_vspec.bench.workloads import Request
@@ -142,6 +143,43 @@ def test_x_best_is_the_ratio_to_the_faster_of_target_only_and_the_best_fixed_gam
     assert "| 0.80x |" in markdown_table(rows(runs))
 
 
+def test_best_fixed_is_the_fastest_fixed_choice_linear_or_tree():
+    runs = [_run("w", "target", "target", [100], 1.0),
+            _run("w", "eagle-fixed-2", "fixed", [100], 0.5),            # 200 tok/s
+            _run("w", "eagle-tree-2x2", "tree-fixed", [100], 0.4),      # 250 tok/s: the best
+            _run("w", "eagle-tree-online", "online", [100], 0.5)]
+    by = {r.variant: r for r in rows(runs)}
+    assert by["eagle-tree-online"].best_fixed == "eagle-tree-2x2"
+    assert by["eagle-tree-online"].vs_best_fixed == pytest.approx(0.8)
+    assert by["eagle-tree-2x2"].vs_best_fixed == pytest.approx(1.0)
+
+
+def test_accepted_length_is_one_plus_accepted_over_drafts_pooled_over_rounds():
+    a = _run("w", "eagle-tree-2x2", "tree-fixed", [100], 1.0)
+    b = _run("w", "eagle-tree-2x2", "tree-fixed", [100], 1.0)
+    b.repeat = 1
+    # 10 + 30 drafts; accepted path lengths sum to (8 + 3) + (20 + 9) = 40
+    a.draft_counts, b.draft_counts = (10, (8, 3)), (30, (20, 9))
+    assert accepted_length([a, b]) == pytest.approx(1 + 40 / 40)
+    assert accepted_length([_run("w", "target", "target", [100], 1.0)]) is None
+    assert rows([a, b])[0].accepted_length == pytest.approx(2.0)
+    assert "| 2.00 |" in markdown_table(rows([a, b]))
+
+
+def test_tree_arms_are_counted_and_named_depth_x_width():
+    records = [{**_step(1, 2, 1), "width": 2}, {**_step(1, 2, 1), "width": 2},
+               {**_step(1, 2, 1), "width": 1}, _step(1, 3, 1)]   # no width: a linear step
+    counts = scrape.gamma_counts_from_trace(records)
+    assert counts == Counter({(1, (2, 2)): 2, (1, 2): 1, (1, 3): 1})
+    assert format_gamma_counts(counts) == "b1: g2x2 x2, g2 x1, g3 x1"
+    run = _run("w", "eagle-tree-online", "online", [100], 1.0)
+    run.gamma_counts = counts
+    assert results_json([run], {}, rows([run]), {})["runs"][0]["gamma_counts"] == [
+        {"bucket": 1, "gamma": 2, "width": 1, "steps": 1},
+        {"bucket": 1, "gamma": 2, "width": 2, "steps": 2},
+        {"bucket": 1, "gamma": 3, "width": 1, "steps": 1}]
+
+
 def test_acceptance_per_position_is_pooled_over_rounds_of_the_widest_fixed_gamma():
     from vllm_vspec.bench.report import acceptance_per_position, robustness_table
     runs = []
@@ -153,7 +191,9 @@ def test_acceptance_per_position_is_pooled_over_rounds_of_the_widest_fixed_gamma
         runs += [wide, narrow]
     online = _run("w", "online", "online", [100], 0.8)
     online.draft_counts = (40, (40, 40, 40))      # vspec mixes draft lengths: not used
-    runs += [_run("w", "target", "target", [100], 1.25), online]
+    tree = _run("w", "eagle-tree-4x2", "tree-fixed", [100], 1.0)
+    tree.draft_counts = (40, (30, 20, 10, 5, 0, 0, 0, 0))   # 8 nodes, not 8 positions: not used
+    runs += [_run("w", "target", "target", [100], 1.25), online, tree]
     acc = acceptance_per_position(runs)
     assert acc["w"][0] == "fixed-3"
     assert acc["w"][1] == pytest.approx([0.5, 0.2, 0.1])
@@ -391,6 +431,46 @@ def test_eagle_variants_appear_only_when_the_head_exists(bench_inputs, tmp_path,
     assert list(cmds) == ["target", "eagle-fixed-2", "eagle-online"]
     with pytest.raises(SystemExit, match="eagle-online is not available"):
         cli.main(["bench", "--dry-run", *bench_inputs, "--variants", "eagle-online"])
+
+
+def test_eagle_tree_variants_serve_vspec_trees_within_one_node_budget(bench_inputs, tmp_path,
+                                                                     capsys):
+    args = [a if a != str(tmp_path / "no-eagle") else str(tmp_path / "draft")
+            for a in bench_inputs]
+    names = ["eagle-tree-2x2", "eagle-tree-3x2", "eagle-tree-4x2", "eagle-tree-2x4",
+             "eagle-tree-online"]
+    cli.main(["bench", "--dry-run", *args, "--variants", ",".join(names)])
+    cmds = _variant_commands(capsys.readouterr().out)
+    assert list(cmds) == ["target", *names]
+    for name in names:
+        cmd = cmds[name]
+        spec = json.loads(cmd[cmd.index("--speculative-config") + 1])
+        assert (spec["method"], spec["num_speculative_tokens"]) == ("eagle", 8)
+        assert cmd[cmd.index("--scheduler-cls") + 1] == wiring.SCHEDULER_CLS
+        worker = wiring.WORKER_CLS[wiring.resolve_platform("auto")]
+        assert cmd[cmd.index("--worker-cls") + 1] == worker
+        vspec = json.loads(cmd[cmd.index("--additional-config") + 1])["vspec"]
+        assert vspec.pop("trace_path").endswith(f"{name}.jsonl")
+        if name != "eagle-tree-online":
+            g, w = map(int, name.removeprefix("eagle-tree-").split("x"))
+            assert vspec == {"policy": "fixed", "fixed_gamma": g, "max_gamma": 4,
+                             "tree_width": w, "min_tree_width": w}
+    assert vspec == {"policy": "online", "max_gamma": 4, "tree_width": 4}
+    with pytest.raises(SystemExit, match="eagle-tree-2x2 is not available"):
+        cli.main(["bench", "--dry-run", *bench_inputs, "--variants", "eagle-tree-2x2"])
+
+
+def test_eagle_tree_variants_validate_as_vspec_settings_of_their_k():
+    from vllm_vspec.config import VSpecConfig
+    available = variants.all_variants({"eagle": Path("head")})
+    trees = {n: v for n, v in available.items() if n.startswith("eagle-tree-")}
+    assert [v.family for v in trees.values()] == ["tree-fixed"] * 4 + ["online"]
+    for v in trees.values():
+        k = v.speculative_config["num_speculative_tokens"]
+        cfg = VSpecConfig.from_dict(v.vspec, k).with_max_gamma(k)
+        assert cfg.tree_width * (cfg.fixed_gamma if v.family == "tree-fixed" else 1) <= k
+    assert not any(n.startswith("eagle-tree") for n in variants.all_variants(
+        {"draft_model": Path("draft")}))
 
 
 def test_families_all_builds_the_steady_workloads_over_every_prompt_file(bench_inputs, capsys):

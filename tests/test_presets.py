@@ -97,6 +97,17 @@ def test_lossy_presets_say_so_and_strict_ones_are_lossless():
         assert "LOSSY" in presets.load(presets.preset_path(name)).description
 
 
+def test_only_the_eagle_tree_preset_drafts_trees_and_it_says_experimental_cpu_only():
+    trees = {n for n in PRESETS if presets.load(presets.preset_path(n)).vspec.tree_width > 1}
+    assert trees == {"eagle-tree"}
+    tree = presets.load(presets.preset_path("eagle-tree"))
+    assert "EXPERIMENTAL" in tree.description and "CPU host only" in tree.description
+    # the bundled CPU pair, K = 8 nodes, arms gamma <= 4 x width <= 4
+    assert tree.launch == dataclasses.replace(
+        presets.load(presets.preset_path("tiny-eagle")).launch, gamma=8)
+    assert (tree.vspec.max_gamma, tree.vspec.tree_width, tree.vspec.policy) == (4, 4, "online")
+
+
 def test_extends_inherits_the_base_and_overrides_key_by_key():
     relaxed = presets.load(presets.preset_path("eagle-relaxed"))
     eagle = presets.load(presets.preset_path("eagle"))

@@ -25,7 +25,8 @@ class Run:
     family: str  # Variant.family
     completions: list[Completion]
     repeat: int = 0  # round of `bench --repeats` (0-based)
-    gamma_counts: Counter = field(default_factory=Counter)  # (bucket, gamma) -> steps
+    # (bucket, arm) -> steps; an arm is a gamma, or (depth, width) for a tree
+    gamma_counts: Counter = field(default_factory=Counter)
     gamma_source: str | None = None  # "trace", "metrics" or None
     # controller wall time / decode-step time, from the vspec trace
     controller_overhead: float | None = None
@@ -52,6 +53,26 @@ class Run:
         return [f"{c.key}: {c.error}" for c in self.completions if c.error]
 
 
+# The fixed choices a "best fixed" ratio is taken over: linear gammas (stock
+# vLLM) and fixed EAGLE trees (a user who measured both would pick either).
+FIXED_FAMILIES = ("fixed", "tree-fixed")
+
+
+def accepted_length(runs: list[Run]) -> float | None:
+    """Mean tokens a request commits per verify step that checked a draft:
+    1 + accepted draft tokens / drafts verified, from vLLM's spec-decode
+    counters pooled over `runs` (a tree counts its accepted path: the
+    scheduler sees the path's tokens only). None when nothing was drafted."""
+    counts = [r.draft_counts for r in runs if r.draft_counts]
+    drafts = sum(c[0] for c in counts)
+    return 1 + sum(sum(c[1]) for c in counts) / drafts if drafts else None
+
+
+def arm(key) -> tuple[int, int]:
+    """(depth, width) of a gamma_counts arm (a plain gamma is width 1)."""
+    return key if isinstance(key, tuple) else (key, 1)
+
+
 def exact_match(run: Run, reference: Run) -> tuple[int, int, list[str]]:
     """(identical, compared, keys that differ) of run's outputs against the
     reference (target-only) outputs of the same requests."""
@@ -76,16 +97,22 @@ def first_difference(a: str, b: str) -> int:
 
 
 def format_gamma_counts(counts: Counter) -> str:
-    """"b1: g4 x120, g3 x8 | b32: g2 x40" (buckets ascending, gammas by count;
-    bucket None, all batch sizes together, reads "all")."""
+    """"b1: g4 x120, g3 x8 | b32: g2x2 x40" (buckets ascending, arms by
+    count, a tree as depth x width; bucket None, all batch sizes together,
+    reads "all")."""
     parts = []
     for bucket in sorted({b for b, _ in counts}, key=lambda b: -1 if b is None else b):
         per = sorted(((g, n) for (b, g), n in counts.items() if b == bucket and n),
-                     key=lambda gn: (-gn[1], gn[0]))
+                     key=lambda gn: (-gn[1], arm(gn[0])))
         if per:
             label = "all" if bucket is None else f"b{bucket}"
-            parts.append(f"{label}: " + ", ".join(f"g{g} x{int(n)}" for g, n in per))
+            parts.append(f"{label}: " + ", ".join(f"g{_arm_name(g)} x{int(n)}" for g, n in per))
     return " | ".join(parts)
+
+
+def _arm_name(key) -> str:
+    depth, width = arm(key)
+    return str(depth) if width == 1 else f"{depth}x{width}"
 
 
 @dataclass(frozen=True)
@@ -107,6 +134,7 @@ class Row:
     # what a user who had measured both would have chosen
     vs_best_choice: float | None = None
     family: str = ""  # Variant.family
+    accepted_length: float | None = None  # accepted_length() over the rounds
 
 
 def rows(runs: list[Run]) -> list[Row]:
@@ -122,7 +150,7 @@ def rows(runs: list[Run]) -> list[Row]:
         speed = {v: statistics.median(r.tokens_per_s for r in rs) for v, rs in by_variant.items()}
         target = next((v for v, rs in by_variant.items() if rs[0].family == "target"), None)
         targets = {r.repeat: r for r in by_variant.get(target, [])}
-        fixed = [v for v, rs in by_variant.items() if rs[0].family == "fixed"]
+        fixed = [v for v, rs in by_variant.items() if rs[0].family in FIXED_FAMILIES]
         best = max(fixed, key=speed.__getitem__) if fixed else None
         choice = max((speed[v] for v in (target, best) if v is not None), default=0.0)
         for v, rs in by_variant.items():
@@ -142,7 +170,8 @@ def rows(runs: list[Run]) -> list[Row]:
                 best, same, compared, errors, format_gamma_counts(counts),
                 statistics.mean(shares) if shares else None,
                 tuple(r.tokens_per_s for r in rs),
-                _ratio(speed[v], choice) if target and best else None, rs[0].family))
+                _ratio(speed[v], choice) if target and best else None, rs[0].family,
+                accepted_length(rs)))
     return out
 
 
@@ -150,7 +179,7 @@ def acceptance_per_position(runs: list[Run]) -> dict[str, tuple[str, list[float]
     """Per workload: (variant, fraction of drafts whose position i was
     accepted, pooled over rounds) from the fixed gamma that drafted the
     most positions (stock vLLM always drafts K there, so every position is
-    measured; vspec's counts mix draft lengths)."""
+    measured; vspec's counts mix draft lengths, a tree's count nodes)."""
     out = {}
     for workload in dict.fromkeys(r.workload for r in runs):
         fixed = [r for r in runs if r.workload == workload and r.family == "fixed"
@@ -209,8 +238,8 @@ def phase_bounds(runs: list[Run]) -> dict[str, dict]:
     for workload in dict.fromkeys(r.workload for r in runs):
         group = [r for r in runs if r.workload == workload]
         phases = sorted({c.key.split("/")[0] for r in group for c in r.completions}, key=int)
-        choices = [r for r in group if r.family in ("target", "fixed")]
-        if len(phases) < 2 or not any(r.family == "fixed" for r in choices):
+        choices = [r for r in group if r.family == "target" or r.family in FIXED_FAMILIES]
+        if len(phases) < 2 or not any(r.family in FIXED_FAMILIES for r in choices):
             continue
         seconds: dict[str, list[float]] = {}
         for variant in dict.fromkeys(r.variant for r in group):
@@ -219,7 +248,8 @@ def phase_bounds(runs: list[Run]) -> dict[str, dict]:
                 _span([c for c in r.completions if c.key.split("/")[0] == phase])
                 for r in rounds) for phase in phases]
         speed = {v: statistics.median(r.tokens_per_s for r in group if r.variant == v)
-                 for v in dict.fromkeys(r.variant for r in choices if r.family == "fixed")}
+                 for v in dict.fromkeys(r.variant for r in choices
+                                        if r.family in FIXED_FAMILIES)}
         best_fixed = max(speed, key=speed.__getitem__)
         tokens = max(r.tokens for r in choices)
 
@@ -274,9 +304,10 @@ def results_json(runs: list[Run], meta: dict, table_rows: list[Row],
             "draft_counts": ({"drafts": r.draft_counts[0],
                               "accepted_per_position": list(r.draft_counts[1])}
                              if r.draft_counts else None),
-            "gamma_counts": [{"bucket": b, "gamma": g, "steps": int(n)}
+            "gamma_counts": [{"bucket": b, "gamma": arm(g)[0], "width": arm(g)[1],
+                              "steps": int(n)}
                              for (b, g), n in sorted(r.gamma_counts.items(),
-                                                         key=lambda kv: (kv[0][0] or 0, kv[0][1]))],
+                                                     key=lambda kv: (kv[0][0] or 0, arm(kv[0][1])))],
             "differing_outputs": [
                 {"key": k, "first_difference_at_char": first_difference(
                     next(c.text for c in r.completions if c.key == k), ref_text[k])}
@@ -296,6 +327,10 @@ def _share(share: float | None) -> str:
     return f"{100 * share:.2f}%" if share is not None else "-"
 
 
+def _length(length: float | None) -> str:
+    return f"{length:.2f}" if length is not None else "-"
+
+
 def _speed(row: Row) -> str:
     """Median tokens/s, with the range over rounds when there are several."""
     r = row.rounds_tokens_per_s
@@ -308,7 +343,8 @@ def render_table(table_rows: list[Row]):
     from rich.table import Table
 
     t = Table(title="vllm-vspec bench (ratios within each workload, same run)")
-    numeric = ("tok/s", "x target", "x best fixed", "x best", "identical", "ctl time")
+    numeric = ("tok/s", "x target", "x best fixed", "x best", "accepted len", "identical",
+               "ctl time")
     for col in ("workload", "variant") + numeric + ("gamma per bucket",):
         t.add_column(col, justify="right" if col in numeric else "left")
     previous = None
@@ -318,7 +354,8 @@ def render_table(table_rows: list[Row]):
         previous = row.workload
         ident = f"{row.identical}/{row.compared}" + (f" ({row.errors} err)" if row.errors else "")
         t.add_row(row.workload, row.variant, _speed(row), _times(row.vs_target),
-                  _times(row.vs_best_fixed), _times(row.vs_best_choice), ident,
+                  _times(row.vs_best_fixed), _times(row.vs_best_choice),
+                  _length(row.accepted_length), ident,
                   _share(row.controller_overhead),
                   row.gamma_counts)
     return t
@@ -351,13 +388,15 @@ def bound_lines(bounds: dict[str, dict]) -> list[str]:
 
 def markdown_table(table_rows: list[Row]) -> str:
     """The same table as GitHub markdown (for docs/benchmarks.md). `x best`
-    is the ratio to the faster of target-only and the best fixed gamma."""
-    lines = ["| workload | variant | tok/s | x target | x best fixed | x best | identical "
-             "| ctl time | gamma per bucket |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    is the ratio to the faster of target-only and the best fixed gamma;
+    `accepted len` is accepted_length()."""
+    lines = ["| workload | variant | tok/s | x target | x best fixed | x best | accepted len "
+             "| identical | ctl time | gamma per bucket |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for row in table_rows:
         lines.append(f"| {row.workload} | {row.variant} | {_speed(row)} | "
                      f"{_times(row.vs_target)} | {_times(row.vs_best_fixed)} | "
-                     f"{_times(row.vs_best_choice)} | {row.identical}/{row.compared} | {_share(row.controller_overhead)} | "
+                     f"{_times(row.vs_best_choice)} | {_length(row.accepted_length)} | "
+                     f"{row.identical}/{row.compared} | {_share(row.controller_overhead)} | "
                      f"{row.gamma_counts} |")
     return "\n".join(lines)

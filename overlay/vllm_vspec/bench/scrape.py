@@ -104,5 +104,12 @@ def trace_steps(path: Path, start: int = 0) -> tuple[list[dict], int]:
 
 
 def gamma_counts_from_trace(records: list[dict]) -> Counter:
-    """(bucket, gamma) -> steps, with the controller's own buckets."""
-    return Counter((int(r["bucket"]), int(r["gamma"])) for r in records)
+    """(bucket, arm) -> steps, with the controller's own buckets; an arm is
+    the step's gamma, or (gamma, width) for a tree (a record without `width`
+    predates trees: width 1)."""
+    return Counter((int(r["bucket"]), _arm(int(r["gamma"]), int(r.get("width", 1))))
+                   for r in records)
+
+
+def _arm(gamma: int, width: int) -> int | tuple[int, int]:
+    return gamma if width == 1 else (gamma, width)

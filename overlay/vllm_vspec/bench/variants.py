@@ -28,10 +28,12 @@ DEFAULT_STATIC_TABLE: list[list[int]] = [[1, 2, 4], [3, 8, 3], [9, 24, 2], [25, 
 @dataclass(frozen=True)
 class Variant:
     name: str
-    family: str  # "target", "fixed", "static", "online", "vspec-fixed": how the report groups it
+    # how the report groups it: "target", "fixed" (linear, stock vLLM),
+    # "tree-fixed", "static", "online", "vspec-fixed"
+    family: str
     speculative_config: dict[str, Any] | None = None
     vspec: dict[str, Any] | None = None  # None: stock vLLM scheduler
-    gamma: int | None = None  # the fixed gamma, for "best fixed" ratios
+    gamma: int | None = None  # the fixed gamma (a tree's depth), for "best fixed" ratios
 
     def serve_args(self, trace_path: Path | None = None) -> list[str]:
         """vLLM serve arguments that make this variant (on top of the shared ones)."""
@@ -82,6 +84,37 @@ def _method_variants(method: str, model: Path, static_table: list[list[int]],
         out.append(Variant(f"{prefix}profile", "online", _spec(method, model, MAX_GAMMA),
                            vspec={"policy": "profile",
                                   "profile_path": str(latency_profile.resolve())}))
+    if method == "eagle":
+        out += _tree_variants(model)
+    return out
+
+
+# EAGLE trees (docs/eagle-tree.md): one node budget K for every tree server,
+# so the fixed trees and `eagle-tree-online` are the same server but for the
+# policy (buffers, lookahead slots and the token budget are sized by K; the
+# ratios then measure the controller, not the sizing). 8 holds the widest
+# fixed tree below and every online arm gamma*width <= 8.
+TREE_K = 8
+# (depth, width) of the fixed trees: width 2 at each linear gamma 2..4 (the
+# accepted length of tree vs linear at the same gamma; fixed-2..4 run beside
+# them) and 2x4, the same 8 nodes as 4x2 spent on width instead of depth.
+# Kept small: every variant is a server start and a full replay of the loads.
+FIXED_TREES = ((2, 2), (3, 2), (4, 2), (2, 4))
+# eagle-tree-online's widest tree (arms gamma 1..MAX_GAMMA x width 1..4 within K).
+ONLINE_TREE_WIDTH = 4
+
+
+def _tree_variants(model: Path) -> list[Variant]:
+    """EAGLE tree servers (vspec's worker verifies the trees: CPU host only).
+    Family "tree-fixed": the report's best fixed choice covers linear and
+    tree alike, its acceptance per position only the linear drafts."""
+    out = [Variant(f"eagle-tree-{g}x{w}", "tree-fixed", _spec("eagle", model, TREE_K),
+                   vspec={"policy": "fixed", "fixed_gamma": g, "max_gamma": MAX_GAMMA,
+                          "tree_width": w, "min_tree_width": w}, gamma=g)
+           for g, w in FIXED_TREES]
+    out.append(Variant("eagle-tree-online", "online", _spec("eagle", model, TREE_K),
+                       vspec={"policy": "online", "max_gamma": MAX_GAMMA,
+                              "tree_width": ONLINE_TREE_WIDTH}))
     return out
 
 
