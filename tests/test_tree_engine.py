@@ -185,9 +185,8 @@ class RecordingTreeDrafter(EagleTreeDrafter):
 @pytest.mark.parametrize("vspec, spec, why", [
     ({"tree_width": 2}, {"method": "draft_model", "model": str(DRAFT),
                          "num_speculative_tokens": 4}, "method eagle"),
-    ({"tree_width": 2, "acceptance": "margin"}, SPEC, "strict"),
     ({"tree_width": 9}, SPEC, "[1, 8]"),
-], ids=["draft-model", "lossy-rule", "wider-than-8"])
+], ids=["draft-model", "wider-than-8"])
 def test_a_tree_width_the_engine_cannot_run_stops_start_up_naming_it(vspec, spec, why):
     # Before any other engine of the module starts (one in-process engine at a time).
     with pytest.raises(VSpecConfigError) as err:

@@ -6,11 +6,14 @@ Sampling: one step mixes what an engine batch can hold: a width-2 tree, a reques
 without drafts (a new request's prefill: the host sampler's token) and a
 chain (a linear draft). The oracle is tree.greedy_accept per request on the
 target's argmax at each node, in the rejection sampler's [B, max_spec_len +
-1] layout padded with -1.
+1] layout padded with -1. With a lossy rule the oracle is hand-derived: the
+target rows carry an argmax and a runner-up (within margin 1.0 and the top
+2), so the paths the rule may take are known node by node.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -18,6 +21,7 @@ import torch
 from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
 
 from vllm_vspec import tree
+from vllm_vspec.acceptance import AcceptanceRule
 from vllm_vspec.adapters.vllm.tree_verify import PAD_TOKEN, TreeSpecDecodeMetadata, sample_tree
 
 VOCAB = 8
@@ -89,6 +93,73 @@ def test_a_request_with_drafts_that_is_not_greedy_is_refused():
                               temperature=torch.tensor([0.7]))
     with pytest.raises(RuntimeError, match="not greedy"):
         sample_tree(greedy_sampler, logits, metadata, sampled)
+
+
+def graded_step(trees, argmax: list[list[int]], runner_up: list[list[int]]):
+    """`step` whose target rows score the argmax 2, the runner-up 1 and the
+    rest 0: the runner-up is within margin 1.0 and in the top 2, nothing
+    else is."""
+    metadata, logits = step(trees, argmax)
+    second = torch.cat([torch.nn.functional.one_hot(torch.tensor(r), VOCAB).float()
+                        for r in runner_up])
+    return metadata, 2 * logits + second
+
+
+# Width 2, gamma 2: nodes 1 (token 1) and 2 (token 2) under the root, node 3
+# (token 3) under node 1, node 4 (token 4) under node 2.
+TREE = ([5, 1, 2, 3, 4], [tree.NO_NODE, 0, 0, 1, 2])
+# Tree A: strict follows node 2 and stops (node 4 is not even the runner-up);
+# token 1 is the root's runner-up and node 3 is node 1's argmax.
+A_ARGMAX, A_SECOND = [2, 3, 0, 7, 5], [1, 0, 6, 0, 0]
+# Tree C: strict follows node 2; node 4 is node 2's runner-up (depth 2).
+C_ARGMAX, C_SECOND = [2, 0, 0, 7, 5], [3, 1, 4, 0, 0]
+MARGIN = AcceptanceRule("margin", margin=1.0)
+TOP2 = AcceptanceRule("relaxed_topk", topk=2)
+
+
+@pytest.mark.parametrize("rule", [MARGIN, TOP2], ids=["margin", "relaxed_topk"])
+def test_a_lossy_rule_accepts_a_tree_path_through_a_token_the_rule_allows(rule):
+    metadata, logits = graded_step([TREE], [A_ARGMAX], [A_SECOND])
+    strict = sample_tree(greedy_sampler, logits, metadata, GREEDY).sampled_token_ids
+    assert strict.tolist() == [[2, 0, -1, -1, -1]]
+    lossy = sample_tree(greedy_sampler, logits, metadata, GREEDY, rule,
+                        torch.tensor([0])).sampled_token_ids
+    # Node 1 (the root's runner-up), node 3 (node 1's argmax), then node 3's argmax.
+    assert lossy.tolist() == [[1, 3, 7, -1, -1]]
+    assert metadata.acceptance.path.tolist() == [[0, 1, 3]]
+
+
+@pytest.mark.parametrize("rule", [MARGIN, TOP2], ids=["margin", "relaxed_topk"])
+def test_a_lossy_rule_never_accepts_a_tree_path_through_a_protected_id(rule):
+    protected = dataclasses.replace(rule, protected_token_ids=(1,))
+    metadata, logits = graded_step([TREE], [A_ARGMAX], [A_SECOND])
+    out = sample_tree(greedy_sampler, logits, metadata, GREEDY, protected,
+                      torch.tensor([0])).sampled_token_ids
+    assert out.tolist() == [[2, 0, -1, -1, -1]]   # strict's path: token 1 only by exact match
+
+
+def test_a_lossy_rule_on_trees_is_strict_within_its_strict_prefix_counted_per_depth():
+    """after_tokens=1: the first output token of every request is decided
+    strictly. Tree A's relaxed node is at depth 1 (output token number
+    generated + 0), tree C's at depth 2 (generated + 1)."""
+    rule = AcceptanceRule("margin", margin=1.0, after_tokens=1)
+    trees = [TREE, None, TREE, TREE]
+    argmax = [A_ARGMAX, [6], C_ARGMAX, A_ARGMAX]
+    second = [A_SECOND, [1], C_SECOND, A_SECOND]
+    generated = torch.tensor([0, 0, 1])   # per tree row: requests 0, 2, 3
+    metadata, logits = graded_step(trees, argmax, second)
+    strict = sample_tree(greedy_sampler, logits, metadata, GREEDY).sampled_token_ids
+    assert strict.tolist() == [[2, 0, -1, -1, -1], [6, -1, -1, -1, -1],
+                               [2, 0, -1, -1, -1], [2, 0, -1, -1, -1]]
+    out = sample_tree(greedy_sampler, logits, metadata, GREEDY, rule, generated).sampled_token_ids
+    assert out.tolist() == [[2, 0, -1, -1, -1],    # A, fresh: node 1 is output token 0, strict
+                            [6, -1, -1, -1, -1],
+                            [2, 4, 5, -1, -1],     # C, fresh: node 4 is output token 1, relaxed
+                            [1, 3, 7, -1, -1]]     # A after 1 token: node 1 is output token 1
+    # after_tokens=3: every node here is output token 2 or earlier.
+    beyond = AcceptanceRule("margin", margin=1.0, after_tokens=3)
+    out = sample_tree(greedy_sampler, logits, metadata, GREEDY, beyond, generated)
+    assert torch.equal(out.sampled_token_ids, strict)
 
 
 def test_after_a_tree_step_the_drafter_sees_each_accepted_path_as_a_linear_verify():

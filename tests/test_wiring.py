@@ -115,7 +115,6 @@ def test_trees_are_refused_where_the_engine_cannot_verify_them(changes, refusal)
     ({"tree_width": 0}, "tree_width", r"an integer \[1, 8\]"),
     ({"tree_width": 9}, "tree_width", r"an integer \[1, 8\]"),
     ({"tree_width": 2, "min_tree_width": 3}, "min_tree_width", r"at most tree_width \(2\)"),
-    ({"tree_width": 2, "acceptance": "relaxed_topk"}, "tree_width", r"acceptance 'strict'"),
     ({"tree_width": 2, "entropy_stop": True}, "tree_width", r"entropy_stop"),
 ])
 def test_bad_tree_settings_name_the_key(vspec, key, allowed):

@@ -188,9 +188,10 @@ class VSpecConfig:
     The controller then picks (gamma, width) per step within gamma*W <=
     `num_speculative_tokens`; width 1 is linear EAGLE. 1 (the default):
     linear drafts only. Above 1 only with method `eagle` (EAGLE-1), vspec's
-    worker on the CPU host, synchronous scheduling, strict acceptance, no
-    entropy stop or draft traces; steps whose batch has a sampled request or
-    per-position logits processing draft linearly (docs/eagle-tree.md)."""
+    worker on the CPU host, synchronous scheduling, no entropy stop or draft
+    traces; steps whose batch has a sampled request or per-position logits
+    processing draft linearly (docs/eagle-tree.md). A lossy `acceptance`
+    rule judges each tree node as the draft position of its depth."""
 
     min_tree_width: int = ranged(1, 1, MAX_TREE_WIDTH)
     """The narrowest tree the controller may choose on steps where trees are
@@ -388,10 +389,6 @@ class VSpecConfig:
                                    f"at most num_speculative_tokens ({k}): a tree of depth 1 "
                                    "and width W drafts W nodes, and gamma * width <= "
                                    "num_speculative_tokens")
-        if self.tree_width > 1 and not self.lossless:
-            raise VSpecConfigError("tree_width", self.tree_width,
-                                   f"1 with acceptance {self.acceptance!r}: trees accept "
-                                   "strictly only (set acceptance 'strict')")
         if self.tree_width > 1 and self.entropy_stop:
             raise VSpecConfigError("tree_width", self.tree_width,
                                    "1 with entropy_stop (the stop cuts drafts at linear "

@@ -15,7 +15,8 @@ list *means*:
   the tree attention builders get each tree's mask (tree_attention.py).
   Requests with a linear draft in the same step are chains (width 1).
 - sample (`sample_tree`): strict greedy acceptance per tree
-  (tree.greedy_accept), in the rejection sampler's output layout; requests
+  (tree.greedy_accept), or the engine's lossy rule per node (tree.rule_matches,
+  then tree.accept_paths), in the rejection sampler's output layout; requests
   without drafts are sampled by the host's sampler exactly as its rejection
   sampler samples them.
 - commit: `vspec::tree_commit` (ops.py) gives the KV moves that make each
@@ -28,7 +29,10 @@ Trees are lossless for pure-greedy batches only (design 4.2): temperature 0,
 no logprobs, penalties, bad words, allowed-token masks, logit bias or pending
 min_tokens (their logits depend on the tokens before each position, which in
 a tree are a node's ancestors). Elsewhere the drafter is not asked and the
-step is linear. The synchronous CPU host only (no async scheduling, M-RoPE).
+step is linear. A lossy rule (`relaxed_topk`, `margin`) judges every root
+path as it would judge that path drafted linearly: a node at depth d is the
+chain's draft position d - 1. The synchronous CPU host only (no async
+scheduling, M-RoPE).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from vllm.v1.sample.sampler import _SAMPLING_EPS
 from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
 
 from vllm_vspec import ops, tree
+from vllm_vspec.acceptance import AcceptanceRule
 from vllm_vspec.adapters.vllm.proposers import pure_greedy
 from vllm_vspec.adapters.vllm.tree_attention import TreeQueries, move_slots, tree_builders
 
@@ -137,8 +142,7 @@ class TreeVerifyMixin:
         # VSpecScheduler's arm for the step (1 from any other scheduler).
         width = getattr(scheduler_output, "vspec_tree_width", 1)
         req_ids = self.input_batch.req_ids[:self.input_batch.num_reqs]
-        rule = getattr(self.rejection_sampler, "rule", None)
-        if (self.tree_drafter is None or not gamma or (rule is not None and not rule.lossless)
+        if (self.tree_drafter is None or not gamma
                 or not trees_allowed(sampling_metadata, self.requests, req_ids)):
             return super().propose_draft_token_ids(*host_args, **kwargs)
         names = ("scheduler_output", "sampled_token_ids", "sampling_metadata", "hidden_states",
@@ -261,13 +265,19 @@ class TreeVerifyMixin:
             rows=tuple(rows), tokens=tokens, parents=parents,
             seq_lens=torch.tensor([int(computed[row]) for row in rows]), slots=slots)
 
-    # extends GPUModelRunner._sample: a tree step is sampled by sample_tree and
-    # committed (KV moves) before anything reads the cache again.
+    # extends GPUModelRunner._sample: a tree step is sampled by sample_tree
+    # (with the rejection sampler's rule) and committed (KV moves) before
+    # anything reads the cache again.
     def _sample(self, logits, spec_decode_metadata):
         if not isinstance(spec_decode_metadata, TreeSpecDecodeMetadata):
             return super()._sample(logits, spec_decode_metadata)
+        # vspec's runner always has a VSpecRejectionSampler; any other host
+        # sampler verifies strictly.
+        rule = getattr(self.rejection_sampler, "rule", None)
+        generated = None if rule is None or rule.lossless else tokens_generated(
+            self.input_batch, spec_decode_metadata.rows)
         output = sample_tree(self.sampler, logits, spec_decode_metadata,
-                             self.input_batch.sampling_metadata)
+                             self.input_batch.sampling_metadata, rule, generated)
         self._commit_trees(spec_decode_metadata)
         return output
 
@@ -295,14 +305,30 @@ class TreeVerifyMixin:
                 for name in group.layer_names} - set(drafter_layers)
 
 
+def tokens_generated(batch, rows: tuple[int, ...]) -> torch.Tensor:
+    """int64 [R]: output tokens each of the batch `rows`' requests had
+    generated before this step's drafts, what a lossy rule's strict prefix
+    (`after_tokens`) counts; VSpecRunnerMixin._sample counts them the same
+    way for linear steps (a tree step's _sample does not reach it)."""
+    index = list(rows)
+    return (batch.num_tokens_no_spec_cpu_tensor[index].long()
+            - batch.num_prompt_tokens_cpu_tensor[index].long())
+
+
 def sample_tree(sampler, logits: torch.Tensor, metadata: TreeSpecDecodeMetadata,
-                sampling_metadata) -> Any:
+                sampling_metadata, rule: AcceptanceRule | None = None,
+                generated: torch.Tensor | None = None) -> Any:
     """The rejection sampler's output for a tree step: [B, max_spec_len + 1]
     int32, each row the request's committed tokens then -1. Requests without
     drafts get the host sampler's token for their one row (what vLLM's
-    rejection sampler emits for them, its bonus token); tree rows get
-    tree.greedy_accept against the target's argmax at every node. Sets
-    `metadata.acceptance`."""
+    rejection sampler emits for them, its bonus token). Tree rows get
+    tree.greedy_accept against the target's argmax at every node when `rule`
+    is None or strict; with a lossy rule, its per-node decision on the
+    parent's logits row (tree.rule_matches, `generated` [R]: per tree row, the
+    count `tokens_generated` gives; None counts every request as fresh, so
+    the strict prefix keeps acceptance strict) on the deepest root path that
+    passes (tree.accept_paths). Either way the token after the path is the
+    target's argmax at its last node. Sets `metadata.acceptance`."""
     from vllm.v1.outputs import SamplerOutput
 
     if sampling_metadata.max_num_logprobs is not None:
@@ -324,8 +350,17 @@ def sample_tree(sampler, logits: torch.Tensor, metadata: TreeSpecDecodeMetadata,
     node_rows = (first.unsqueeze(1) + torch.arange(metadata.tokens.shape[1], device=logits.device))
     valid = metadata.tokens != PAD_TOKEN
     argmax = logits.argmax(dim=-1)
-    target = torch.where(valid, argmax[node_rows.clamp(max=logits.shape[0] - 1)], PAD_TOKEN)
-    acceptance = tree.greedy_accept(metadata.tokens, metadata.parents, target)
+    node_rows = node_rows.clamp(max=logits.shape[0] - 1)
+    target = torch.where(valid, argmax[node_rows], PAD_TOKEN)
+    if rule is None or rule.lossless:
+        acceptance = tree.greedy_accept(metadata.tokens, metadata.parents, target)
+    else:
+        if generated is None:
+            generated = torch.zeros(len(rows), dtype=torch.int64)
+        # PAD_TOKEN nodes are negative ids: accept_mask never accepts them.
+        matches = tree.rule_matches(rule, logits[node_rows], metadata.tokens, metadata.parents,
+                                    generated)
+        acceptance = tree.accept_paths(matches, metadata.tokens, metadata.parents, target)
     metadata.acceptance = acceptance
     emitted = acceptance.output.shape[1]
     out[rows, :emitted] = acceptance.output.to(torch.int32)
@@ -333,4 +368,4 @@ def sample_tree(sampler, logits: torch.Tensor, metadata: TreeSpecDecodeMetadata,
 
 
 __all__ = ["PAD_TOKEN", "TreeDrafter", "TreeSpecDecodeMetadata", "TreeVerifyMixin",
-           "request_allows_tree", "sample_tree", "trees_allowed"]
+           "request_allows_tree", "sample_tree", "tokens_generated", "trees_allowed"]
