@@ -339,6 +339,23 @@ def test_async_placeholders_are_padded_to_k_while_the_graph_is_kept():
     assert scheduler._spec_token_placeholders == [-1] * 4
     scheduler._set_gamma(_scheduled({f"r{i}": [] for i in range(9)}), 1)
     assert scheduler._spec_token_placeholders == [-1]
+    # The (gamma, width) call every decided step makes (width 1: async has no trees).
+    scheduler._set_gamma(_scheduled({f"r{i}": [] for i in range(9)}), 2, 1)
+    assert scheduler._spec_token_placeholders == [-1, -1]
+
+
+def test_sync_scheduling_keeps_a_trees_gamma_times_width_drafts(monkeypatch):
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.outputs import DraftTokenIds
+
+    seen = []
+    monkeypatch.setattr(Scheduler, "update_draft_token_ids", lambda self, d: seen.append(d))
+    scheduler = _padding_scheduler(async_scheduling=False, cudagraph_mode="PIECEWISE",
+                                   capture=40)
+    scheduler._set_gamma(_scheduled({"r": []}), 2, 3)   # a depth-2, width-3 tree: 6 nodes
+    tree = [11, 12, 13, 21, 22, 23]
+    scheduler.update_draft_token_ids(DraftTokenIds(["r"], [tree]))
+    assert seen[0].draft_token_ids == [tree]
 
 
 @pytest.mark.parametrize("num_reqs, config_args, kept", [

@@ -231,8 +231,8 @@ class VSpecAsyncScheduler(VSpecScheduler, AsyncScheduler):
     methods run first and call into AsyncScheduler). Runs on GPU/NPU only:
     the CPU platform turns async scheduling off."""
 
-    def _set_gamma(self, scheduler_output: SchedulerOutput, gamma: int) -> None:
-        super()._set_gamma(scheduler_output, gamma)
+    def _set_gamma(self, scheduler_output: SchedulerOutput, gamma: int, width: int = 1) -> None:
+        super()._set_gamma(scheduler_output, gamma, width)
         # AsyncScheduler._update_after_schedule (next in the MRO) gives each
         # request these as next-step draft placeholders; vLLM 0.23 sizes
         # them once by K, so size them by the slots the next step verifies:
