@@ -29,6 +29,7 @@ Oracles:
 
 from __future__ import annotations
 
+import copy
 import random
 
 import pytest
@@ -37,9 +38,10 @@ import torch
 from conftest import (DRAFT, EAGLE, assert_same_tokens, close_llm, counter, load_prompts, make_llm,
                       runner_of)
 from vllm_vspec import tree
+from vllm_vspec.acceptance import AcceptanceRule
 from vllm_vspec.adapters.vllm.eagle_tree import EagleTreeDrafter
 from vllm_vspec.adapters.vllm.worker import CPU_WORKER_CLS
-from vllm_vspec.config import VSpecConfigError
+from vllm_vspec.config import VSpecConfig, VSpecConfigError
 
 pytestmark = pytest.mark.engine
 
@@ -301,3 +303,103 @@ def test_a_sampled_request_keeps_its_batch_linear_and_greedy_exact(
     want = [target_only[i][:MAX_TOKENS // 2] for i in (0, 2)]
     assert_same_tokens(got, want, "greedy requests beside a sampled one")
     assert not shapes, f"trees drafted beside a sampled request: {shapes}"
+
+
+# ---------------------------------------------------------- lossy rules on trees
+AFTER = 8                 # the lossy rules' strict prefix, in output tokens
+LOSSY_PROMPTS, LOSSY_TOKENS = 4, 32
+LOSSY_RULES = {
+    "margin": ({"acceptance": "margin", "margin": 2.0, "margin_after_tokens": AFTER},
+               lambda rank, gap: gap <= 2.0),
+    "relaxed_topk": ({"acceptance": "relaxed_topk", "relaxed_topk": 3,
+                      "relaxed_after_tokens": AFTER},
+                     lambda rank, gap: rank <= 3),
+}
+
+
+class RelaxedNodes:
+    """Wraps tree_verify.sample_tree: per tree step, it also samples the same
+    logits strictly, and notes every accepted node that is not the target's
+    argmax at its parent, as (token, rank, logit gap) on the raw logits
+    row, and every path shorter than strict greedy's."""
+
+    def __init__(self, sample_tree) -> None:
+        self.inner = sample_tree
+        self.tree_steps = 0
+        self.relaxed: list[tuple[int, int, float]] = []
+        self.shorter = 0
+
+    def __call__(self, sampler, logits, metadata, sampling_metadata, *rule_args):
+        strict = copy.copy(metadata)
+        self.inner(sampler, logits, strict, sampling_metadata)
+        output = self.inner(sampler, logits, metadata, sampling_metadata, *rule_args)
+        self.tree_steps += 1
+        acceptance = metadata.acceptance
+        self.shorter += int((acceptance.length < strict.acceptance.length).sum())
+        rows = list(metadata.rows)
+        # A tree's nodes are its logits rows, in order, ending at its bonus row.
+        firsts = (metadata.bonus_logits_indices[rows].long()
+                  - torch.tensor(metadata.num_draft_tokens)[rows])
+        for k, first in enumerate(firsts.tolist()):
+            path = acceptance.path[k, :int(acceptance.length[k])].tolist()
+            for parent, node in zip(path, path[1:]):
+                row = logits[first + parent]
+                token = int(metadata.tokens[k, node])
+                rank = int((row > row[token]).sum()) + 1
+                if rank > 1:
+                    self.relaxed.append((token, rank, float(row.max() - row[token])))
+        return output
+
+
+def lossy_run(tree_engine, token_prompts, keys: dict, monkeypatch):
+    """The module engine under the lossy rule `keys` (VSpecConfig keys, the
+    rule a runner starts with from them, beside the module's tree_width 4):
+    (outputs, RelaxedNodes, tree shapes drafted). Restores the strict rule."""
+    from vllm import SamplingParams, TokensPrompt
+
+    from vllm_vspec.adapters.vllm import tree_verify
+
+    runner = runner_of(tree_engine)
+    sampler = runner.rejection_sampler
+    strict_rule = sampler.rule
+    sampler.rule = AcceptanceRule.from_config(VSpecConfig.from_dict({**VSPEC, **keys}, K))
+    assert not sampler.rule.lossless
+    spy = RelaxedNodes(tree_verify.sample_tree)
+    monkeypatch.setattr(tree_verify, "sample_tree", spy)
+    engine_drafter, runner.tree_drafter = runner.tree_drafter, RecordingTreeDrafter()
+    params = SamplingParams(temperature=0.0, max_tokens=LOSSY_TOKENS, ignore_eos=True)
+    try:
+        outs = tree_engine.generate(
+            [TokensPrompt(prompt_token_ids=p) for p in token_prompts[:LOSSY_PROMPTS]], params,
+            use_tqdm=False)
+        shapes = runner.tree_drafter.shapes
+    finally:
+        sampler.rule, runner.tree_drafter = strict_rule, engine_drafter
+        monkeypatch.undo()
+    return [list(o.outputs[0].token_ids) for o in outs], spy, shapes
+
+
+@pytest.mark.parametrize("name", sorted(LOSSY_RULES))
+def test_a_lossy_rule_on_eagle_trees_relaxes_only_what_it_allows(
+        name, tree_engine, token_prompts, target_only, monkeypatch):
+    keys, within = LOSSY_RULES[name]
+    want = [out[:LOSSY_TOKENS] for out in target_only[:LOSSY_PROMPTS]]
+    # Every id protected: the rule may relax nothing, so the output is exact.
+    vocab = runner_of(tree_engine).input_batch.vocab_size
+    got, spy, shapes = lossy_run(tree_engine, token_prompts,
+                                 {**keys, "protected_token_ids": list(range(vocab))},
+                                 monkeypatch)
+    assert_same_tokens(got, want, f"{name}, every id protected, EAGLE trees")
+    assert shapes and spy.tree_steps > 0, "no tree was drafted"
+    assert not spy.relaxed and not spy.shorter
+    # Unprotected: trees accept nodes strict rejects, each within the rule,
+    # never a shorter path; the strict prefix stays exact.
+    got, spy, shapes = lossy_run(tree_engine, token_prompts, keys, monkeypatch)
+    assert shapes, "no tree was drafted"
+    assert spy.relaxed, f"{name}: no tree node was relaxed; the test is vacuous"
+    outside = [node for node in spy.relaxed if not within(node[1], node[2])]
+    assert not outside, f"{name}: relaxed (token, rank, gap) outside the rule: {outside}"
+    assert not spy.shorter, f"{name}: {spy.shorter} tree paths shorter than strict greedy's"
+    assert_same_tokens([g[:AFTER] for g in got], [w[:AFTER] for w in want],
+                       f"{name}: the strict prefix")
+    assert got != want
