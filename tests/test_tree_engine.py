@@ -24,6 +24,8 @@ Oracles:
   as each request's growth between two proposals);
 - a batch with a sampled request drafts no tree (the scheduler's arms are
   width 1 while it runs) and its greedy requests stay exact;
+- a lossy rule (margin, relaxed_topk) on EAGLE trees relaxes only what it
+  allows: with every id protected the output is target-only's;
 - a width the host cannot run stops start-up naming `tree_width`.
 """
 

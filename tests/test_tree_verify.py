@@ -278,7 +278,7 @@ def test_the_commit_moves_each_accepted_path_to_contiguous_slots_in_target_layer
         compilation_config=SimpleNamespace(static_forward_context={
             name: SimpleNamespace(kv_cache=c) for name, c in caches.items()}),
         drafter=SimpleNamespace(_draft_attn_layer_names={"d0"}))
-    runner._target_attention_layers = lambda: TreeVerifyMixin._target_attention_layers(runner)
+    runner._target_attention_layers = TreeVerifyMixin._target_attention_layers.func(runner)
     TreeVerifyMixin._commit_trees(runner, metadata)
     moved = list(range(64))
     moved[11], moved[12] = 12, 14

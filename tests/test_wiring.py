@@ -127,6 +127,9 @@ def test_eagle_trees_on_the_cpu_host_resolve():
     cfg = wiring.resolve(engine_config(method="eagle", worker_cls=CPU_WORKER,
                                        vspec={"tree_width": 4, "min_tree_width": 2}))
     assert (cfg.tree_width, cfg.min_tree_width) == (4, 2)
+    lossy = wiring.resolve(engine_config(method="eagle", worker_cls=CPU_WORKER,
+                                         vspec={"tree_width": 4, "acceptance": "margin"}))
+    assert (lossy.tree_width, lossy.acceptance) == (4, "margin")
 
 
 def test_gamma0_auto_is_lazy_only_with_vspecs_worker():

@@ -38,6 +38,7 @@ scheduling, M-RoPE).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -283,7 +284,7 @@ class TreeVerifyMixin:
 
     def _commit_trees(self, metadata: TreeSpecDecodeMetadata) -> None:
         acceptance = metadata.acceptance
-        target_layers = self._target_attention_layers()
+        target_layers = self._target_attention_layers
         context = self.compilation_config.static_forward_context
         for group, slots in zip(self.kv_cache_config.kv_cache_groups, metadata.slots):
             target = torch.full_like(metadata.tokens, PAD_TOKEN, dtype=torch.int32)
@@ -297,9 +298,11 @@ class TreeVerifyMixin:
                 if name in target_layers:
                     move_slots(context[name].kv_cache, src, dst)
 
+    @functools.cached_property
     def _target_attention_layers(self) -> set[str]:
         """The target's attention layers (the drafter's KV at tree nodes is
-        the drafter's business: it rewrites the accepted positions)."""
+        the drafter's business: it rewrites the accepted positions). Read at
+        the first tree step, after the KV cache exists; fixed from then on."""
         drafter_layers = getattr(getattr(self, "drafter", None), "_draft_attn_layer_names", ())
         return {name for group in self.kv_cache_config.kv_cache_groups
                 for name in group.layer_names} - set(drafter_layers)
