@@ -47,7 +47,10 @@ def ref_expand(scores, logits, width):
                 # float32 sum, as the implementation adds: ties must be the same ties.
                 s = (scores[b, p] + logprobs[b, p, t]).item()
                 candidates.append((-s, p, c, t))
-        chosen = sorted(candidates)[:width]
+        # The first parent's top token (the linear chain) first, then the
+        # best of the rest by cumulative log-probability.
+        chain = next(c for c in candidates if c[1] == 0 and c[2] == 0)
+        chosen = [chain] + sorted(c for c in candidates if c is not chain)[:width - 1]
         ranks.append([p for _, p, _, _ in chosen])
         tokens.append([t for _, _, _, t in chosen])
         new_scores.append([-s for s, _, _, _ in chosen])
@@ -172,6 +175,39 @@ def test_width_one_drafts_the_linear_argmax_chain(data):
     got = tree.grow_tree(torch.tensor([root]), table[[root]], bigram_fn(table), gamma, 1)
     assert got.tokens[0].tolist() == chain
     assert got.parents[0].tolist() == [tree.NO_NODE] + list(range(gamma))
+
+
+@SETTINGS
+@given(data=st.data())
+def test_rank_0_of_every_depth_is_the_linear_chain(data):
+    # So a tree holds the linear draft of its depth: strict acceptance on a
+    # tree never commits fewer tokens than on the linear draft.
+    vocab = data.draw(st.integers(2, 6))
+    gamma = data.draw(st.integers(1, 5))
+    width = data.draw(st.integers(1, min(vocab, 4)))
+    table = small_logits(data.draw, (vocab, vocab))
+    roots = torch.tensor(data.draw(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=3)))
+    linear = tree.grow_tree(roots, table[roots], bigram_fn(table), gamma, 1)
+    got = tree.grow_tree(roots, table[roots], bigram_fn(table), gamma, width)
+    rank0 = [0] + [1 + d * width for d in range(gamma)]
+    assert torch.equal(got.tokens[:, rank0], linear.tokens), table.tolist()
+    assert got.parents[:, rank0[1:]].tolist() == [rank0[:-1]] * len(roots)
+
+
+def test_a_pure_beam_would_drop_the_chain_here_and_the_tree_keeps_it():
+    # Root logits favour token 0 a little over 1; after 0 the drafter is
+    # unsure (flat), after 1 it is sure of 2 and 3: the two best depth-2
+    # candidates by cumulative log-probability both hang from token 1.
+    table = torch.tensor([[0.1, 0.0, 0.0, 0.0],      # after token 0: nearly flat
+                          [-9.0, -9.0, 5.0, 5.0],    # after token 1: 2 or 3
+                          [0.0, 0.0, 0.0, 0.0],
+                          [0.0, 0.0, 0.0, 0.0]])
+    root_logits = torch.tensor([[2.0, 1.9, -9.0, -9.0]])
+    got = tree.grow_tree(torch.tensor([3]), root_logits, bigram_fn(table), 2, 2)
+    # depth 1: tokens 0 (rank 0) and 1; depth 2 rank 0: the chain 0 -> 0.
+    assert got.tokens[0, 1:3].tolist() == [0, 1]
+    assert (got.tokens[0, 3].item(), got.parents[0, 3].item()) == (0, 1)
+    assert got.parents[0, 4].item() == 2          # the best of the rest hangs from token 1
 
 
 # ------------------------------------------------------------ mask

@@ -77,14 +77,18 @@ def expand_beam(scores: torch.Tensor, logits: torch.Tensor, width: int
     frontier node. Returns (parent_rank [B, width] in 0..P-1, token
     [B, width], score [B, width]), best first.
 
-    Candidates are each parent's top `width` tokens by logit; among the P *
-    width candidates the `width` with the highest cumulative log-probability
-    win. Both sorts are stable and descending, so ties go to the earlier
-    parent, then to the lower token id, and with P = width = 1 the token is
-    exactly `logits.argmax(-1)` (the linear drafter's choice). Choosing by
-    logit inside a parent (not by log-probability) keeps that equality exact:
-    log_softmax subtracts a constant that can round two different logits to
-    the same value."""
+    Candidates are each parent's top `width` tokens by logit. The first
+    parent's top token always wins rank 0: frontier rank 0 is then the
+    linear drafter's chain at every depth, so a tree holds the linear draft
+    of the same depth and strict acceptance never commits fewer tokens than
+    the linear draft would (a pure beam can drop that chain once two other
+    branches score higher). The other `width - 1` are the candidates with
+    the highest cumulative log-probability. Both sorts are stable and
+    descending, so ties go to the earlier parent, then to the lower token
+    id, and with P = width = 1 the token is exactly `logits.argmax(-1)` (the
+    linear drafter's choice). Choosing by logit inside a parent (not by
+    log-probability) keeps that equality exact: log_softmax subtracts a
+    constant that can round two different logits to the same value."""
     vocab = logits.shape[-1]
     if not 1 <= width <= vocab:
         raise ValueError(f"width={width} is not allowed: an integer in [1, {vocab}] "
@@ -95,7 +99,10 @@ def expand_beam(scores: torch.Tensor, logits: torch.Tensor, width: int
     # Flattened parent-major, child rank minor: the stable sort below breaks
     # ties in exactly that order.
     cumulative = (scores.float().unsqueeze(-1) + child_logprobs).reshape(batch, parents * width)
-    chosen = torch.sort(cumulative, dim=-1, descending=True, stable=True).indices[:, :width]
+    # Candidate 0 (first parent, its top token) is the chain: rank it first.
+    ranking = cumulative.clone()
+    ranking[:, 0] = float("inf")
+    chosen = torch.sort(ranking, dim=-1, descending=True, stable=True).indices[:, :width]
     return (chosen // width, child_tokens.reshape(batch, -1).gather(1, chosen),
             cumulative.gather(1, chosen))
 
