@@ -131,6 +131,20 @@ def counter(llm, name: str) -> float:
     return sum(getattr(m, "value", 0) for m in llm.get_metrics() if m.name == name)
 
 
+def run_preempted(llm, run):
+    """run()'s result; `llm` (built with a KV cache smaller than the batch
+    needs) is closed afterwards, and the test fails unless vLLM preempted a
+    request meanwhile."""
+    try:
+        before = counter(llm, "vllm:num_preemptions")
+        out = run()
+        preempted = counter(llm, "vllm:num_preemptions") - before
+    finally:
+        close_llm(llm)
+    assert preempted > 0, "the tiny KV cache caused no preemption; shrink it"
+    return out
+
+
 def draft_acceptance(draft: Path, prompts: list[str]) -> list[float]:
     """vLLM's per-position acceptance rates of `draft` (K=4) for greedy runs
     of `prompts` against the bundled target."""

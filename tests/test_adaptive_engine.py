@@ -19,7 +19,7 @@ from collections import Counter
 import pytest
 
 from conftest import (DRAFT, TARGET, assert_same_tokens, close_llm, counter, greedy,
-                      make_llm, runner_of, scheduler_of)
+                      make_llm, run_preempted, runner_of, scheduler_of)
 from vllm_vspec.config import VSpecConfigError
 from vllm_vspec.trace import read_trace
 
@@ -85,13 +85,7 @@ def test_preemption_with_changing_gamma_is_exact(prompts, reference):
     # A KV cache smaller than the batch needs: requests are preempted and resumed.
     llm = make_llm(speculative_config=DRAFT_MODEL, vspec=CYCLE,
                    kv_cache_memory_bytes=5 << 20, max_model_len=256, disable_log_stats=False)
-    try:
-        preempted_before = counter(llm, "vllm:num_preemptions")
-        got = greedy(llm, prompts)
-        preempted = counter(llm, "vllm:num_preemptions") - preempted_before
-    finally:
-        close_llm(llm)
-    assert preempted > 0, "the tiny KV cache caused no preemption; shrink it"
+    got = run_preempted(llm, lambda: greedy(llm, prompts))
     assert_same_tokens(got, reference, "cycle gamma across preemptions")
 
 
@@ -236,14 +230,8 @@ def test_lazy_gamma_0_across_preemptions_is_exact_and_caught_up(prompts, referen
     llm = make_llm(speculative_config=SELF_DRAFT, worker_cls=CPU_WORKER_CLS, vspec=LAZY,
                    enable_prefix_caching=True, kv_cache_memory_bytes=5 << 20,
                    max_model_len=256, disable_log_stats=False)
-    try:
-        preempted_before = counter(llm, "vllm:num_preemptions")
-        got = greedy(llm, prompts)
-        preempted = counter(llm, "vllm:num_preemptions") - preempted_before
-        accepted, drafted = _acceptance(llm)
-    finally:
-        close_llm(llm)
-    assert preempted > 0, "the tiny KV cache caused no preemption; shrink it"
+    got, (accepted, drafted) = run_preempted(llm, lambda: (greedy(llm, prompts),
+                                                          _acceptance(llm)))
     assert_same_tokens(got, reference, "lazy gamma 0 across preemptions")
     assert accepted / drafted >= 0.99, f"self-draft acceptance {accepted / drafted:.3f}"
 

@@ -93,6 +93,18 @@ def random_trees(draw, max_nodes=9, vocab=3):
     return torch.tensor(tokens), torch.tensor(parents), torch.tensor(target)
 
 
+@st.composite
+def bigram_drafts(draw, max_vocab: int, max_gamma: int, max_width: int):
+    """(table, roots, gamma, width): a toy drafter's bigram logits [V, V],
+    1-3 root tokens and a tree shape."""
+    vocab = draw(st.integers(2, max_vocab))
+    gamma = draw(st.integers(1, max_gamma))
+    width = draw(st.integers(1, min(vocab, max_width)))
+    table = small_logits(draw, (vocab, vocab))
+    roots = torch.tensor(draw(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=3)))
+    return table, roots, gamma, width
+
+
 def bigram_fn(table):
     """A toy drafter: the logits after a node depend on its token only."""
     def logits_fn(draft, frontier):
@@ -138,13 +150,9 @@ def test_expand_beam_refuses_a_width_outside_the_vocabulary():
 
 
 @SETTINGS
-@given(data=st.data())
-def test_grown_tree_is_the_brute_force_beam(data):
-    vocab = data.draw(st.integers(2, 5))
-    gamma = data.draw(st.integers(1, 4))
-    width = data.draw(st.integers(1, min(vocab, 3)))
-    table = small_logits(data.draw, (vocab, vocab))
-    roots = torch.tensor(data.draw(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=3)))
+@given(case=bigram_drafts(max_vocab=5, max_gamma=4, max_width=3))
+def test_grown_tree_is_the_brute_force_beam(case):
+    table, roots, gamma, width = case
     got = tree.grow_tree(roots, table[roots], bigram_fn(table), gamma, width)
     assert got.tokens.shape == got.parents.shape == (len(roots), tree.num_nodes(gamma, width))
     for b, root in enumerate(roots.tolist()):
@@ -178,15 +186,11 @@ def test_width_one_drafts_the_linear_argmax_chain(data):
 
 
 @SETTINGS
-@given(data=st.data())
-def test_rank_0_of_every_depth_is_the_linear_chain(data):
+@given(case=bigram_drafts(max_vocab=6, max_gamma=5, max_width=4))
+def test_rank_0_of_every_depth_is_the_linear_chain(case):
     # So a tree holds the linear draft of its depth: strict acceptance on a
     # tree never commits fewer tokens than on the linear draft.
-    vocab = data.draw(st.integers(2, 6))
-    gamma = data.draw(st.integers(1, 5))
-    width = data.draw(st.integers(1, min(vocab, 4)))
-    table = small_logits(data.draw, (vocab, vocab))
-    roots = torch.tensor(data.draw(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=3)))
+    table, roots, gamma, width = case
     linear = tree.grow_tree(roots, table[roots], bigram_fn(table), gamma, 1)
     got = tree.grow_tree(roots, table[roots], bigram_fn(table), gamma, width)
     rank0 = [0] + [1 + d * width for d in range(gamma)]
