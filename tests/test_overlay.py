@@ -321,7 +321,7 @@ def _padding_scheduler(k=4, async_scheduling=True, **config_args):
     scheduler = object.__new__(VSpecAsyncScheduler if async_scheduling else VSpecScheduler)
     scheduler.vspec = object()  # vspec on
     scheduler._verify = VerifyWidth.of(config, resolve(config))
-    scheduler._verified, scheduler._drafted = k, {}
+    scheduler._verified, scheduler._drafted, scheduler._width = k, {}, 1
     return scheduler
 
 
@@ -392,6 +392,25 @@ def test_pads_are_reported_as_invalid_drafts_so_nobody_counts_them():
                           req_id_to_index={"a": 0, "b": 1, "new": 2})
     fb = _feedback(step, out)
     assert (fb.drafted, fb.accepted) == ((1, 2), (1, 1))
+
+
+def test_the_controller_is_told_a_trees_depth_not_its_node_count():
+    # Per-position acceptance is per depth: a width-3 tree of 6 nodes
+    # verified in a step is 2 drafted positions, its accepted path 1 of them.
+    from types import SimpleNamespace
+
+    from vllm_vspec.adapters.vllm.scheduler import _feedback
+
+    scheduler = _padding_scheduler(async_scheduling=False, cudagraph_mode="PIECEWISE",
+                                   capture=40)
+    drafting = _scheduled({"r": []})
+    scheduler._set_gamma(drafting, 2, 3)          # drafts a (2, 3) tree after this step
+    verifying = _scheduled({"r": [11, 12, 13, 21, 22, 23]})
+    scheduler._set_gamma(verifying, 1, 1)
+    assert (drafting.vspec_verified_width, verifying.vspec_verified_width) == (1, 3)
+    fb = _feedback(verifying, SimpleNamespace(sampled_token_ids=[[12, 7]],
+                                              req_id_to_index={"r": 0}))
+    assert (fb.drafted, fb.accepted, fb.committed) == ((2,), (1,), 2)
 
 
 def test_no_bookkeeping_where_nothing_is_padded():

@@ -87,8 +87,10 @@ class VSpecScheduler(Scheduler):
         # Draft slots verified per step: gamma, or K padded with invalid
         # drafts to keep the target's full decode graph (vLLM-Ascend only).
         self._verify = VerifyWidth.of(vllm_config, self.vspec_config)
-        # What the next step verifies of the last step's drafts.
+        # What the next step verifies of the last step's drafts, and their
+        # tree width (1: linear drafts).
         self._verified = k
+        self._width = 1
         # request -> gamma of the step that drafted its pending drafts (kept
         # only where steps can be padded).
         self._drafted: dict[str, int] = {}
@@ -171,6 +173,8 @@ class VSpecScheduler(Scheduler):
         attribute), as a tree of `width` (gamma * width nodes) when above 1."""
         scheduler_output.num_spec_tokens_to_schedule = gamma
         scheduler_output.vspec_tree_width = width
+        # This step verifies the drafts proposed with the previous width.
+        scheduler_output.vspec_verified_width, self._width = self._width, width
         self._verified = self._verify.verified(gamma * width,
                                                len(scheduler_output.num_scheduled_tokens))
         if self._verify.pads:
@@ -254,6 +258,7 @@ def _feedback(so: SchedulerOutput, out: ModelRunnerOutput) -> StepFeedback:
     sampled = out.sampled_token_ids or []
     index = out.req_id_to_index
     invalid = so.num_invalid_spec_tokens or {}
+    width = getattr(so, "vspec_verified_width", 1)
     drafted: list[int] = []
     accepted: list[int] = []
     committed = 0
@@ -264,7 +269,10 @@ def _feedback(so: SchedulerOutput, out: ModelRunnerOutput) -> StepFeedback:
         spec = so.scheduled_spec_decode_tokens.get(req_id)
         if spec and n_out:
             # As vLLM's spec-decode metrics count them: drafts rejected by a
-            # grammar (padded with -1) were never verified.
-            drafted.append(len(spec) - invalid.get(req_id, 0))
+            # grammar (padded with -1) were never verified. A tree of width W
+            # counts its depth (the controller's per-position acceptance is
+            # per depth), as many list entries as W nodes a depth.
+            nodes = len(spec) - invalid.get(req_id, 0)
+            drafted.append(-(-nodes // width))
             accepted.append(n_out - 1)
     return StepFeedback(drafted=tuple(drafted), accepted=tuple(accepted), committed=committed)
