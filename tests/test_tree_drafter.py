@@ -230,10 +230,10 @@ def engine():
 
 @pytest.fixture(scope="module")
 def drafted(engine, prompts):
-    """(steps, outputs): per checked drafter step, the linear drafts, the
-    width-1 tree, each tree of TREES with its brute-force reference, and a
-    gamma-0 tree; and the run's outputs (linear EAGLE: the checks replay
-    copies of the runner's arguments before its real call)."""
+    """Per checked drafter step: the linear drafts, the width-1 tree, each
+    tree of TREES with its brute-force reference, and a gamma-0 tree (the
+    checks replay copies of the runner's arguments before its real call in a
+    linear EAGLE run)."""
     drafter = runner_of(engine).drafter
     assert isinstance(drafter, TreeDraftMixin), type(drafter)
     steps: list[dict] = []
@@ -252,16 +252,16 @@ def drafted(engine, prompts):
 
     drafter.propose = check_then_propose   # the instance's, for this run only
     try:
-        outputs = greedy(engine, prompts[:BATCH], max_tokens=TOKENS)
+        greedy(engine, prompts[:BATCH], max_tokens=TOKENS)
     finally:
         del drafter.propose
     assert len(steps) == STEPS, f"only {len(steps)} drafter steps ran"
-    return steps, outputs
+    return steps
 
 
 @pytest.mark.engine
 def test_width_one_drafts_what_the_linear_drafter_drafts(drafted):
-    steps, _ = drafted
+    steps = drafted
     chain = torch.arange(-1, LINEAR_GAMMA).expand(BATCH, -1)
     for i, step in enumerate(steps):
         tokens, parents = step["width1"]
@@ -274,7 +274,7 @@ def test_width_one_drafts_what_the_linear_drafter_drafts(drafted):
 @pytest.mark.parametrize("shape", TREES, ids=[f"gamma{g}-width{w}" for g, w in TREES])
 def test_tree_equals_the_brute_force_beam_over_root_paths(drafted, shape):
     gamma, width = shape
-    steps, _ = drafted
+    steps = drafted
     for i, step in enumerate(steps):
         (tokens, parents), want = step[shape]
         assert tokens.shape == (BATCH, gamma * width)
@@ -293,7 +293,7 @@ def test_some_tree_keeps_a_branch_other_than_the_best_alive(drafted):
     # A depth >= 2 node whose parent is not its depth's best node: the beam
     # is more than the best chain plus siblings, so the masks really mattered.
     for gamma, width in TREES:
-        for step in drafted[0]:
+        for step in drafted:
             _, parents = step[gamma, width][0]
             node = torch.arange(1 + width, 1 + gamma * width)   # depth >= 2
             best_of_parent_depth = 1 + ((node - 1) // width - 1) * width
@@ -304,7 +304,7 @@ def test_some_tree_keeps_a_branch_other_than_the_best_alive(drafted):
 
 @pytest.mark.engine
 def test_gamma_zero_drafts_nothing_and_keeps_the_root(drafted):
-    for step in drafted[0]:
+    for step in drafted:
         tokens, parents = step["gamma0"]
         assert tokens.shape == (BATCH, 0)
         assert parents.tolist() == [[tree.NO_NODE]] * BATCH

@@ -31,7 +31,7 @@ from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 from vllm_vspec.acceptance import AcceptanceRule
 from vllm_vspec.adapters.vllm.proposers import PROPOSERS, proposer_features, vspec_proposer
 from vllm_vspec.adapters.vllm.eagle_tree import engine_tree_drafter
-from vllm_vspec.adapters.vllm.rejection_sampler import VSpecRejectionSampler
+from vllm_vspec.adapters.vllm.rejection_sampler import VSpecRejectionSampler, tokens_generated
 from vllm_vspec.adapters.vllm.tree_verify import TreeVerifyMixin
 from vllm_vspec.draft_lag import DraftLag
 from vllm_vspec.wiring import gamma0_mode, resolve
@@ -67,10 +67,7 @@ class VSpecRunnerMixin:
         if (spec_decode_metadata is not None and isinstance(self.rejection_sampler,
                                                             VSpecRejectionSampler)
                 and not self.rejection_sampler.rule.lossless):
-            batch = self.input_batch
-            n = batch.num_reqs
-            generated = (batch.num_tokens_no_spec_cpu_tensor[:n].long()
-                         - batch.num_prompt_tokens_cpu_tensor[:n].long())
+            generated = tokens_generated(self.input_batch, range(self.input_batch.num_reqs))
             self.rejection_sampler.generated = generated.to(self.device, non_blocking=True)
         return super()._sample(logits, spec_decode_metadata)
 

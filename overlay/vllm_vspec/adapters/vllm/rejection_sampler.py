@@ -33,6 +33,15 @@ from vllm_vspec.adapters.vllm.sampling_constraints import ExactConstraintsReject
 logger = init_logger(f"vllm.{__name__}")
 
 
+def tokens_generated(batch, rows) -> torch.Tensor:
+    """int64 [len(rows)]: output tokens each request at the batch `rows` (an
+    InputBatch) had generated before this step's drafts: what a lossy rule's
+    strict prefix (`after_tokens`) counts, for linear and tree steps alike."""
+    index = list(rows)
+    return (batch.num_tokens_no_spec_cpu_tensor[index].long()
+            - batch.num_prompt_tokens_cpu_tensor[index].long())
+
+
 class VSpecRejectionSampler(ExactConstraintsRejectionSampler):
     """RejectionSampler whose greedy verification follows an AcceptanceRule.
 

@@ -156,7 +156,7 @@ class VSpecScheduler(Scheduler):
                 num_reqs=len(scheduled),
                 max_num_batched_tokens=self.scheduler_config.max_num_batched_tokens,
                 mean_context_len=context / len(scheduled),
-                tree_allowed=self.vspec.space.max_width > 1 and all(
+                tree_allowed=self.vspec_config.tree_width > 1 and all(
                     request_allows_tree(self.requests[r].sampling_params,
                                         self.requests[r].num_output_tokens)
                     for r in scheduled))

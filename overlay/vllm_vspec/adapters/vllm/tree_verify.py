@@ -49,6 +49,7 @@ from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
 from vllm_vspec import ops, tree
 from vllm_vspec.acceptance import AcceptanceRule
 from vllm_vspec.adapters.vllm.proposers import pure_greedy
+from vllm_vspec.adapters.vllm.rejection_sampler import tokens_generated
 from vllm_vspec.adapters.vllm.tree_attention import TreeQueries, move_slots, tree_builders
 
 PAD_TOKEN = -2   # token of padding nodes: never a target argmax, so never accepted
@@ -308,16 +309,6 @@ class TreeVerifyMixin:
                 for name in group.layer_names} - set(drafter_layers)
 
 
-def tokens_generated(batch, rows: tuple[int, ...]) -> torch.Tensor:
-    """int64 [R]: output tokens each of the batch `rows`' requests had
-    generated before this step's drafts, what a lossy rule's strict prefix
-    (`after_tokens`) counts; VSpecRunnerMixin._sample counts them the same
-    way for linear steps (a tree step's _sample does not reach it)."""
-    index = list(rows)
-    return (batch.num_tokens_no_spec_cpu_tensor[index].long()
-            - batch.num_prompt_tokens_cpu_tensor[index].long())
-
-
 def sample_tree(sampler, logits: torch.Tensor, metadata: TreeSpecDecodeMetadata,
                 sampling_metadata, rule: AcceptanceRule | None = None,
                 generated: torch.Tensor | None = None) -> Any:
@@ -371,4 +362,4 @@ def sample_tree(sampler, logits: torch.Tensor, metadata: TreeSpecDecodeMetadata,
 
 
 __all__ = ["PAD_TOKEN", "TreeDrafter", "TreeSpecDecodeMetadata", "TreeVerifyMixin",
-           "request_allows_tree", "sample_tree", "tokens_generated", "trees_allowed"]
+           "request_allows_tree", "sample_tree", "trees_allowed"]
