@@ -5,7 +5,7 @@
     python build_overlay.py --host-src DIR     # ... from a local vLLM-Ascend checkout
     python build_overlay.py --retarget HOST    # make overlay HOST=<version | sdist | dir>
 
-The work is in ascend_build/: build.py (the wheel: fetch, unpack, patch,
+The work is in overlay/vllm_vspec/tools/ascend_build/: build.py (the wheel: fetch, unpack, patch,
 overlay, kernels, host build, assemble), retarget.py (a new host revision:
 verified fetch, patches with 3-way merges, ABI check, byte-compile, wheel
 build, then the new pin), common.py (pins, verified downloads, patch trees).
@@ -20,9 +20,9 @@ import json
 import sys
 from pathlib import Path
 
-from ascend_build.build import build
-from ascend_build.common import ROOT, BuildError
-from ascend_build.retarget import retarget
+from vllm_vspec.tools.ascend_build.build import build
+from vllm_vspec.tools.ascend_build.common import ROOT, BuildError
+from vllm_vspec.tools.ascend_build.retarget import retarget
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -186,12 +186,8 @@ def random_draft(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def pin():
     """The default vLLM-Ascend host pin (patches/hosts.toml), an
-    ascend_build.common.Pin."""
-    import sys
-
-    if str(REPO) not in sys.path:
-        sys.path.insert(0, str(REPO))
-    from ascend_build import common
+    vllm_vspec.tools.ascend_build.common.Pin."""
+    from vllm_vspec.tools.ascend_build import common
 
     default, pins = common.load_pins()
     return pins[default]

@@ -25,8 +25,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from ascend_build import build as ab  # noqa: E402
-from ascend_build import common  # noqa: E402
+from vllm_vspec.tools.ascend_build import build as ab  # noqa: E402
+from vllm_vspec.tools.ascend_build import common  # noqa: E402
 from vllm_vspec import abi_check, ascend_wheel, cli, doctor  # noqa: E402
 
 CACHE = REPO / ".cache"

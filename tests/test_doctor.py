@@ -21,7 +21,7 @@ from vllm_vspec import abi_check, cli, doctor, ops
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from ascend_build import common  # noqa: E402
+from vllm_vspec.tools.ascend_build import common  # noqa: E402
 
 
 def write(root: Path, files: dict[str, str]) -> None:

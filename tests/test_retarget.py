@@ -20,9 +20,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 import build_overlay  # noqa: E402
-from ascend_build import common  # noqa: E402
-from ascend_build.build import our_version  # noqa: E402
-from ascend_build import retarget as rt  # noqa: E402
+from vllm_vspec.tools.ascend_build import common  # noqa: E402
+from vllm_vspec.tools.ascend_build.build import our_version  # noqa: E402
+from vllm_vspec.tools.ascend_build import retarget as rt  # noqa: E402
 
 CACHE = REPO / ".cache"
 

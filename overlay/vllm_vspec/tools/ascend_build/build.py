@@ -36,7 +36,7 @@ import tomllib
 import zipfile
 from pathlib import Path
 
-from ascend_build.common import (DEFAULT_EPOCH, HOST_DIST, OVERLAY_DIRS, ROOT, BuildError, Pin,
+from vllm_vspec.tools.ascend_build.common import (DEFAULT_EPOCH, HOST_DIST, OVERLAY_DIRS, ROOT, BuildError, Pin,
                                  Progress, apply_series, copy_overlay, fetch_sdist, host_version,
                                  load_pins, read_series, sha256_of, unpack)
 

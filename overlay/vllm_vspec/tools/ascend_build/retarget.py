@@ -33,9 +33,9 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from ascend_build.build import (abi_report, byte_compile, requirement_name, runtime_requirements,
+from vllm_vspec.tools.ascend_build.build import (abi_report, byte_compile, requirement_name, runtime_requirements,
                                 wheel_from_tree)
-from ascend_build.common import (HOST_DIST, PATCHES_DIR, PINS_FILE, BuildError, Pin, Progress,
+from vllm_vspec.tools.ascend_build.common import (HOST_DIST, PATCHES_DIR, PINS_FILE, BuildError, Pin, Progress,
                                  commit, copy_overlay, failing_hunks, fetch_sdist, fetch_verified,
                                  fetch_vllm_source, git, host_version, index_files, index_page,
                                  load_pins, read_series, release_file, sha256_of, touched_paths,

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-ROOT = Path(__file__).resolve().parent.parent
+# overlay/vllm_vspec/tools/ascend_build/common.py -> the repository root.
+ROOT = Path(__file__).resolve().parents[4]
 PINS_FILE = ROOT / "patches" / "hosts.toml"
 PATCHES_DIR = ROOT / "patches" / "vllm-ascend"
 OVERLAY_DIRS = ("vllm_ascend", "vllm_vspec")  # overlay/<name> -> tree/<name>
