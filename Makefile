@@ -13,7 +13,7 @@ TORCH_PIN := torch==2.13.0
 HOST_STAMP := $(VENV)/.host-installed
 PROJECT_STAMP := $(VENV)/.project-installed
 DERIVED := models/derived/tiny-target-deep/config.json
-# vspec's custom ops (csrc/), CPU reference + CUDA composites; vllm_vspec.ops loads it from here.
+# vspec's custom ops (csrc/), CPU reference + CUDA composites; vllm_vspec.kernels.ops loads it from here.
 OPS_BUILD := build/csrc-cpu
 OPS_LIB := $(OPS_BUILD)/lib/libvspec_ops.so
 PYTEST_ARGS ?=
@@ -36,7 +36,7 @@ $(HOST_STAMP):
 
 $(PROJECT_STAMP): $(HOST_STAMP) pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
-	$(PYTHON) -m vllm_vspec.smoke
+	$(PYTHON) -m vllm_vspec.tools.smoke
 	touch $@
 
 # cmake finds torch through the venv's Python; rebuilt when csrc/ changes.

@@ -4,7 +4,7 @@
 //   PrivateUse1  npu_ops.cpp + kernels/*.cpp (AscendC; not yet run on NPU)
 //   CUDA         cpu_ops.cpp's ATen composites (tensor ops on the device; not
 //                run on a GPU)
-//   Meta / fake  vllm_vspec/ops.py (torch.library.register_fake: shapes only,
+//   Meta / fake  vllm_vspec/kernels/ops.py (torch.library.register_fake: shapes only,
 //                so an op can sit inside a captured graph)
 //
 // Every wrapper calls the same check_* functions below before it touches

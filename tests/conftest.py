@@ -37,7 +37,7 @@ def make_llm(model: Path = TARGET, *, speculative_config: dict | None = None,
     so a test chooses what vspec's worker adds (lazy gamma 0, lossy rules)."""
     from vllm import LLM
 
-    from vllm_vspec import wiring
+    from vllm_vspec.hosts import wiring
 
     kwargs = dict(model=str(model), dtype="float32", max_model_len=512, seed=0,
                   gpu_memory_utilization=0.3, kv_cache_memory_bytes=128 << 20,
@@ -77,7 +77,7 @@ def engine_config(method: str = "draft_model", k: int = 4, vspec: dict | None = 
 
 
 def close_llm(llm) -> None:
-    from vllm_vspec.engine_runs import shutdown_llm
+    from vllm_vspec.tools.engine_runs import shutdown_llm
 
     shutdown_llm(llm)
 
@@ -148,7 +148,7 @@ def run_preempted(llm, run):
 def draft_acceptance(draft: Path, prompts: list[str]) -> list[float]:
     """vLLM's per-position acceptance rates of `draft` (K=4) for greedy runs
     of `prompts` against the bundled target."""
-    from vllm_vspec.engine_runs import read_spec_counters
+    from vllm_vspec.tools.engine_runs import read_spec_counters
 
     llm = make_llm(speculative_config={"method": "draft_model", "model": str(draft),
                                        "num_speculative_tokens": 4},

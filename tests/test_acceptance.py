@@ -1,4 +1,4 @@
-"""Acceptance rules (vllm_vspec.acceptance) against a plain-Python reference.
+"""Acceptance rules (vllm_vspec.kernels.acceptance) against a plain-Python reference.
 
 The reference states each rule as the design does, one draft token at a time,
 with lists and floats only; the vectorised torch code must agree with it on
@@ -14,7 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllm_vspec.acceptance import (AcceptanceRule, accept_mask, apply_to_greedy_rows,
+from vllm_vspec.kernels.acceptance import (AcceptanceRule, accept_mask, apply_to_greedy_rows,
                                    draft_positions, promote_accepted)
 from vllm_vspec.config import VSpecConfig
 

@@ -21,7 +21,7 @@ import pytest
 from conftest import (DRAFT, TARGET, assert_same_tokens, close_llm, counter, greedy,
                       make_llm, run_preempted, runner_of, scheduler_of)
 from vllm_vspec.config import VSpecConfigError
-from vllm_vspec.trace import read_trace
+from vllm_vspec.core.trace import read_trace
 
 pytestmark = pytest.mark.engine
 
@@ -38,7 +38,7 @@ class TestGammaChangingEveryStep:
 
     @pytest.fixture(scope="class", params=["sync", "lazy"])
     def cycling(self, request, reference, tmp_path_factory):
-        from vllm_vspec.adapters.vllm.worker import CPU_WORKER_CLS
+        from vllm_vspec.hosts.vllm.worker import CPU_WORKER_CLS
 
         worker = {"worker_cls": CPU_WORKER_CLS} if request.param == "lazy" else {}
         trace = tmp_path_factory.mktemp("trace") / "cycle.jsonl"
@@ -109,7 +109,7 @@ def test_ngram_with_changing_gamma_is_exact(prompts, reference, monkeypatch):
 
 def test_sticky_gamma_0_keeps_speculation_off_until_the_cohort_drains(prompts, reference,
                                                                       tmp_path):
-    from vllm_vspec.adapters.vllm.worker import CPU_WORKER_CLS
+    from vllm_vspec.hosts.vllm.worker import CPU_WORKER_CLS
 
     trace = tmp_path / "sticky.jsonl"
     llm = make_llm(speculative_config=DRAFT_MODEL, worker_cls=CPU_WORKER_CLS,
@@ -168,7 +168,7 @@ class TestLazyGamma0:
 
     @pytest.fixture(scope="class")
     def lazy(self, reference, tmp_path_factory):
-        from vllm_vspec.adapters.vllm.worker import CPU_WORKER_CLS
+        from vllm_vspec.hosts.vllm.worker import CPU_WORKER_CLS
 
         trace = tmp_path_factory.mktemp("trace") / "lazy.jsonl"
         llm = make_llm(speculative_config=SELF_DRAFT, worker_cls=CPU_WORKER_CLS,
@@ -225,7 +225,7 @@ class TestLazyGamma0:
 
 
 def test_lazy_gamma_0_across_preemptions_is_exact_and_caught_up(prompts, reference):
-    from vllm_vspec.adapters.vllm.worker import CPU_WORKER_CLS
+    from vllm_vspec.hosts.vllm.worker import CPU_WORKER_CLS
 
     llm = make_llm(speculative_config=SELF_DRAFT, worker_cls=CPU_WORKER_CLS, vspec=LAZY,
                    enable_prefix_caching=True, kv_cache_memory_bytes=5 << 20,
@@ -244,9 +244,9 @@ def test_a_long_lazy_gamma_0_stretch_is_caught_up_in_chunks(prompts, reference):
     from vllm import SamplingParams
 
     from conftest import MAX_TOKENS
-    from vllm_vspec.adapters.vllm.worker import CPU_WORKER_CLS
+    from vllm_vspec.hosts.vllm.worker import CPU_WORKER_CLS
     from vllm_vspec.config import VSpecConfig
-    from vllm_vspec.controller import GammaController
+    from vllm_vspec.core.controller import GammaController
 
     budget, skipped_steps = 512, 40
     llm = make_llm(speculative_config=SELF_DRAFT, worker_cls=CPU_WORKER_CLS,
@@ -296,9 +296,9 @@ def test_prompts_cached_while_the_drafter_was_skipped_are_caught_up_on_a_hit(pro
     from vllm import SamplingParams
 
     from conftest import MAX_TOKENS
-    from vllm_vspec.adapters.vllm.worker import CPU_WORKER_CLS
+    from vllm_vspec.hosts.vllm.worker import CPU_WORKER_CLS
     from vllm_vspec.config import VSpecConfig
-    from vllm_vspec.controller import GammaController
+    from vllm_vspec.core.controller import GammaController
 
     llm = make_llm(speculative_config=SELF_DRAFT, worker_cls=CPU_WORKER_CLS,
                    enable_prefix_caching=True, disable_log_stats=False,
@@ -358,7 +358,7 @@ def test_default_settings_stop_speculating_with_a_draft_that_never_agrees(
     # a busy host may distort (a run on a loaded host held gamma 2 for 80
     # steps), the re-measuring of arms left for two windows (128 steps),
     # then the steady state, checked on the last run.
-    from vllm_vspec.adapters.vllm.worker import CPU_WORKER_CLS
+    from vllm_vspec.hosts.vllm.worker import CPU_WORKER_CLS
 
     spec = {**DRAFT_MODEL, "model": str(random_draft)}
     trace = tmp_path / "trace.jsonl"
@@ -416,7 +416,7 @@ def test_online_at_concurrency_1_settles_on_an_arm_as_fast_as_the_best_fixed_gam
 
     from conftest import DEEP_TARGET
     from vllm_vspec.config import VSpecConfig
-    from vllm_vspec.controller import GammaController
+    from vllm_vspec.core.controller import GammaController
 
     llm = make_llm(DEEP_TARGET, speculative_config=DRAFT_MODEL,
                    vspec={"policy": "fixed"}, max_num_seqs=1)

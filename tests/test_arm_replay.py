@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 
 from vllm_vspec.config import VSpecConfig
-from vllm_vspec.controller import GammaController
-from vllm_vspec.latency import load_profile
-from vllm_vspec.steps import BatchState, StepFeedback
-from vllm_vspec.trace import read_trace
+from vllm_vspec.core.controller import GammaController
+from vllm_vspec.core.latency import load_profile
+from vllm_vspec.core.steps import BatchState, StepFeedback
+from vllm_vspec.core.trace import read_trace
 
 REPO = Path(__file__).resolve().parents[1]
 TRACES = REPO / "tests" / "data" / "traces"

@@ -27,7 +27,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from vllm_vspec.tools.ascend_build import build as ab  # noqa: E402
 from vllm_vspec.tools.ascend_build import common  # noqa: E402
-from vllm_vspec import abi_check, ascend_wheel, cli, doctor  # noqa: E402
+from vllm_vspec.tools import abi_check  # noqa: E402
+from vllm_vspec.hosts import ascend_wheel
+from vllm_vspec import cli
+from vllm_vspec.commands import doctor
 
 CACHE = REPO / ".cache"
 
@@ -159,7 +162,7 @@ def test_the_start_up_log_warns_that_host_kernels_are_missing(members, monkeypat
     """What every vLLM process logs at start-up (a vllm_vspec plugin registration)."""
     import logging
 
-    from vllm_vspec.adapters import vllm_plugin
+    from vllm_vspec.hosts.vllm import plugin as vllm_plugin
 
     assert ascend_wheel.log_kernel_state in vllm_plugin.REGISTRATIONS
     info = json.loads(dist_info(members, ab.BUILD_INFO))
@@ -167,7 +170,7 @@ def test_the_start_up_log_warns_that_host_kernels_are_missing(members, monkeypat
     records: list[logging.LogRecord] = []
     handler = logging.Handler()
     handler.emit = records.append
-    logger = logging.getLogger("vllm.vllm_vspec.ascend_wheel")
+    logger = logging.getLogger("vllm.vllm_vspec.hosts.ascend_wheel")
     logger.addHandler(handler)
     try:
         ascend_wheel.log_kernel_state()

@@ -19,7 +19,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from vllm_vspec import cli, wiring
+from vllm_vspec import cli
+from vllm_vspec.hosts import wiring
 from vllm_vspec.bench import protocols, runner, scrape, variants, workloads
 from vllm_vspec.bench.loadgen import Completion, client_for, run_phase
 from vllm_vspec.bench.report import (Run, accepted_length, exact_match, format_gamma_counts,
@@ -27,7 +28,7 @@ from vllm_vspec.bench.report import (Run, accepted_length, exact_match, format_g
 from vllm_vspec.bench.server import ServerSpec, serve_argv
 from vllm_vspec.bench.plot import Timeline, plot_timelines
 from vllm_vspec.bench.workloads import Request
-from vllm_vspec.trace import DecisionTrace
+from vllm_vspec.core.trace import DecisionTrace
 
 
 # ---------------------------------------------------------------- workloads
@@ -66,7 +67,7 @@ def test_output_lengths_in_a_range_are_drawn_per_request_the_same_every_time():
 
 @pytest.mark.parametrize("text, expected", [("64", (64, 64)), ("32:96", (32, 96))])
 def test_output_len_takes_n_or_a_range(text, expected):
-    from vllm_vspec.bench.command import _output_len
+    from vllm_vspec.commands.bench import _output_len
     assert _output_len(text) == expected
 
 
@@ -74,7 +75,7 @@ def test_output_len_takes_n_or_a_range(text, expected):
 def test_a_bad_output_len_names_the_value_and_what_is_allowed(text):
     import argparse
 
-    from vllm_vspec.bench.command import _output_len
+    from vllm_vspec.commands.bench import _output_len
     with pytest.raises(argparse.ArgumentTypeError, match=f"'{text}' is not allowed: .*LO:HI"):
         _output_len(text)
 
@@ -287,7 +288,7 @@ def test_gamma_counts_format_by_bucket_then_count():
 
 
 def test_controller_time_is_the_traced_overhead_over_the_step_time_and_is_tabled():
-    from vllm_vspec.trace import overhead_share
+    from vllm_vspec.core.trace import overhead_share
 
     steps = [{"interval_s": 0.5, "overhead_us": 1000.0}, {"interval_s": 1.5, "overhead_us": 3000.0}]
     assert overhead_share(steps) == pytest.approx(0.002)
@@ -504,7 +505,7 @@ def test_unknown_workload_is_named(bench_inputs):
 
 
 def test_every_variant_command_parses_with_vllm_serve_arguments(tmp_path):
-    from vllm_vspec.serve import vllm_serve_command
+    from vllm_vspec.commands.serve import vllm_serve_command
 
     parser, _ = vllm_serve_command()
     every = variants.all_variants({"draft_model": tmp_path, "eagle": tmp_path},
@@ -513,7 +514,7 @@ def test_every_variant_command_parses_with_vllm_serve_arguments(tmp_path):
     assert every["profile"].vspec["profile_path"] == str((tmp_path / "p.json").resolve())
     for v in every.values():
         argv = serve_argv(ServerSpec(model=tmp_path), v.serve_args(tmp_path / "t.jsonl"), 1234)
-        assert argv[1:3] == ["-m", "vllm_vspec.serve"]
+        assert argv[1:3] == ["-m", "vllm_vspec.commands.serve"]
         args = parser.parse_args(["serve", *argv[3:]])
         assert (args.model_tag, args.port) == (str(tmp_path), 1234), v.name
         # vspec's worker runs a lazy gamma 0 (online-0); stock variants keep vLLM's

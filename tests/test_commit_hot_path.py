@@ -52,7 +52,7 @@ def step(draw):
 def _call_site(method, rows, histories, discard):
     """Run one `prepare_next_token_ids_padded` with the arguments vLLM 0.32's
     runner passes; returns (next_token_ids, valid_sampled_tokens_count)."""
-    from vllm_vspec import ops
+    from vllm_vspec.kernels import ops
 
     ids = [f"r{i}" for i in range(len(rows))]
     requests = {r: SimpleNamespace(get_token_id=lambda i, h=h: h[i])
@@ -77,7 +77,7 @@ def host_kernels():
 def test_the_commit_op_gives_what_vllms_own_computation_gives(host_kernels, case):
     from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
 
-    from vllm_vspec.adapters.vllm.commit_op import CommitOpMixin
+    from vllm_vspec.hosts.vllm.commit_op import CommitOpMixin
 
     ours = _call_site(CommitOpMixin.prepare_next_token_ids_padded, *case)
     host = _call_site(SpecDecodeBaseProposer.prepare_next_token_ids_padded, *case)
@@ -99,8 +99,8 @@ class _Counting:
 @pytest.mark.engine
 def test_the_engine_commits_every_decode_step_with_the_op(prompts, reference):
     """draft_model on vspec's worker, gamma cycling 4, 0, 3, 1, 2 (widths 1..5)."""
-    from vllm_vspec.adapters.vllm.commit_op import CommitOpMixin
-    from vllm_vspec.adapters.vllm.worker import CPU_WORKER_CLS
+    from vllm_vspec.hosts.vllm.commit_op import CommitOpMixin
+    from vllm_vspec.hosts.vllm.worker import CPU_WORKER_CLS
 
     llm = make_llm(speculative_config={"method": "draft_model", "model": str(DRAFT),
                                        "num_speculative_tokens": 4},

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from vllm_vspec.config import VSpecConfig
-from vllm_vspec.controller import GammaController
-from vllm_vspec.steps import BatchState, StepFeedback, bucket_of, feasible_max_gamma
-from vllm_vspec.trace import TraceError, read_trace
+from vllm_vspec.core.controller import GammaController
+from vllm_vspec.core.steps import BatchState, StepFeedback, bucket_of, feasible_max_gamma
+from vllm_vspec.core.trace import TraceError, read_trace
 
 BUDGET = 8192
 
@@ -213,13 +213,13 @@ def test_policies_and_step_types_do_not_import_the_controller():
     import sys
 
     code = ("import sys\n"
-            "import vllm_vspec.steps, vllm_vspec.policies\n"
-            "from vllm_vspec.policies import REGISTRY, make_policy\n"
+            "import vllm_vspec.core.steps, vllm_vspec.core.policies\n"
+            "from vllm_vspec.core.policies import REGISTRY, make_policy\n"
             "from vllm_vspec.config import VSpecConfig\n"
             "for name in REGISTRY:\n"
             "    make_policy(VSpecConfig(policy=name, profile_path='profiles/"
             "ascend-910b-qwen25-14b-draft.json').with_max_gamma(4))\n"
-            "print('vllm_vspec.controller' in sys.modules)\n")
+            "print('vllm_vspec.core.controller' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=Path(__file__).resolve().parents[1]).stdout
     assert out.split() == ["False"]

@@ -1,7 +1,7 @@
 """`vllm-vspec doctor`: the host ABI check and the summary.
 
 The ABI rules are specified on small synthetic hosts (a fake `vllm` package
-and a fake adapter under `vllm_vspec.adapters`, written to tmp_path); the real
+and a fake adapter under `vllm_vspec.hosts`, written to tmp_path); the real
 hosts (installed vLLM 0.32, the vLLM 0.23.0 wheel the Ascend pin runs on) are
 checked end to end through the CLI. The patched vLLM-Ascend tree is checked in
 tests/test_ascend_wheel.py, which builds it (with a mutation test per kind of
@@ -17,7 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from vllm_vspec import abi_check, cli, doctor, ops
+from vllm_vspec.tools import abi_check
+from vllm_vspec import cli
+from vllm_vspec.commands import doctor
+from vllm_vspec.kernels import ops
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -51,8 +54,8 @@ HOST = {
 def check(tmp_path: Path, host: dict[str, str], adapter: str) -> abi_check.HostReport:
     write(tmp_path / "host", host)
     write(tmp_path / "ours", {"vllm_vspec/__init__.py": "",
-                              "vllm_vspec/adapters/__init__.py": "",
-                              "vllm_vspec/adapters/mine.py": adapter})
+                              "vllm_vspec/hosts/__init__.py": "",
+                              "vllm_vspec/hosts/mine.py": adapter})
     return abi_check.check_host("fake", {"vllm": tmp_path / "host" / "vllm",
                                       "vllm_vspec": tmp_path / "ours" / "vllm_vspec"})
 
@@ -68,7 +71,7 @@ def test_matching_override_and_calls_pass(tmp_path):
                 return super().step(batch, scheduler_output, flag=flag)
         """)
     assert report.ok, [f.line() for f in report.findings]
-    assert report.classes == {"vllm_vspec.adapters.mine.Mine": ["vllm.base.Base"]}
+    assert report.classes == {"vllm_vspec.hosts.mine.Mine": ["vllm.base.Base"]}
     assert report.checked >= 3  # the override, two calls, attribute reads
 
 
@@ -86,7 +89,7 @@ def test_renamed_host_parameter_is_a_mismatch_with_both_locations(tmp_path):
     (finding,) = [f for f in report.findings if f.kind == "override"]
     assert finding.member == "step"
     assert "positional #2 is 'scheduler_output' here, 'sched_out' in the host" in finding.problem
-    assert finding.ours.endswith("vllm_vspec/adapters/mine.py:5")
+    assert finding.ours.endswith("vllm_vspec/hosts/mine.py:5")
     assert finding.theirs.endswith("vllm/base.py:7")
 
 
@@ -195,7 +198,7 @@ def test_methods_resolve_through_the_c3_mro_not_depth_first(tmp_path):
                 return super().run(a, b=b)
         """)
     assert report.ok, [f.line() for f in report.findings]
-    assert report.classes["vllm_vspec.adapters.mine.Mine"] == [
+    assert report.classes["vllm_vspec.hosts.mine.Mine"] == [
         "vllm.tree.Both", "vllm.tree.Left", "vllm.tree.Right", "vllm.tree.Root"]
 
 
@@ -242,7 +245,7 @@ def test_our_adapters_fit_vllm_032_and_the_vllm_023_wheel(capsys, vllm_023_wheel
     assert [(r["name"].split()[0], r["findings"]) for r in result["abi"]] == \
         [("vllm", []), ("vllm", [])], out
     assert rc == 0 and result["ok"]
-    scheduler = "vllm_vspec.adapters.vllm.scheduler.VSpecScheduler"
+    scheduler = "vllm_vspec.hosts.vllm.scheduler.VSpecScheduler"
     assert all(scheduler in r["classes"] for r in result["abi"])
 
 

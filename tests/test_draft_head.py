@@ -30,9 +30,10 @@ import pytest
 import torch
 
 from conftest import TARGET
-from vllm_vspec import active_vocab, diagnostics
+from vllm_vspec.commands import active_vocab
+from vllm_vspec.hosts import diagnostics
 from vllm_vspec.config import VSpecConfig, VSpecConfigError
-from vllm_vspec.draft_head import (INT8_MATMULS, CpuInt8Matmul, DequantizedInt8Matmul,
+from vllm_vspec.kernels.draft_head import (INT8_MATMULS, CpuInt8Matmul, DequantizedInt8Matmul,
                                    DraftHead, Int8Linear, dequantize_int8, quantize_int8)
 
 
@@ -233,7 +234,7 @@ def test_active_vocab_command_writes_an_ids_file(tmp_path):
 
 # ------------------------------------------------------------ draft-head-bench
 def test_bench_collects_and_measures_on_disjoint_mixed_prompts():
-    from vllm_vspec.draft_head_bench import PROMPT_FILES, split_prompts
+    from vllm_vspec.commands.draft_head_bench import PROMPT_FILES, split_prompts
 
     collect, held_out = split_prompts(48)
     assert len(collect) == len(held_out) == 48 and not set(collect) & set(held_out)
@@ -246,7 +247,7 @@ def test_bench_collects_and_measures_on_disjoint_mixed_prompts():
 def test_bench_counts_the_rank_one_token_of_each_prompt_position():
     from types import SimpleNamespace
 
-    from vllm_vspec.draft_head_bench import prompt_argmax_counts
+    from vllm_vspec.commands.draft_head_bench import prompt_argmax_counts
 
     def lp(rank):
         return SimpleNamespace(rank=rank)

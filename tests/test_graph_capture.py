@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from vllm_vspec import graph_capture, presets
+from vllm_vspec.launch import graph_capture, presets
 
 
 def test_every_batch_size_times_every_verify_width_within_the_budget():

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from vllm_vspec.cli import main as cli_main
-from vllm_vspec.latency import (LatencyProfile, LinearLatency, ProfileError, fit_profile,
+from vllm_vspec.core.latency import (LatencyProfile, LinearLatency, ProfileError, fit_profile,
                                 load_profile, nnls, profile_from_dict, save_profile)
 
 REPO = Path(__file__).resolve().parents[1]

@@ -11,8 +11,8 @@ from prometheus_client import REGISTRY
 from vllm.v1.metrics.stats import IterationStats, SchedulerStats
 from vllm.v1.spec_decode.metrics import SpecDecodingStats
 
-from vllm_vspec.adapters.vllm.metrics import VSpecStatLogger
-from vllm_vspec.wiring import SCHEDULER_CLS
+from vllm_vspec.hosts.vllm.metrics import VSpecStatLogger
+from vllm_vspec.hosts.wiring import SCHEDULER_CLS
 
 K = 4
 _engines = itertools.count(100)   # collectors are process-global: one engine label per test

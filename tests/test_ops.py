@@ -21,7 +21,7 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from vllm_vspec import ops
+from vllm_vspec.kernels import ops
 
 BACKENDS = ("cpu", "composite", "meta")
 CUDA_KERNEL = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)

@@ -62,7 +62,7 @@ def test_bad_vspec_settings_fail_at_startup_naming_the_key():
 def test_scheduler_follows_async_scheduling_and_refuses_a_competing_scheduler():
     from vllm_ascend.vspec import routing
 
-    from vllm_vspec.wiring import SCHEDULER_CLS
+    from vllm_vspec.hosts.wiring import SCHEDULER_CLS
 
     # One path: VSpecScheduler builds its async subclass under async scheduling.
     assert routing.scheduler_cls_for(_engine_config()) == SCHEDULER_CLS
@@ -264,7 +264,7 @@ def test_profiling_dummy_runs_use_k_once(proposers):
 
 
 # ------------------------------------------------------------------------------
-# Verify width (vllm_vspec/adapters/vllm/verify_width.py): a decode step whose
+# Verify width (vllm_vspec/hosts/vllm/verify_width.py): a decode step whose
 # batch fits the target's full decode graph verifies K draft slots, its gamma
 # drafts then -1, which every verifier rejects (vLLM-Ascend 0.23 replays that
 # graph only for 1 + K tokens a request). Async scheduling always gets K
@@ -283,8 +283,8 @@ GRAPHS = dict(cudagraph_mode="FULL_AND_PIECEWISE", capture=40)  # K=4: up to 8 r
     (GRAPHS, {"enabled": False}, 0),
 ])
 def test_padding_applies_only_where_a_full_decode_graph_is_kept(config_args, vspec, pad_max_reqs):
-    from vllm_vspec.adapters.vllm.verify_width import VerifyWidth
-    from vllm_vspec.wiring import resolve
+    from vllm_vspec.hosts.vllm.verify_width import VerifyWidth
+    from vllm_vspec.hosts.wiring import resolve
 
     config = _engine_config("eagle", 4, vspec=vspec, **config_args)
     verify = VerifyWidth.of(config, resolve(config))
@@ -312,9 +312,9 @@ def test_gamma_zero_runs_the_first_draft_pass_and_returns_only_invalid_drafts(pr
 def _padding_scheduler(k=4, async_scheduling=True, **config_args):
     """A VSpecScheduler with only what its padding bookkeeping reads (vLLM's
     Scheduler.__init__ needs a whole engine)."""
-    from vllm_vspec.adapters.vllm.scheduler import VSpecAsyncScheduler, VSpecScheduler
-    from vllm_vspec.adapters.vllm.verify_width import VerifyWidth
-    from vllm_vspec.wiring import resolve
+    from vllm_vspec.hosts.vllm.scheduler import VSpecAsyncScheduler, VSpecScheduler
+    from vllm_vspec.hosts.vllm.verify_width import VerifyWidth
+    from vllm_vspec.hosts.wiring import resolve
 
     config = _engine_config("eagle", k, async_scheduling=async_scheduling,
                             **(config_args or GRAPHS))
@@ -380,7 +380,7 @@ def test_sync_scheduling_keeps_the_drafts_the_next_step_verifies(monkeypatch, nu
 def test_pads_are_reported_as_invalid_drafts_so_nobody_counts_them():
     from types import SimpleNamespace
 
-    from vllm_vspec.adapters.vllm.scheduler import _feedback
+    from vllm_vspec.hosts.vllm.scheduler import _feedback
 
     scheduler = _padding_scheduler(async_scheduling=False)
     scheduler._set_gamma(_scheduled({"a": [], "b": [], "gone": []}), 1)  # drafts 1 each
@@ -399,7 +399,7 @@ def test_the_controller_is_told_a_trees_depth_not_its_node_count():
     # verified in a step is 2 drafted positions, its accepted path 1 of them.
     from types import SimpleNamespace
 
-    from vllm_vspec.adapters.vllm.scheduler import _feedback
+    from vllm_vspec.hosts.vllm.scheduler import _feedback
 
     scheduler = _padding_scheduler(async_scheduling=False, cudagraph_mode="PIECEWISE",
                                    capture=40)

@@ -12,13 +12,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllm_vspec.acceptance_stats import PositionAcceptance, expected_tokens
+from vllm_vspec.core.acceptance_stats import PositionAcceptance, expected_tokens
 from vllm_vspec.config import VSpecConfig
-from vllm_vspec.controller import GammaController
-from vllm_vspec.latency import LatencyProfile, LinearLatency
-from vllm_vspec.policies.governor import Governor
-from vllm_vspec.policies.profile import ProfilePolicy
-from vllm_vspec.steps import BatchState, StepFeedback
+from vllm_vspec.core.controller import GammaController
+from vllm_vspec.core.latency import LatencyProfile, LinearLatency
+from vllm_vspec.core.policies.governor import Governor
+from vllm_vspec.core.policies.profile import ProfilePolicy
+from vllm_vspec.core.steps import BatchState, StepFeedback
 
 K = 4
 BUDGET = 8192
@@ -162,7 +162,7 @@ def test_an_arm_measured_in_a_slow_spell_is_measured_again():
 
 
 def test_an_arm_s_samples_are_replaced_after_two_windows_away():
-    from vllm_vspec.policies.online import STALE_AFTER_WINDOWS, _Arms
+    from vllm_vspec.core.policies.online import STALE_AFTER_WINDOWS, _Arms
     arms = _Arms(window=4, probe_interval=16, incumbent=None)
     arms.add(2, 1.0)
     arms.add(2, 1.0)
@@ -213,7 +213,7 @@ def test_a_bucket_far_from_every_measured_one_sweeps_upwards_instead_of_seeding(
 
 
 def test_unmeasured_arms_are_extrapolated_linearly_from_two_measured_ones():
-    from vllm_vspec.policies.online import _Arms
+    from vllm_vspec.core.policies.online import _Arms
     arms = _Arms(window=8, probe_interval=16, incumbent=None)
     arms.warmup = None
     for _ in range(3):
@@ -320,7 +320,7 @@ def test_profile_policy_takes_the_goodput_argmax():
 
 def test_profile_policy_calibrates_latency_per_gamma(tmp_path):
     path = tmp_path / "p.json"
-    from vllm_vspec.latency import save_profile
+    from vllm_vspec.core.latency import save_profile
     save_profile(PROFILE, path)
     ctl = GammaController(VSpecConfig(policy="profile", profile_path=str(path),
                                       min_gamma=2, max_gamma=2), K)
@@ -342,7 +342,7 @@ def test_profile_calibration_is_per_bucket_and_shared_within_one():
 
 def test_profile_policy_drops_to_min_gamma_when_every_draft_is_rejected(tmp_path):
     path = Path(tmp_path) / "p.json"
-    from vllm_vspec.latency import save_profile
+    from vllm_vspec.core.latency import save_profile
     save_profile(PROFILE, path)
     ctl = GammaController(VSpecConfig(policy="profile", profile_path=str(path), min_gamma=0), K)
     decisions = Engine((0.0,) * K, lambda g, b: PROFILE.step_ms(g, b, 0) / 1000).run(
@@ -474,7 +474,7 @@ def test_a_step_that_rules_trees_out_gets_width_1_and_min_width_holds_otherwise(
 
 
 def test_the_tree_governor_moves_depth_by_max_gamma_step_at_a_feasible_width():
-    from vllm_vspec.arms import TreeArms
+    from vllm_vspec.core.arms import TreeArms
     space = TreeArms(1, 4, max_nodes=8)
     gov = Governor(VSpecConfig(control_interval=1, max_gamma_step=1), space)
     arms = space.arms(BatchState(1, BUDGET), 0, 8)
@@ -495,7 +495,7 @@ def test_a_tree_step_drafts_its_root_then_a_frontier_of_width_queries_per_depth(
 
 
 def test_profile_policy_takes_the_goodput_argmax_over_tree_arms():
-    from vllm_vspec.arms import TreeArms
+    from vllm_vspec.core.arms import TreeArms
     cfg = VSpecConfig(policy="profile", profile_path="unused.json",
                       min_observations=1).with_max_gamma(K)
     policy = ProfilePolicy(cfg, profile=PROFILE, space=TreeArms(1, 2, max_nodes=K))
@@ -518,8 +518,8 @@ def test_profile_policy_takes_the_goodput_argmax_over_tree_arms():
        tree_allowed=st.booleans(), max_step=st.integers(1, 4), data=st.data())
 def test_tree_arms_are_exactly_the_feasible_ones_and_moves_stay_among_them(
         num_reqs, budget, k, widths, lo, tree_allowed, max_step, data):
-    from vllm_vspec.arms import TreeArms
-    from vllm_vspec.steps import feasible_max_gamma
+    from vllm_vspec.core.arms import TreeArms
+    from vllm_vspec.core.steps import feasible_max_gamma
     min_w, max_w = widths[0], widths[0] + widths[1]
     batch = BatchState(num_reqs, budget, tree_allowed=tree_allowed)
     hi = feasible_max_gamma(batch, k)

@@ -11,7 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from vllm_vspec import cli, presets, serve, wiring
+from vllm_vspec import cli
+from vllm_vspec.launch import presets
+from vllm_vspec.commands import serve
+from vllm_vspec.hosts import wiring
 from vllm_vspec.config import VSpecConfig
 
 REPO = Path(__file__).resolve().parents[1]

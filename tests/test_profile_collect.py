@@ -1,5 +1,5 @@
 """`vllm-vspec profile`: which engine steps become samples, and that the
-samples it writes fit (vllm_vspec.latency) into a profile that loads back."""
+samples it writes fit (vllm_vspec.core.latency) into a profile that loads back."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from vllm_vspec.latency import LatencyProfile, LinearLatency, fit_profile, load_profile, \
+from vllm_vspec.core.latency import LatencyProfile, LinearLatency, fit_profile, load_profile, \
     profile_predict, save_profile, validate_samples
-from vllm_vspec.profile_collect import EngineRun, Shape, decode_samples, engine_runs
+from vllm_vspec.tools.profile_collect import EngineRun, Shape, decode_samples, engine_runs
 
 REPO = Path(__file__).resolve().parents[1]
 

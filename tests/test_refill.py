@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import DRAFT, MAX_TOKENS, assert_same_tokens, close_llm, make_llm, scheduler_of
-from vllm_vspec.refill import RefillGate
+from vllm_vspec.core.refill import RefillGate
 
 
 def test_newcomers_are_held_while_a_batch_decodes_until_a_group_waits():

@@ -146,7 +146,7 @@ def test_disable_dry_run_changes_nothing_and_disable_sets_the_default(scratch):
     assert dry.returncode == 0 and '{"enabled": false}' in dry.stdout
     assert json.loads(manage(scratch, "status", "--json").stdout)["enabled_by_default"] is True
     assert manage(scratch, "disable").returncode == 0
-    read = subprocess.run([str(scratch), "-c", "from vllm_vspec.install_state import "
+    read = subprocess.run([str(scratch), "-c", "from vllm_vspec.core.install_state import "
                            "default_enabled; print(default_enabled())"],
                           capture_output=True, text=True, check=True)
     assert read.stdout.strip() == "False"
@@ -212,7 +212,8 @@ def test_uninstall_reports_a_copy_still_visible_from_a_parent_environment(scratc
 # ------------------------------------------- the installation default, read
 def test_a_disabled_environment_runs_stock_unless_the_launch_enables_vspec(tmp_path, monkeypatch):
     from conftest import engine_config
-    from vllm_vspec import install_state, wiring
+    from vllm_vspec.core import install_state
+    from vllm_vspec.hosts import wiring
 
     monkeypatch.setenv(install_state.STATE_ENV, str(tmp_path / "state.json"))
     assert wiring.resolve(engine_config(vspec={})) is not None
@@ -222,7 +223,7 @@ def test_a_disabled_environment_runs_stock_unless_the_launch_enables_vspec(tmp_p
 
 
 def test_a_state_file_that_is_not_a_choice_stops_start_up_naming_the_file(tmp_path, monkeypatch):
-    from vllm_vspec import install_state
+    from vllm_vspec.core import install_state
 
     bad = tmp_path / "state.json"
     bad.write_text('{"enabled": "maybe"}')

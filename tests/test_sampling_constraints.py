@@ -52,7 +52,7 @@ def metadata(temperature, top_k=None, top_p=None):
 
 
 def test_constraints_use_each_rows_request_values():
-    from vllm_vspec.adapters.vllm.sampling_constraints import apply_constraints
+    from vllm_vspec.hosts.vllm.sampling_constraints import apply_constraints
 
     torch.manual_seed(0)
     num_draft = [2, 0, 3, 1]
@@ -97,7 +97,7 @@ def spec_batch(drafts: list[list[int]]):
 def test_greedy_and_top1_rows_are_exact_beside_sampled_ones():
     from vllm.v1.sample.sampler import Sampler
 
-    from vllm_vspec.adapters.vllm.sampling_constraints import ExactConstraintsRejectionSampler
+    from vllm_vspec.hosts.vllm.sampling_constraints import ExactConstraintsRejectionSampler
 
     torch.manual_seed(1)
     # requests: greedy, sampled top-1, sampled (free), greedy; 3/2/2/1 drafts
@@ -127,8 +127,8 @@ def test_greedy_and_top1_rows_are_exact_beside_sampled_ones():
 def test_a_lossy_rule_still_promotes_only_greedy_rows_in_a_mixed_batch():
     from vllm.v1.sample.sampler import Sampler
 
-    from vllm_vspec.acceptance import AcceptanceRule
-    from vllm_vspec.adapters.vllm.rejection_sampler import VSpecRejectionSampler
+    from vllm_vspec.kernels.acceptance import AcceptanceRule
+    from vllm_vspec.hosts.vllm.rejection_sampler import VSpecRejectionSampler
 
     torch.manual_seed(2)
     # rows: request 0 (greedy) drafts 0-1, bonus 2; request 1 (top-1) draft 3, bonus 4

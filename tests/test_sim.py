@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from vllm_vspec import sim
+from vllm_vspec.sim import simulator as sim
 from vllm_vspec.cli import main as cli_main
-from vllm_vspec.controller import GammaController
-from vllm_vspec.latency import LatencyProfile, LinearLatency, load_profile
-from vllm_vspec.policies.online import OnlinePolicy
-from vllm_vspec.policies.profile import ProfilePolicy
+from vllm_vspec.core.controller import GammaController
+from vllm_vspec.core.latency import LatencyProfile, LinearLatency, load_profile
+from vllm_vspec.core.policies.online import OnlinePolicy
+from vllm_vspec.core.policies.profile import ProfilePolicy
 
 REPO = Path(__file__).resolve().parents[1]
 ASCEND = str(REPO / "profiles" / "ascend-910b-qwen25-14b-draft.json")
@@ -211,7 +211,7 @@ def test_sim_command_compares_tree_arms(tmp_path, capsys):
 
 
 def test_the_table_shows_a_dash_where_a_workload_has_no_tree_contender():
-    from vllm_vspec.sim_report import table_text
+    from vllm_vspec.sim.report import table_text
     base = ["fixed-0", "table", "online", "profile", "oracle"]
     results = [sim.SimResult(p, wl, 100, 1.0, 10, {}, []) for wl, names in
                (("tree", base + ["fixed-1x2"]), ("linear", base)) for p in names]

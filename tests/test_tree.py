@@ -1,4 +1,4 @@
-"""vllm_vspec.tree (fixed-width EAGLE trees) against brute force.
+"""vllm_vspec.kernels.tree (fixed-width EAGLE trees) against brute force.
 
 Each function is checked on random inputs (hypothesis) against a per-row
 Python reference written from the definitions in tree.py's docstrings; small
@@ -17,8 +17,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllm_vspec import ops, tree
-from vllm_vspec.acceptance import AcceptanceRule, accept_mask
+from vllm_vspec.kernels import ops, tree
+from vllm_vspec.kernels.acceptance import AcceptanceRule, accept_mask
 
 SETTINGS = settings(max_examples=60, deadline=None)
 
@@ -115,7 +115,7 @@ def bigram_fn(table):
 def test_the_core_module_imports_no_vllm():
     """tree.py is core (design: no vLLM import), so the Ascend overlay and the
     simulator can use it on any host."""
-    code = ("import sys, vllm_vspec.tree; "
+    code = ("import sys, vllm_vspec.kernels.tree; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'vllm'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
@@ -420,7 +420,7 @@ def test_masked_attention_over_the_read_cache_equals_the_host_kernel_on_a_chain(
     from vllm import _custom_ops as host_ops
     from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
 
-    from vllm_vspec.adapters.vllm.tree_attention import read_paged_kv
+    from vllm_vspec.hosts.vllm.tree.attention import read_paged_kv
 
     block_size, heads, kv_heads, head_size, num_blocks = 32, 4, 2, 64, 8
     prefixes, gamma = [37, 5], 3

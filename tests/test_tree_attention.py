@@ -1,4 +1,4 @@
-"""The CPU tree attention backend (adapters/vllm/tree_attention.py), no engine.
+"""The CPU tree attention backend (hosts/vllm/tree/attention.py), no engine.
 
 Oracles: the host's own causal CPU kernel. A tree node's attention must equal
 the kernel's attention of that node's query over the committed prefix
@@ -15,8 +15,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from vllm_vspec import tree
-from vllm_vspec.adapters.vllm.tree_attention import (
+from vllm_vspec.kernels import tree
+from vllm_vspec.hosts.vllm.tree.attention import (
     TreeCPUAttentionBackendImpl,
     TreeCPUAttentionMetadataBuilder,
     TreeQueries,
@@ -242,8 +242,8 @@ def test_the_plugin_makes_cpu_attn_ours_under_the_host_name():
     name stays CPU_ATTN, so host checks on the backend name still hold."""
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
-    from vllm_vspec.adapters import vllm_plugin
-    from vllm_vspec.adapters.vllm.tree_attention import TreeCPUAttentionBackend
+    from vllm_vspec.hosts.vllm import plugin as vllm_plugin
+    from vllm_vspec.hosts.vllm.tree.attention import TreeCPUAttentionBackend
 
     assert vllm_plugin.register_tree_attention in vllm_plugin.REGISTRATIONS
     vllm_plugin.register_tree_attention()

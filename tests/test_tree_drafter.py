@@ -1,4 +1,4 @@
-"""EAGLE tree drafting (adapters/vllm/tree_proposer.py, docs/eagle-tree.md 4.4).
+"""EAGLE tree drafting (hosts/vllm/tree/proposer.py, docs/eagle-tree.md 4.4).
 
 Spec:
 - Width 1 drafts exactly what the linear drafter drafts: on the same engine
@@ -40,10 +40,10 @@ import pytest
 import torch
 
 from conftest import EAGLE, close_llm, greedy, make_llm, runner_of
-from vllm_vspec import tree
-from vllm_vspec.adapters.vllm.tree_proposer import (TreeDraftMixin, check_tree_drafting,
+from vllm_vspec.kernels import tree
+from vllm_vspec.hosts.vllm.tree.proposer import (TreeDraftMixin, check_tree_drafting,
                                                     pass_layout)
-from vllm_vspec.adapters.vllm.worker import CPU_WORKER_CLS
+from vllm_vspec.hosts.vllm.worker import CPU_WORKER_CLS
 from vllm_vspec.config import VSpecConfigError
 
 K = 8                                 # num_speculative_tokens: gamma * width <= K

@@ -39,10 +39,10 @@ import torch
 
 from conftest import (DRAFT, EAGLE, assert_same_tokens, close_llm, counter, load_prompts, make_llm,
                       run_preempted, runner_of)
-from vllm_vspec import tree
-from vllm_vspec.acceptance import AcceptanceRule
-from vllm_vspec.adapters.vllm.eagle_tree import EagleTreeDrafter
-from vllm_vspec.adapters.vllm.worker import CPU_WORKER_CLS
+from vllm_vspec.kernels import tree
+from vllm_vspec.kernels.acceptance import AcceptanceRule
+from vllm_vspec.hosts.vllm.tree.eagle_drafter import EagleTreeDrafter
+from vllm_vspec.hosts.vllm.worker import CPU_WORKER_CLS
 from vllm_vspec.config import VSpecConfig, VSpecConfigError
 
 pytestmark = pytest.mark.engine
@@ -353,7 +353,7 @@ def lossy_run(tree_engine, token_prompts, keys: dict, monkeypatch):
     (outputs, RelaxedNodes, tree shapes drafted). Restores the strict rule."""
     from vllm import SamplingParams, TokensPrompt
 
-    from vllm_vspec.adapters.vllm import tree_verify
+    from vllm_vspec.hosts.vllm.tree import verify as tree_verify
 
     runner = runner_of(tree_engine)
     sampler = runner.rejection_sampler

@@ -1,4 +1,4 @@
-"""The runner's tree step (adapters/vllm/tree_verify.py), no engine: its
+"""The runner's tree step (hosts/vllm/tree/verify.py), no engine: its
 inputs (`_tree_step`), its sampling (`sample_tree`) and the drafter's inputs
 after it (`_accepted_paths_first`), on hand-built runner state.
 
@@ -20,9 +20,9 @@ import pytest
 import torch
 from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
 
-from vllm_vspec import tree
-from vllm_vspec.acceptance import AcceptanceRule
-from vllm_vspec.adapters.vllm.tree_verify import PAD_TOKEN, TreeSpecDecodeMetadata, sample_tree
+from vllm_vspec.kernels import tree
+from vllm_vspec.kernels.acceptance import AcceptanceRule
+from vllm_vspec.hosts.vllm.tree.verify import PAD_TOKEN, TreeSpecDecodeMetadata, sample_tree
 
 VOCAB = 8
 
@@ -169,7 +169,7 @@ def test_after_a_tree_step_the_drafter_sees_each_accepted_path_as_a_linear_verif
     their rows and positions."""
     import numpy as np
 
-    from vllm_vspec.adapters.vllm.tree_verify import TreeVerifyMixin
+    from vllm_vspec.hosts.vllm.tree.verify import TreeVerifyMixin
 
     tree0 = ([5, 1, 2, 3, 4], [tree.NO_NODE, 0, 0, 1, 2])        # rows 0-4, seq_len 10
     chain2 = ([7, 3, 3, 1], [tree.NO_NODE, 0, 1, 2])              # rows 6-9, seq_len 20
@@ -196,7 +196,7 @@ def fake_runner(num_computed: list[int], query_lens: list[int], input_ids: list[
     cache whose slot is 100 * row + position."""
     import numpy as np
 
-    from vllm_vspec.adapters.vllm.tree_attention import TreeCPUAttentionMetadataBuilder
+    from vllm_vspec.hosts.vllm.tree.attention import TreeCPUAttentionMetadataBuilder
 
     starts = np.concatenate([[0], np.cumsum(query_lens)])
     rows = np.repeat(np.arange(len(query_lens)), query_lens)
@@ -228,7 +228,7 @@ def test_a_tree_step_places_nodes_at_their_depth_and_masks_only_real_trees():
     """Request r0 has a pending width-2 tree, r1 a linear draft (a chain), r2
     no drafts: r0's rows move to positions seq_len + depth, its mask goes to
     the builder, and the metadata pads r1's chain with PAD_TOKEN nodes."""
-    from vllm_vspec.adapters.vllm.tree_verify import TreeVerifyMixin
+    from vllm_vspec.hosts.vllm.tree.verify import TreeVerifyMixin
 
     runner, builder = fake_runner([10, 20, 30], [5, 3, 1], [5, 1, 2, 3, 4, 7, 8, 9, 6])
     pending = {"r0": (torch.tensor([5, 1, 2, 3, 4]), torch.tensor([tree.NO_NODE, 0, 0, 1, 2]))}
@@ -247,7 +247,7 @@ def test_a_tree_step_places_nodes_at_their_depth_and_masks_only_real_trees():
 
 
 def test_scheduled_drafts_that_are_not_the_proposed_tree_stop_the_step():
-    from vllm_vspec.adapters.vllm.tree_verify import TreeVerifyMixin
+    from vllm_vspec.hosts.vllm.tree.verify import TreeVerifyMixin
 
     runner, _ = fake_runner([10], [3], [5, 1, 9])
     pending = {"r0": (torch.tensor([5, 1, 2]), torch.tensor([tree.NO_NODE, 0, 0]))}
@@ -260,8 +260,8 @@ def test_the_commit_moves_each_accepted_path_to_contiguous_slots_in_target_layer
     """After sampling, path [0, 2, 4] at seq_len 10 (slots 10-14) moves slot
     12 -> 11 and 14 -> 12 in every target layer (tree_commit's pairs,
     move_slots); the chain moves nothing; the drafter's layer is left."""
-    from vllm_vspec.adapters.vllm.tree_attention import read_paged_kv
-    from vllm_vspec.adapters.vllm.tree_verify import TreeVerifyMixin
+    from vllm_vspec.hosts.vllm.tree.attention import read_paged_kv
+    from vllm_vspec.hosts.vllm.tree.verify import TreeVerifyMixin
 
     tree0 = ([5, 1, 2, 3, 4], [tree.NO_NODE, 0, 0, 1, 2])
     chain1 = ([7, 3, 3, 1], [tree.NO_NODE, 0, 1, 2])

@@ -1,4 +1,4 @@
-"""The one wiring of vspec into vLLM (vllm_vspec.wiring): which settings an
+"""The one wiring of vspec into vLLM (vllm_vspec.hosts.wiring): which settings an
 engine runs, where it refuses to start, and the engine arguments that select
 it. Unit tests on stand-in configs, plus one engine start."""
 
@@ -9,7 +9,7 @@ import json
 import pytest
 
 from conftest import DRAFT, close_llm, engine_config, greedy, make_llm, scheduler_of
-from vllm_vspec import wiring
+from vllm_vspec.hosts import wiring
 from vllm_vspec.config import VSpecConfigError
 
 
@@ -202,7 +202,7 @@ def test_full_graph_modes_render_piecewise_only_for_vspec_on_cuda():
 def test_disabled_vspec_runs_a_k_above_ascends_limit_as_stock_vllm(prompts):
     """enabled false, K 17 (1 + K above 16), vspec's scheduler selected: the
     engine starts and drafts the full K every step, as stock vLLM does."""
-    from vllm_vspec.engine_runs import read_spec_counters
+    from vllm_vspec.tools.engine_runs import read_spec_counters
 
     k = 17
     llm = make_llm(speculative_config={"method": "draft_model", "model": str(DRAFT),

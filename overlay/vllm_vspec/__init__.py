@@ -2,7 +2,7 @@
 
 Public surface: `VSpecConfig` (every knob, one source of truth) and
 `register` (the `vllm.general_plugins` entry point). Everything else is found
-by file name: `controller.py`, `policies/`, `acceptance.py`, `adapters/`.
+by file name: `controller.py`, `policies/`, `acceptance.py`, `hosts/`.
 """
 
 from vllm_vspec.config import VSpecConfig
@@ -14,7 +14,7 @@ def register() -> None:
     """vLLM general-plugin hook: runs in every vLLM process before the engine
     is built. It only registers names with vLLM's public registries (models,
     and so on); it never patches vLLM objects."""
-    from vllm_vspec.adapters import vllm_plugin
+    from vllm_vspec.hosts.vllm import plugin as vllm_plugin
 
     vllm_plugin.register()
 

@@ -15,18 +15,18 @@ import sys
 
 # name -> module path.
 SUBCOMMANDS: dict[str, str] = {
-    "bench": "vllm_vspec.bench.command",
-    "demo": "vllm_vspec.demo",
-    "doctor": "vllm_vspec.doctor",
-    "serve": "vllm_vspec.serve",
-    "models": "vllm_vspec.drafters",
-    "sim": "vllm_vspec.sim_report",
-    "fit-profile": "vllm_vspec.latency",
-    "profile": "vllm_vspec.profile_collect",
-    "trace": "vllm_vspec.diagnostics",
-    "active-vocab": "vllm_vspec.active_vocab",
-    "draft-head-bench": "vllm_vspec.draft_head_bench",
-    "manage": "vllm_vspec.manage",
+    "bench": "vllm_vspec.commands.bench",
+    "demo": "vllm_vspec.commands.demo",
+    "doctor": "vllm_vspec.commands.doctor",
+    "serve": "vllm_vspec.commands.serve",
+    "models": "vllm_vspec.tools.drafters",
+    "sim": "vllm_vspec.sim.report",
+    "fit-profile": "vllm_vspec.core.latency",
+    "profile": "vllm_vspec.tools.profile_collect",
+    "trace": "vllm_vspec.hosts.diagnostics",
+    "active-vocab": "vllm_vspec.commands.active_vocab",
+    "draft-head-bench": "vllm_vspec.commands.draft_head_bench",
+    "manage": "vllm_vspec.commands.manage",
 }
 
 # name -> the one line `vllm-vspec --help` shows for it: the `help` its

@@ -82,7 +82,7 @@ def peer_classes(name: str, settings: dict, probe: dict):
     ones whose draft length is below num_speculative_tokens (K): that the
     rebinding took effect and the controller acted, read off the host's
     SchedulerOutput rather than vspec's internals."""
-    from vllm_vspec.adapters.vllm.scheduler import VSpecAsyncScheduler, VSpecScheduler
+    from vllm_vspec.hosts.vllm.scheduler import VSpecAsyncScheduler, VSpecScheduler
 
     class WithSettings:
         def __init__(self, vllm_config, *args, **kwargs):

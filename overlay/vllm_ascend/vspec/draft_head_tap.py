@@ -2,7 +2,7 @@
 
 vLLM-Ascend 0.23's merged draft loop (`_run_merged_draft`) takes every
 greedy draft token as `self.model.compute_logits(h).argmax(-1)`, so vspec's
-head (vllm_vspec.draft_head.DraftHead, the host-agnostic core) sits where
+head (vllm_vspec.kernels.draft_head.DraftHead, the host-agnostic core) sits where
 those logits come from: a ModelTap around the draft model whose
 `compute_logits` returns
 
@@ -35,9 +35,9 @@ from typing import Any
 import torch
 
 from vllm_ascend.vspec.model_tap import ModelTap
-from vllm_vspec import draft_head
+from vllm_vspec.kernels import draft_head
 from vllm_vspec.config import VSpecConfig, VSpecConfigError
-from vllm_vspec.draft_head import DraftHead, draft_head_for, refuse_head, wants_head
+from vllm_vspec.kernels.draft_head import DraftHead, draft_head_for, refuse_head, wants_head
 
 # Model dtypes torch_npu's int8 matmuls take as activations.
 NPU_INT8_DTYPES = (torch.float16, torch.bfloat16)

@@ -13,7 +13,7 @@ pass, `cut` replaces the drafted tokens from each request's first
 too-uncertain position onward with -1 (vLLM's invalid draft id, which no
 target token equals): they are rejected, so outputs stay exact, and the
 controller sees the shorter draft. The maths (top-k entropy, first position
-over the threshold) is the host-agnostic core's, in vllm_vspec.entropy.
+over the threshold) is the host-agnostic core's, in vllm_vspec.kernels.entropy.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch
 from vllm.logger import init_logger
 from vllm_ascend.vspec.model_tap import ModelTap
 
-from vllm_vspec.entropy import EntropyStop
+from vllm_vspec.kernels.entropy import EntropyStop
 from vllm_vspec.config import VSpecConfig
 
 INVALID_DRAFT_ID = -1

@@ -20,7 +20,7 @@ Invariants:
   from torch.ops.vspec.commit_accepted, the AscendC kernel, instead of the
   host's chain of about ten torch ops.
 - A step returns K columns: its gamma drafts, then invalid drafts (-1), the
-  layout vLLM 0.23's runner requires (vllm_vspec/adapters/vllm/
+  layout vLLM 0.23's runner requires (vllm_vspec/hosts/vllm/
   verify_width.py); the scheduler decides how many of them the next step
   verifies (gamma, or K to keep the target's full decode ACL graph). Gamma 0
   drafts nothing after the first draft pass has kept the draft model's KV
@@ -28,8 +28,8 @@ Invariants:
 
 Two more mixins carry vspec's drafter options onto the NPU (not yet run on
 NPU), over the host-agnostic core: DraftHeadMixin (active vocabulary and
-int8 LM head, draft_head_tap.py over vllm_vspec.draft_head) and TraceMixin
-(the diagnostics traces, vllm_vspec.diagnostics.DrafterTraces).
+int8 LM head, draft_head_tap.py over vllm_vspec.kernels.draft_head) and TraceMixin
+(the diagnostics traces, vllm_vspec.hosts.diagnostics.DrafterTraces).
 """
 
 from __future__ import annotations
@@ -50,11 +50,11 @@ from vllm_ascend.vspec.draft_head_tap import DraftHeadTap
 from vllm_ascend.vspec.entropy_tap import EntropyTap
 from vllm_ascend.vspec.gamma import step_gamma
 from vllm_ascend.vspec.routing import vspec_settings
-from vllm_vspec import ops
-from vllm_vspec.adapters.vllm.commit_op import backup_tokens
-from vllm_vspec.adapters.vllm.verify_width import pad_drafts
-from vllm_vspec.diagnostics import DrafterTraces, TraceOptions
-from vllm_vspec.draft_head import pure_greedy
+from vllm_vspec.kernels import ops
+from vllm_vspec.hosts.vllm.commit_op import backup_tokens
+from vllm_vspec.hosts.vllm.verify_width import pad_drafts
+from vllm_vspec.hosts.diagnostics import DrafterTraces, TraceOptions
+from vllm_vspec.kernels.draft_head import pure_greedy
 
 # Under "vllm.": vLLM configures only its own logger tree.
 logger = init_logger(f"vllm.{__name__}")

@@ -3,7 +3,7 @@ engine config. The patched host files call these functions and fall back to
 their own class when one returns None, so with `vspec.enabled = false` the host
 runs exactly as shipped.
 
-The settings come from `vllm_vspec.wiring.resolve`, the one resolver every
+The settings come from `vllm_vspec.hosts.wiring.resolve`, the one resolver every
 host shares; what is Ascend's own stays here. PROPOSERS maps a speculative
 method to our proposer; a method absent from it (ngram, mtp, ...) keeps the
 host's proposer, scheduler and a static K.
@@ -16,7 +16,7 @@ import importlib
 from typing import Any, Callable
 
 from vllm_vspec.config import VSpecConfig
-from vllm_vspec.wiring import SCHEDULER_CLS, resolve
+from vllm_vspec.hosts.wiring import SCHEDULER_CLS, resolve
 
 # speculative method -> "module:Class" of our proposer (imported on demand:
 # routing is imported by platform.py before torch_npu is initialised).

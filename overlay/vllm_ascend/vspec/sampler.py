@@ -3,7 +3,7 @@
 Routed in only for `relaxed_topk` / `margin` (strict greedy is the host
 sampler unchanged). The host's greedy verifier accepts a draft token iff it is
 the argmax of its target row; promoting each draft token the rule accepts to
-the row's unique argmax (vllm_vspec.acceptance.promote_accepted) makes that
+the row's unique argmax (vllm_vspec.kernels.acceptance.promote_accepted) makes that
 verifier apply the rule, while rejected rows keep the target's own argmax as
 the recovered token. Sampled requests (temperature > 0) are left to the host's
 rejection sampling. The rule's application is the core's
@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from vllm_ascend.sample.rejection_sampler import AscendRejectionSampler
-from vllm_vspec.acceptance import AcceptanceRule, apply_to_greedy_rows
+from vllm_vspec.kernels.acceptance import AcceptanceRule, apply_to_greedy_rows
 from vllm_vspec.config import VSpecConfig
 
 

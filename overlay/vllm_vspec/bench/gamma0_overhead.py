@@ -36,11 +36,11 @@ from typing import Any
 from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-from vllm_vspec import engine_runs
-from vllm_vspec.adapters.vllm.model_runner import VSpecRunnerMixin
-from vllm_vspec.adapters.vllm.worker import (CPU_WORKER_CLS, GPU_WORKER_CLS, VSpecCPUWorker,
+from vllm_vspec.tools import engine_runs
+from vllm_vspec.hosts.vllm.model_runner import VSpecRunnerMixin
+from vllm_vspec.hosts.vllm.worker import (CPU_WORKER_CLS, GPU_WORKER_CLS, VSpecCPUWorker,
                                              VSpecGPUWorker)
-from vllm_vspec.profile_collect import _ints  # the same flag parsing as `profile`
+from vllm_vspec.tools.profile_collect import _ints  # the same flag parsing as `profile`
 
 ENGINES = ("target", "spec-path", "plain-path")
 # This module's import path (not __name__, which is "__main__" under -m): the

@@ -23,7 +23,7 @@ from vllm_vspec.bench.server import (SERVED_MODEL_NAME, Server, ServerError, Ser
                                      free_port, serve_argv)
 from vllm_vspec.bench.variants import Variant
 from vllm_vspec.bench.workloads import Request, Workload
-from vllm_vspec.trace import overhead_share
+from vllm_vspec.core.trace import overhead_share
 
 # Requests sent before measuring, so one-off start-up costs (first forward,
 # allocator growth) do not land on the first workload of a variant.

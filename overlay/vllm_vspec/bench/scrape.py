@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from vllm_vspec.trace import read_trace
+from vllm_vspec.core.trace import read_trace
 
 RUNNING = "vllm:num_requests_running"
 GAMMA = "vspec:gamma"  # gauge: gamma verified in the last step
@@ -93,7 +93,7 @@ async def poll_metrics(client: httpx.AsyncClient, base_url: str, out: list[Metri
 
 # -------------------------------------------------------------------- trace
 def trace_steps(path: Path, start: int = 0) -> tuple[list[dict], int]:
-    """Step records of a vspec trace (vllm_vspec.trace format) from record
+    """Step records of a vspec trace (vllm_vspec.core.trace format) from record
     `start` on, and the total record count (where the next slice starts).
     Read between workloads: the engine writes a step's line before its
     outputs reach the client, so an idle server's trace is complete."""

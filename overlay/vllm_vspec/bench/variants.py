@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_vspec import wiring
+from vllm_vspec.hosts import wiring
 
 
 # Upper bound of every speculative variant: buffers are sized by it and the

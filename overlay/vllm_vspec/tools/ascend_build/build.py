@@ -170,7 +170,7 @@ def runtime_requirements(host_requires: list[str], pin: Pin) -> tuple[list[str],
 
 def kernels_statement(info: dict) -> str:
     """One sentence on the compiled ops: the wheel's METADATA, `vllm-vspec
-    doctor` and the server's start-up log all print this (vllm_vspec.ascend_wheel)."""
+    doctor` and the server's start-up log all print this (vllm_vspec.hosts.ascend_wheel)."""
     k = info["custom_kernels"]
     if k["enabled"]:
         return (f"host kernels compiled with CANN: {', '.join(k['host_libraries'])}; "
@@ -369,9 +369,9 @@ def byte_compile(tree: Path) -> list[str]:
 
 
 def abi_report(tree: Path, vllm_source: Path):
-    """The ABI check (vllm_vspec.abi_check) of a patched tree with the overlay
+    """The ABI check (vllm_vspec.tools.abi_check) of a patched tree with the overlay
     in, against the vLLM sources (a wheel or directory) its pin runs on."""
-    from vllm_vspec.abi_check import check_host
+    from vllm_vspec.tools.abi_check import check_host
 
     ascend = tree / "vllm_ascend"
     return check_host(f"vllm-ascend ({tree}) on {vllm_source.name}",

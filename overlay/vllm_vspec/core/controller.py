@@ -1,0 +1,248 @@
+"""GammaController: chooses gamma (the draft length) for every decode step,
+and the tree width with it when given a max width above 1.
+
+The host adapter calls `decide(BatchState)` once per scheduled step,
+`observe(StepFeedback)` once per processed output of a decided step, in
+scheduling order (with async scheduling a few decisions may be pending
+before their outputs arrive; they are matched first-in first-out), and
+`step_processed(busy)` after every step's output, decided or not. The
+controller owns what all policies share and is the one owner of each piece
+of step state: the decision in force (`gamma`), the feasible gamma range of
+a step, the batch-size bucket, the step's interval (stamped on `clock`),
+its reward, which steps are "stable", the summary and the trace. The policy
+(see policies/, chosen by `config.policy`) only scores arms.
+
+Arms (arms.py): gammas, or (gamma, width) trees when the controller is
+built with `max_width` > 1 (what the engine's `tree_width` /
+`min_tree_width` settings will pass: docs/eagle-tree.md 4.5). A tree of
+width W drafts gamma*W nodes within the host's `num_speculative_tokens`.
+With max_width 1 (the default) every decision and tally is what it was
+before widths existed (tests/test_arm_replay.py); trace lines carry width 1.
+
+Timing model of speculative decoding: the drafts PROPOSED in step n (with
+step n's gamma) are VERIFIED in step n+1. A step's time and committed tokens
+therefore mix two gammas unless both are equal; only such "stable" steps are
+rewarded, so a reward always describes one gamma (one arm: gamma and
+width). For the same reason a step's acceptance is that of the previous
+decision's width (`StepOutcome.verified_width`).
+
+No vLLM import here: this is the host-agnostic core.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable
+
+from vllm_vspec.core.arms import arm_label, make_space
+from vllm_vspec.config import VSpecConfig
+from vllm_vspec.core.policies import make_policy
+from vllm_vspec.core.steps import (BatchState, Decision, StepFeedback, StepOutcome, bucket_of,
+                              feasible_max_gamma)
+from vllm_vspec.core.trace import DecisionTrace
+
+
+@dataclass
+class GammaTally:
+    """Steps of one arm (in one bucket, or over all)."""
+
+    decided: int = 0               # steps decided at this gamma
+    rewarded: int = 0              # of the observed ones, stable steps (rewarded)
+    reward_sum: float = 0.0        # sum of their rewards (committed tokens/s)
+
+    def add(self, other: "GammaTally") -> None:
+        self.decided += other.decided
+        self.rewarded += other.rewarded
+        self.reward_sum += other.reward_sum
+
+
+@dataclass
+class CostTally:
+    """The controller's own cost over observed steps (one bucket, or all)."""
+
+    controller_s: float = 0.0      # decide + observe + the adapter's bookkeeping, wall clock
+    interval_s: float = 0.0        # the steps' intervals
+    steps: int = 0
+
+    def add(self, other: "CostTally") -> None:
+        self.controller_s += other.controller_s
+        self.interval_s += other.interval_s
+        self.steps += other.steps
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """A decided step whose output is not yet observed."""
+
+    batch: BatchState
+    decision: Decision
+    scheduled_at: float            # clock(): where the step's interval may start
+    overhead_s: float              # decide() and the adapter's share, wall clock
+
+
+class GammaController:
+    def __init__(self, config: VSpecConfig, num_speculative_tokens: int,
+                 clock: Callable[[], float] = time.perf_counter,
+                 min_width: int = 1, max_width: int = 1):
+        """`min_width`/`max_width`: the tree widths the policy may choose
+        (ValueError unless 1 <= min_width <= max_width); the widest tree
+        still drafts at most `num_speculative_tokens` nodes."""
+        self.config = config.with_max_gamma(num_speculative_tokens)
+        self.num_speculative_tokens = num_speculative_tokens
+        self.clock = clock
+        self.space = make_space(min_width, max_width, num_speculative_tokens)
+        self.policy = make_policy(self.config, self.space)
+        self._pending: deque[_Pending] = deque()
+        self._last_decision: Decision | None = None
+        # When the host last processed a step's output while requests
+        # remained (None once the engine may idle). A busy engine's step
+        # starts there: output processing and scheduling are per-step costs,
+        # and leaving them out of the interval would favour low gammas (they
+        # take the same time at every gamma, so they shrink the ratio of
+        # step times). Idle time before scheduling is no cost.
+        self._busy_since: float | None = None
+        self._last_completed_at: float | None = None
+        self._last_observed: tuple[int, int] | None = None     # (gamma, width) last observed
+        self._steps = 0
+        self._cost: dict[int, CostTally] = {}                  # bucket -> cost
+        # bucket -> (gamma, width) -> tally
+        self._stats: dict[int, dict[tuple[int, int], GammaTally]] = {}
+        self._trace = (DecisionTrace(self.config.trace_path, {
+            "policy": self.config.policy, "min_gamma": self.config.min_gamma,
+            "max_gamma": self.config.max_gamma,
+            "num_speculative_tokens": num_speculative_tokens,
+            "min_width": min_width, "max_width": max_width})
+            if self.config.trace_path else None)
+
+    @property
+    def gamma(self) -> int:
+        """The gamma in force: the last decision (max_gamma before the
+        first). A host step the controller does not decide (a prefill step)
+        keeps it."""
+        return self.config.max_gamma if self._last_decision is None else self._last_decision.gamma
+
+    @property
+    def width(self) -> int:
+        """The tree width in force (1 before the first decision)."""
+        return 1 if self._last_decision is None else self._last_decision.width
+
+    # ------------------------------------------------------------ per step
+    def decide(self, batch: BatchState, host_overhead_s: float = 0.0) -> Decision:
+        """`host_overhead_s`: wall time the host adapter spent building `batch`."""
+        started = time.perf_counter()
+        scheduled_at = self.clock() if self._busy_since is None else self._busy_since
+        bucket = bucket_of(batch.num_reqs)
+        lo, hi = self.config.min_gamma, feasible_max_gamma(batch, self.config.max_gamma)
+        space = self.space
+        if hi < lo:
+            # Not even min_gamma fits the token budget: draft what fits.
+            decision = Decision(max(hi, 0), bucket, "infeasible")
+        else:
+            last = self._last_decision
+            previous = None if last is None else space.arm(last.gamma, last.width)
+            arm, reason = self.policy.decide(batch, bucket, lo, hi, previous)
+            decision = Decision(space.gamma(arm), bucket, reason, space.width(arm))
+        self._stat(bucket, decision.gamma, decision.width).decided += 1
+        self._last_decision = decision
+        self._pending.append(_Pending(batch, decision, scheduled_at,
+                                      host_overhead_s + time.perf_counter() - started))
+        return decision
+
+    def observe(self, fb: StepFeedback, host_overhead_s: float = 0.0) -> None:
+        """The output of the oldest pending decided step, processed now.
+        `host_overhead_s`: wall time the host adapter spent building `fb`;
+        it is added to the step's controller overhead."""
+        completed_at = self.clock()
+        started = time.perf_counter()
+        if not self._pending:
+            raise RuntimeError("GammaController.observe() without a pending decide(): "
+                               "the adapter must call decide() once per scheduled step")
+        step = self._pending.popleft()
+        batch, decision = step.batch, step.decision
+        # Non-overlapping interval: under async scheduling step n+1 is scheduled
+        # before step n completes.
+        start = step.scheduled_at if self._last_completed_at is None else max(
+            self._last_completed_at, step.scheduled_at)
+        interval = completed_at - start
+        self._last_completed_at = completed_at
+        arm = (decision.gamma, decision.width)
+        verified_width = 1 if self._last_observed is None else self._last_observed[1]
+        stable = self._last_observed == arm and interval > 0
+        self._last_observed = arm
+        reward = fb.committed / interval if interval > 0 else 0.0
+        self.policy.observe(StepOutcome(fb, batch, decision.gamma, decision.bucket, interval,
+                                        reward, stable, decision.width, verified_width))
+        if stable:
+            stat = self._stat(decision.bucket, decision.gamma, decision.width)
+            stat.rewarded += 1
+            stat.reward_sum += reward
+        self._steps += 1
+        # Measured on the wall clock, whatever `clock` the rewards use; the
+        # trace write below is the opt-in trace's cost, not counted.
+        overhead = step.overhead_s + host_overhead_s + time.perf_counter() - started
+        cost = self._cost.setdefault(decision.bucket, CostTally())
+        cost.add(CostTally(overhead, max(interval, 0.0), 1))
+        if self._trace is not None:
+            self._trace.write({
+                "step": self._steps, "num_reqs": batch.num_reqs, "bucket": decision.bucket,
+                "mean_context_len": batch.mean_context_len, "gamma": decision.gamma,
+                "width": decision.width, "reason": decision.reason, "drafted": list(fb.drafted),
+                "accepted": list(fb.accepted), "committed": fb.committed,
+                "interval_s": round(interval, 6), "stable": stable,
+                "reward": round(reward, 3), "overhead_us": round(overhead * 1e6, 1)})
+
+    def step_processed(self, busy: bool) -> None:
+        """The host processed a step's output (any step, decided or not).
+        `busy`: requests remain, so the next step's interval starts now."""
+        self._busy_since = self.clock() if busy else None
+
+    def _stat(self, bucket: int, gamma: int, width: int) -> GammaTally:
+        return self._stats.setdefault(bucket, {}).setdefault((gamma, width), GammaTally())
+
+    # ------------------------------------------------------------ reporting
+    def summary(self) -> dict:
+        """Steps decided per arm, mean stable-step reward (committed
+        tokens/s) per arm, and the controller's overhead (us per observed
+        step, share of step time), overall and per batch-size bucket.
+        JSON-able. Arms are named by arms.arm_label: "3" is gamma 3 at
+        width 1, "2x4" depth 2 and width 4."""
+        def view(per_arm: dict[tuple[int, int], GammaTally], cost: CostTally) -> dict:
+            return {"steps": {arm_label(*a): t.decided for a, t in sorted(per_arm.items())},
+                    "reward_tok_s": {arm_label(*a): round(t.reward_sum / t.rewarded, 2)
+                                     for a, t in sorted(per_arm.items()) if t.rewarded},
+                    "overhead_us_per_step": (round(cost.controller_s / cost.steps * 1e6, 1)
+                                             if cost.steps else 0.0),
+                    "overhead_share": (round(cost.controller_s / cost.interval_s, 5)
+                                       if cost.interval_s else 0.0)}
+        total: dict[tuple[int, int], GammaTally] = {}
+        for per_arm in self._stats.values():
+            for a, t in per_arm.items():
+                total.setdefault(a, GammaTally()).add(t)
+        total_cost = CostTally()
+        for c in self._cost.values():
+            total_cost.add(c)
+        return {"policy": self.config.policy, "min_gamma": self.config.min_gamma,
+                "max_gamma": self.config.max_gamma, "max_width": self.space.max_width,
+                "observed_steps": self._steps,
+                **view(total, total_cost),
+                "buckets": {str(b): view(pg, self._cost.get(b, CostTally()))
+                            for b, pg in sorted(self._stats.items())}}
+
+    def summary_line(self) -> str:
+        """One log line: policy, steps and mean reward per arm, and the
+        controller's cost per step (absolute and as a share of step time)."""
+        s = self.summary()
+        widths = f" width<={s['max_width']}" if s["max_width"] > 1 else ""
+        return (f"policy={s['policy']} gamma=[{s['min_gamma']},{s['max_gamma']}]{widths} "
+                f"steps={self._steps} steps_per_gamma={json.dumps(s['steps'])} "
+                f"reward_tok_s={json.dumps(s['reward_tok_s'])} "
+                f"overhead={s['overhead_us_per_step']}us/step "
+                f"({100 * s['overhead_share']:.2f}% of step time)")
+
+    def close(self) -> None:
+        """Flush and close the trace file (if any)."""
+        if self._trace is not None:
+            self._trace.close()

@@ -1,0 +1,296 @@
+"""Step-latency model, its profile JSON schema, and the non-negative fitter.
+
+One forward pass of a model costs
+
+    T(ctx, n) = alpha * ctx + beta * n + delta        (milliseconds)
+
+where ctx is the context (KV) tokens of the whole batch and n the query
+tokens of the pass. One decode step at gamma k with B requests drafts k
+times, then verifies B*(k+1) tokens with the target:
+
+    T_step(k) = sum_{i<k} T_draft(ctx + i*B, B) + T_target(ctx, B*(k+1))
+
+Fixed per-step host costs are not a separate term: on step samples they are
+indistinguishable from the target's delta (paid once per step) and the
+draft's delta (paid once per drafted position), so the fitter folds them in.
+
+Profile file (JSON), schema "vllm-vspec/latency-profile", version 1:
+
+    {"schema": "vllm-vspec/latency-profile", "version": 1,
+     "name": str, "device": str, "source": "measured" | "derived",
+     "note": str,                          # free text, shown by the sim
+     "target": {"alpha": >=0, "beta": >=0, "delta": >=0},
+     "draft":  {"alpha": >=0, "beta": >=0, "delta": >=0},
+     "derivation": [str, ...]}             # optional: how the numbers came about
+
+Samples file (JSON), what `vllm-vspec fit-profile` reads: a list, or
+{"samples": [...]} with optional "name"/"device", of
+    {"kind": "step", "gamma": k, "batch": B, "ctx": tokens, "ms": t}
+    {"kind": "target" | "draft", "ctx": tokens, "n": tokens, "ms": t}
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+SCHEMA = "vllm-vspec/latency-profile"
+VERSION = 1
+SOURCES = ("measured", "derived")
+COEFFS = ("alpha", "beta", "delta")
+MODELS = ("target", "draft")
+SAMPLE_KINDS = ("step",) + MODELS
+
+
+class ProfileError(ValueError):
+    """A profile or samples file breaks the schema; names the key, the value
+    and what is allowed."""
+
+    def __init__(self, key: str, value: Any, allowed: str, where: str = "profile"):
+        self.key, self.value, self.allowed = key, value, allowed
+        super().__init__(f"{where}: {key}={value!r} is not allowed: {allowed}")
+
+
+@dataclass(frozen=True)
+class LinearLatency:
+    """T(ctx, n) = alpha*ctx + beta*n + delta, in milliseconds."""
+
+    alpha: float
+    beta: float
+    delta: float
+
+    def __call__(self, ctx: float, n: float) -> float:
+        return self.alpha * ctx + self.beta * n + self.delta
+
+
+@dataclass(frozen=True)
+class LatencyProfile:
+    target: LinearLatency
+    draft: LinearLatency
+    name: str = ""
+    device: str = ""
+    source: str = "measured"
+    note: str = ""
+    derivation: tuple[str, ...] = field(default=())
+
+    def step_ms(self, gamma: int, batch: int, ctx: float, width: int = 1) -> float:
+        """Predicted step time at gamma with `batch` requests and `ctx` batch
+        context tokens, drafting and verifying the same gamma (trees of
+        `width`: gamma*width draft nodes per request)."""
+        return self.split_step_ms(batch * (gamma * width + 1), gamma, batch, ctx, width)
+
+    def split_step_ms(self, target_tokens: int, draft: int, batch: int, ctx: float,
+                      width: int = 1) -> float:
+        """Step time when the target runs `target_tokens` query tokens (each
+        request's token plus the drafts proposed one step earlier) and the
+        draft proposes `draft` new tokens per request, or a tree `draft`
+        deep and `width` wide: its first pass runs `batch` queries (each
+        request's root) and each further depth `batch * width` (the
+        frontier), over a context grown by every pass before
+        (docs/eagle-tree.md 4.4). Width 1 is the linear drafter."""
+        drafting = sum(self.draft(ctx + i * batch + max(i - 1, 0) * batch * (width - 1),
+                                  batch * width if i else batch)
+                       for i in range(draft))
+        return drafting + self.target(ctx, target_tokens)
+
+    def to_dict(self) -> dict:
+        d = {"schema": SCHEMA, "version": VERSION, "name": self.name,
+             "device": self.device, "source": self.source, "note": self.note,
+             "target": _coeffs(self.target), "draft": _coeffs(self.draft)}
+        if self.derivation:
+            d["derivation"] = list(self.derivation)
+        return d
+
+
+def _coeffs(m: LinearLatency) -> dict:
+    return {"alpha": m.alpha, "beta": m.beta, "delta": m.delta}
+
+
+# ------------------------------------------------------------------ schema
+_TOP_KEYS = {"schema", "version", "name", "device", "source", "note",
+             "target", "draft", "derivation"}
+
+
+def profile_from_dict(raw: Any, where: str = "profile") -> LatencyProfile:
+    """Validate a parsed profile JSON; ProfileError names the offending key."""
+    if not isinstance(raw, Mapping):
+        raise ProfileError("<root>", raw, "a JSON object", where)
+    for key in raw:
+        if key not in _TOP_KEYS:
+            raise ProfileError(key, raw[key], "unknown key; known keys: "
+                               + ", ".join(sorted(_TOP_KEYS)), where)
+    if raw.get("schema") != SCHEMA:
+        raise ProfileError("schema", raw.get("schema"), repr(SCHEMA), where)
+    if raw.get("version") != VERSION:
+        raise ProfileError("version", raw.get("version"),
+                           f"{VERSION} (the only version this vllm-vspec reads)", where)
+    for key in ("name", "device", "note"):
+        if not isinstance(raw.get(key, ""), str):
+            raise ProfileError(key, raw[key], "a string", where)
+    source = raw.get("source", "measured")
+    if source not in SOURCES:
+        raise ProfileError("source", source, "one of " + ", ".join(map(repr, SOURCES)), where)
+    derivation = raw.get("derivation", [])
+    if not isinstance(derivation, list) or not all(isinstance(s, str) for s in derivation):
+        raise ProfileError("derivation", derivation, "a list of strings", where)
+    models = {m: _linear_from(raw.get(m), m, where) for m in MODELS}
+    return LatencyProfile(target=models["target"], draft=models["draft"],
+                          name=raw.get("name", ""), device=raw.get("device", ""),
+                          source=source, note=raw.get("note", ""),
+                          derivation=tuple(derivation))
+
+
+def _linear_from(raw: Any, model: str, where: str) -> LinearLatency:
+    if not isinstance(raw, Mapping):
+        raise ProfileError(model, raw, "an object with alpha, beta, delta (ms)", where)
+    for key in raw:
+        if key not in COEFFS:
+            raise ProfileError(f"{model}.{key}", raw[key], "unknown key; known keys: "
+                               + ", ".join(COEFFS), where)
+    values = []
+    for key in COEFFS:
+        v = raw.get(key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise ProfileError(f"{model}.{key}", v, "a finite number >= 0 (milliseconds)", where)
+        values.append(float(v))
+    return LinearLatency(*values)
+
+
+def load_profile(path: str | Path) -> LatencyProfile:
+    path = Path(path)
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ProfileError("<file>", str(path), f"valid JSON ({e})", str(path)) from None
+    return profile_from_dict(raw, where=str(path))
+
+
+def save_profile(profile: LatencyProfile, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(profile.to_dict(), indent=2) + "\n")
+
+
+# ------------------------------------------------------------------ fitting
+def nnls(a: np.ndarray, b: np.ndarray, max_iter: int | None = None) -> np.ndarray:
+    """min ||a x - b|| subject to x >= 0 (Lawson-Hanson active set).
+
+    Invariant: `passive` holds the indices allowed to be positive; the
+    unconstrained least-squares solution restricted to them is kept strictly
+    positive by stepping back towards the previous feasible x.
+    """
+    a = np.asarray(a, dtype=float)
+    b = np.asarray(b, dtype=float)
+    m, n = a.shape
+    x = np.zeros(n)
+    passive = np.zeros(n, dtype=bool)
+    tol = 10 * np.finfo(float).eps * max(m, n) * max(np.abs(a).max(initial=0.0), 1.0)
+    for _ in range(max_iter or 3 * n + 10):
+        gradient = a.T @ (b - a @ x)
+        free = ~passive & (gradient > tol)
+        if not free.any():
+            break
+        passive[np.argmax(np.where(free, gradient, -np.inf))] = True
+        while True:
+            z = np.zeros(n)
+            z[passive] = np.linalg.lstsq(a[:, passive], b, rcond=None)[0]
+            if (z[passive] > tol).all():
+                x = z
+                break
+            # Step from x towards z until the first passive coefficient hits 0.
+            blocked = passive & (z <= tol)
+            step = np.min(x[blocked] / (x[blocked] - z[blocked]))
+            x = x + step * (z - x)
+            passive &= x > tol
+            x[~passive] = 0.0
+    return x
+
+
+def design_row(sample: Mapping[str, Any]) -> list[float]:
+    """The sample's coefficients on [target alpha, beta, delta, draft alpha,
+    beta, delta]: every sample kind is linear in the same six unknowns."""
+    kind = sample["kind"]
+    ctx = float(sample["ctx"])
+    if kind == "target":
+        return [ctx, float(sample["n"]), 1.0, 0.0, 0.0, 0.0]
+    if kind == "draft":
+        return [0.0, 0.0, 0.0, ctx, float(sample["n"]), 1.0]
+    k, b = int(sample["gamma"]), int(sample["batch"])
+    # sum_{i<k} (alpha*(ctx + i*b) + beta*b + delta) and T_target(ctx, b*(k+1)).
+    return [ctx, b * (k + 1), 1.0, k * ctx + b * k * (k - 1) / 2, k * b, k]
+
+
+def validate_samples(raw: Any, where: str = "samples") -> list[dict]:
+    samples = raw.get("samples") if isinstance(raw, Mapping) else raw
+    if not isinstance(samples, list) or not samples:
+        raise ProfileError("samples", samples, "a non-empty list of sample objects", where)
+    need = {"step": ("gamma", "batch", "ctx", "ms"),
+            "target": ("ctx", "n", "ms"), "draft": ("ctx", "n", "ms")}
+    for i, s in enumerate(samples):
+        kind = s.get("kind") if isinstance(s, Mapping) else None
+        if kind not in need:
+            raise ProfileError(f"samples[{i}].kind", kind,
+                               "one of " + ", ".join(map(repr, SAMPLE_KINDS)), where)
+        for key in need[kind]:
+            v = s.get(key)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+                raise ProfileError(f"samples[{i}].{key}", v, "a number >= 0", where)
+    return samples
+
+
+def fit_profile(samples: Iterable[Mapping[str, Any]], **meta: Any) -> LatencyProfile:
+    """Non-negative least-squares fit of both models to latency samples.
+
+    Rows are weighted by 1/ms so that the fit minimises relative error (a
+    batch-1 step matters as much as a batch-128 one); columns are scaled to
+    unit norm so that ctx (~1e5) and the constant (1) are equally conditioned.
+    """
+    samples = list(samples)
+    a = np.array([design_row(s) for s in samples])
+    b = np.array([float(s["ms"]) for s in samples])
+    w = 1.0 / np.maximum(b, 1e-9)
+    aw = a * w[:, None]
+    scale = np.linalg.norm(aw, axis=0)
+    scale[scale == 0] = 1.0
+    x = nnls(aw / scale, b * w) / scale
+    return LatencyProfile(target=LinearLatency(*x[:3]), draft=LinearLatency(*x[3:]),
+                          source="measured", **meta)
+
+
+# ------------------------------------------------------------------ CLI
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "fit-profile", help="fit a latency profile JSON from latency samples",
+        description="Fit T(ctx, n) = alpha*ctx + beta*n + delta for target and draft "
+                    "by non-negative least squares; see vllm_vspec/core/latency.py for formats.")
+    p.add_argument("samples", help="samples JSON (list, or {'samples': [...]})")
+    p.add_argument("profile", help="profile JSON to write")
+    p.add_argument("--name", default=None, help="profile name (default: from samples file)")
+    p.add_argument("--device", default=None, help="device description (default: from samples file)")
+    p.set_defaults(func=_fit_main)
+
+
+def _fit_main(args: argparse.Namespace) -> int:
+    raw = json.loads(Path(args.samples).read_text())
+    samples = validate_samples(raw, where=args.samples)
+    info = raw if isinstance(raw, Mapping) else {}
+    profile = fit_profile(samples, name=args.name or info.get("name", Path(args.profile).stem),
+                          device=args.device or info.get("device", ""),
+                          note=f"fitted by vllm-vspec fit-profile from {len(samples)} samples")
+    save_profile(profile, args.profile)
+    errors = [abs(profile_predict(profile, s) / float(s["ms"]) - 1) for s in samples
+              if float(s["ms"]) > 0]
+    print(f"wrote {args.profile}: target {_coeffs(profile.target)}, draft {_coeffs(profile.draft)}")
+    print(f"relative error over {len(errors)} samples: mean {np.mean(errors):.3f}, "
+          f"max {np.max(errors):.3f}")
+    return 0
+
+
+def profile_predict(profile: LatencyProfile, sample: Mapping[str, Any]) -> float:
+    """What the profile says a sample should have cost (ms)."""
+    coeffs: Sequence[float] = [*_coeffs(profile.target).values(), *_coeffs(profile.draft).values()]
+    return float(np.dot(design_row(sample), coeffs))

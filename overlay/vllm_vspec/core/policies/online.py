@@ -1,0 +1,358 @@
+"""`online` policy (default): a UCB bandit over gamma arms, per batch-size bucket.
+
+The reward of an arm is committed tokens per second on its stable steps
+(controller.py). It is estimated in two factors, because the two vary on
+different time scales and with very different noise:
+
+    R(g) = E(g) * mean over the arm's window of (B_i / interval_i)
+
+- E(g), expected committed tokens per request at gamma g, comes from the
+  per-position acceptance EWMA (acceptance_stats.py), POOLED over all arms:
+  a step at gamma g measures positions < g for every arm at once, so a
+  phase change of acceptance moves every arm's estimate immediately, and the
+  +-30% per-step noise of realised tokens at small batch sizes stays out of
+  the comparison of arms. In expectation it equals the realised reward.
+- B_i / interval_i, requests completed per second, is measured per
+  (bucket, arm) in a sliding window of `online_window` stable steps. It
+  depends on latency only, which is smooth and slow.
+
+UCB: score(g) = R(g) + c * R_max * sqrt(2 ln(N + 1) / n(g)), with n(g) the
+window size, N the bucket's total, R_max the best estimate (c is
+scale-free). An arm with no sample scores +inf. When the current arm is
+settled (the best estimate, or held by hysteresis within reach of it; not a
+probe) and the bucket has run `online_probe_interval` stable
+steps since a neighbour's newest sample, that neighbour is probed (+inf) if
+its speed here is only a seed's guess (short-lived buckets, such as the
+batch sizes a burst passes through, trust the seed), its own estimate is
+within NEIGHBOUR_PROBE_MARGIN of the best (its few samples may be unlucky
+ones), or its samples are stale: none in the bucket's last
+STALE_AFTER_WINDOWS windows of stable steps. A stale arm's samples are
+replaced by the new ones, not averaged with them: they were taken under
+another host load and request mix than the current arm's many recent ones,
+and on a busy host a few slow samples otherwise kept an arm out of reach
+for good. The arm above is also probed if it could win were the one draft
+position the current gamma cannot see always accepted (a phase change may
+have moved that position's acceptance).
+
+Arms a bucket has not measured are estimated, not assumed to be +inf, once
+two of its arms are measured: step time is close to linear in gamma (gamma
+draft passes plus a verify pass that grows with gamma), so 1 / (requests/s)
+is extrapolated along the least-squares line through the measured arms
+(slope >= 0: a longer draft never makes a step faster). Such an estimate
+counts as one sample for UCB and is checked by the neighbour probes above.
+
+A new bucket is seeded from the nearest bucket that has samples, if that one
+is at most SEED_MAX_OCTAVES away: it starts where that bucket is, without
+warm-up, and takes that bucket's RELATIVE arm speeds (scaled by its own
+measurement of the starting arm) for the arms it has not measured itself.
+Otherwise it sweeps the feasible arms (`online_warmup_samples` stable steps
+each): upwards from min gamma when the measured buckets are smaller (a
+bigger batch pays more per draft token, so its best gamma is lower),
+downwards from max gamma otherwise; from the SWEEP_MIN_ARMS-th arm on, the
+sweep stops once an arm scores SWEEP_STOP_MARGIN below the best so far
+(past the peak, the rest are extrapolated), then starts from the best (or
+the incumbent).
+
+Tree arms (arms.py `TreeArms`, when the controller is given a max width
+above 1): everything above runs over (gamma, width) arms. E(gamma, width)
+comes from the acceptance of that width's trees (per depth, pooled over the
+width's arms); step time is extrapolated along one line in gamma per width
+(gamma 0, which has no tree, lies on every width's line); the sweep takes
+the narrowest width's arms first (gamma 0 with them), then each wider
+width's, and stops a width's sweep past its own peak; the probed neighbours
+of an arm are one depth or one width away.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+from vllm_vspec.core.arms import Arm, GammaArms, WidthAcceptance, nearest, on_line
+from vllm_vspec.config import VSpecConfig
+from vllm_vspec.core.policies.governor import Governor
+from vllm_vspec.core.steps import nearest_bucket
+
+
+# A measured neighbour estimated within this fraction of the best arm is
+# re-probed every `online_probe_interval` stable steps. The governor holds a
+# probe for `control_interval` steps, so with the defaults (16, 4) each such
+# neighbour takes up to 4 of every 20 steps at a <= 10% slower arm: <= 2% of
+# throughput per neighbour, in exchange for not trusting one unlucky sample.
+NEIGHBOUR_PROBE_MARGIN = 0.10
+
+# Relative arm speeds carry to a bucket at most this many doublings of batch
+# size away. Measured on the CPU host (bench trace, docs/benchmarks.md):
+# at batch 2 a gamma-4 step took no longer than a gamma-1 step, at batch 32
+# longer than even a gamma-3 step, and gamma 4 seeded from batch 2 held
+# batch 32 at 0.75x target-only.
+SEED_MAX_OCTAVES = 1
+
+# A warm-up sweep stops at the first arm, from the SWEEP_MIN_ARMS-th on,
+# scoring SWEEP_STOP_MARGIN below the best arm swept so far. Two arms are too
+# few: with two samples each, one slow spell on the second arm of a downward
+# sweep stopped it at max gamma, and the line through two neighbouring arms
+# (slope clamped at 0) extrapolated every lower arm as no faster, so batch 1
+# stayed at gamma 4 where gamma 2 was faster (docs/benchmarks.md, "Overshoot
+# at low acceptance").
+SWEEP_STOP_MARGIN = 0.10
+SWEEP_MIN_ARMS = 3
+
+# A neighbour not measured for this many windows (`online_window` stable
+# steps of its bucket each) is probed again and its old samples are
+# replaced: they were taken under another host load and request mix than
+# the current arm's (see _Arms.stale).
+STALE_AFTER_WINDOWS = 2
+
+
+class _Arms:
+    """Per-arm windows of requests/s samples in one bucket, plus an optional
+    seed: the relative speed of each arm in the bucket it was seeded from."""
+
+    def __init__(self, window: int, probe_interval: int, incumbent: Arm | None, space=None):
+        self.space = GammaArms() if space is None else space
+        self.window = window
+        self.probe_interval = probe_interval
+        self.rate: dict[int, deque[float]] = {}
+        self.last_seen: dict[int, int] = {}  # arm -> bucket step of its newest sample
+        self.steps = 0                        # stable steps observed in this bucket
+        self.warmup: list[int] | None = []    # arms still to sweep; None once done
+        self.swept: list[int] = []            # arms swept so far, in sweep order
+        self.incumbent = incumbent            # gamma in use anywhere when the bucket opened
+        self.seed_ref: int | None = None      # arm the seed speeds are relative to
+        self.seed: dict[int, tuple[float, int]] = {}   # arm -> (speed / speed of ref, samples)
+
+    def add(self, gamma: int, requests_per_s: float) -> None:
+        samples = self.rate.setdefault(gamma, deque(maxlen=self.window))
+        if self.stale(gamma):
+            # Replaced, not nudged: the host's load and the request mix of
+            # the old samples are gone, and the arms in use were measured
+            # under the new ones.
+            samples.clear()
+        self.steps += 1
+        samples.append(requests_per_s)
+        self.last_seen[gamma] = self.steps
+
+    def stale(self, gamma: int) -> bool:
+        """Measured, but not in the bucket's last STALE_AFTER_WINDOWS windows
+        of stable steps."""
+        return (gamma in self.last_seen
+                and self.steps - self.last_seen[gamma] >= STALE_AFTER_WINDOWS * self.window)
+
+    def own_means(self) -> dict[int, float]:
+        return {g: sum(r) / len(r) for g, r in self.rate.items() if r}
+
+    def means(self, lo: int, hi: int, arms=None) -> dict[Arm, float]:
+        """Requests/s per arm of `arms` (default the gammas lo..hi): measured
+        here, else the seed's relative speed scaled by this bucket's own
+        measurement of the reference arm (a bigger batch runs every arm
+        faster; the ranking is what carries), else extrapolated along its
+        width's line (module docstring)."""
+        space = self.space
+        arms = range(lo, hi + 1) if arms is None else arms
+        own = self.own_means()
+        out = dict(own)
+        if self.seed_ref in own:
+            for g, (relative, _n) in self.seed.items():
+                out.setdefault(g, own[self.seed_ref] * relative)
+        lines: dict[int, object] = {}    # arm group (width) -> seconds per step along gamma
+        for a in arms:
+            if a in out:
+                continue
+            group = space.group(a)
+            if group not in lines:
+                points = {x: r for x, r in own.items() if on_line(space, x, group)}
+                lines[group] = (_line({space.gamma(x): 1.0 / r for x, r in points.items()
+                                       if r > 0}) if len(points) >= 2 else None)
+            seconds = lines[group]
+            if seconds is not None and seconds(space.gamma(a)) > 0:
+                out[a] = 1.0 / seconds(space.gamma(a))
+        return {a: r for a, r in out.items() if a in arms}
+
+    def count(self, gamma: Arm) -> int:
+        """Samples behind an arm's estimate: its own, else the seed's, else 1
+        (extrapolated) when two arms of its line are measured, else 0
+        (unknown)."""
+        n = len(self.rate.get(gamma, ()))
+        if n:
+            return n
+        if gamma in self.seed:
+            return self.seed[gamma][1]
+        group = self.space.group(gamma)
+        # A window, once made, is never empty.
+        return 1 if sum(on_line(self.space, x, group) for x in self.rate) >= 2 else 0
+
+    def expired(self, gamma: int) -> bool:
+        """Due for a probe: no sample of `gamma` in the last probe_interval steps."""
+        return self.steps - self.last_seen.get(gamma, 0) > self.probe_interval
+
+    def seed_from(self, other: "_Arms", gamma: Arm) -> Arm:
+        """Take the relative arm speeds of `other` (its own measurements and
+        what it was seeded with), referenced to its arm nearest to `gamma`;
+        returns that arm (where this bucket starts)."""
+        means = other.means(0, 0, self.space.span(list(other.rate.keys() | other.seed.keys())))
+        ref = nearest(self.space, gamma, list(means))
+        self.seed_ref = ref
+        self.seed = {g: (m / means[ref], other.count(g)) for g, m in means.items()}
+        self.warmup = None
+        return ref
+
+
+def _line(points: dict[int, float]):
+    """Least-squares line y(g) through {g: y} with slope clamped at >= 0
+    (None without two distinct g)."""
+    if len(points) < 2:
+        return None
+    n = len(points)
+    mg = sum(points) / n
+    my = sum(points.values()) / n
+    var = sum((g - mg) ** 2 for g in points)
+    slope = max(0.0, sum((g - mg) * (y - my) for g, y in points.items()) / var)
+    return lambda g: my + slope * (g - mg)
+
+
+class OnlinePolicy:
+    def __init__(self, config: VSpecConfig, space=None):
+        self.config = config
+        self.space = GammaArms() if space is None else space
+        self.governor = Governor(config, self.space)
+        self.acceptance = WidthAcceptance(config.max_gamma, config.ewma_weight,
+                                          config.min_observations)
+        self.buckets: dict[int, _Arms] = {}
+
+    # ------------------------------------------------------------ decide
+    def decide(self, batch, bucket: int, lo: int, hi: int,
+               previous: Arm | None) -> tuple[Arm, str]:
+        feasible = self.space.arms(batch, lo, hi)
+        arms = self.buckets.get(bucket)
+        if arms is None:
+            gamma, reason = self._open(bucket, lo, hi, feasible, previous)
+        elif arms.warmup is not None:
+            gamma, reason = self._warmup(bucket, arms, lo, hi, feasible)
+        else:
+            gamma, reason = self.governor.step(
+                bucket, lo, hi, lambda: self.scores(bucket, lo, hi, feasible), "ucb", feasible)
+        return gamma, reason
+
+    def _open(self, bucket: int, lo: int, hi: int, feasible,
+              previous: Arm | None) -> tuple[Arm, str]:
+        arms = _Arms(self.config.online_window, self.config.online_probe_interval,
+                     incumbent=previous, space=self.space)
+        self.buckets[bucket] = arms
+        source = self._nearest_measured(bucket)
+        if source is not None and abs(math.log2(source / bucket)) <= SEED_MAX_OCTAVES:
+            start = arms.seed_from(self.buckets[source], self.governor.gamma[source])
+            start = nearest(self.space, start, feasible)
+            self.governor.start(bucket, start)
+            return start, "seed"
+        upwards = source is not None and source < bucket
+        order = self.space.sweep(feasible, upwards)
+        arms.warmup = order if self.config.online_warmup_samples else []
+        arms.swept = []
+        return self._warmup(bucket, arms, lo, hi, feasible)
+
+    def _nearest_measured(self, bucket: int) -> int | None:
+        return nearest_bucket((b for b, a in self.buckets.items()
+                               if b != bucket and a.warmup is None and a.rate), bucket)
+
+    def _warmup(self, bucket: int, arms: _Arms, lo: int, hi: int,
+                feasible) -> tuple[Arm, str]:
+        space = self.space
+        need = self.config.online_warmup_samples
+        while arms.warmup and (arms.warmup[0] not in feasible
+                               or len(arms.rate.get(arms.warmup[0], ())) >= need):
+            g = arms.warmup.pop(0)
+            if g in feasible:
+                arms.swept.append(g)
+                if self._past_peak(bucket, arms.swept, lo, hi, feasible):
+                    # This width's sweep is done (at width 1: the whole sweep).
+                    arms.warmup = [a for a in arms.warmup if space.group(a) != space.group(g)]
+        if arms.warmup:
+            gamma = arms.warmup[0]
+            self.governor.start(bucket, gamma)
+            return gamma, "warmup"
+        arms.warmup = None
+        means = self.estimates(bucket, lo, hi, feasible)
+        if self.config.online_warmup_return == "incumbent" and arms.incumbent is not None:
+            gamma = nearest(space, arms.incumbent, feasible)
+        elif means:
+            gamma = max(means, key=lambda a: (means[a], [-c for c in space.cost(a)]))
+        else:
+            gamma = feasible[-1]
+        self.governor.start(bucket, gamma)
+        return gamma, "warmup"
+
+    def _past_peak(self, bucket: int, swept: list[Arm], lo: int, hi: int, feasible) -> bool:
+        """The newest swept arm, from the SWEEP_MIN_ARMS-th of its width on,
+        scores SWEEP_STOP_MARGIN below the best swept of its width."""
+        group = self.space.group(swept[-1])
+        mine = [a for a in swept if self.space.group(a) == group]
+        if len(mine) < SWEEP_MIN_ARMS:
+            return False
+        est = self.estimates(bucket, lo, hi, feasible)
+        best = max(est.get(a, 0.0) for a in mine)
+        return est.get(swept[-1], 0.0) < best * (1.0 - SWEEP_STOP_MARGIN)
+
+    def estimates(self, bucket: int, lo: int, hi: int, arms=None) -> dict[Arm, float]:
+        """R(arm), committed tokens per second, for the arms of `arms`
+        (default the gammas lo..hi) this bucket can estimate (measured,
+        seeded or extrapolated: _Arms.means)."""
+        space = self.space
+        arms = range(lo, hi + 1) if arms is None else arms
+        depth = max(space.gamma(a) for a in arms)
+        e = {w: self.acceptance.expected(w, depth) for w in {space.width(a) for a in arms}}
+        return {a: e[space.width(a)][space.gamma(a)] * m
+                for a, m in self.buckets[bucket].means(lo, hi, arms).items()}
+
+    def scores(self, bucket: int, lo: int, hi: int, arms=None) -> dict[Arm, float]:
+        """UCB score of every arm of `arms` (default the gammas lo..hi; see
+        the module docstring)."""
+        space = self.space
+        feasible = range(lo, hi + 1) if arms is None else arms
+        arms = self.buckets[bucket]
+        means = self.estimates(bucket, lo, hi, feasible)
+        r_max = max(means.values(), default=0.0)
+        total = sum(arms.count(g) for g in means)
+        c = self.config.online_exploration
+        out = {}
+        for g in feasible:
+            out[g] = (means[g] + c * r_max * math.sqrt(2 * math.log(total + 1) / arms.count(g))
+                      if g in means else math.inf)
+        cur = self.governor.gamma[bucket]
+        # Probe only from a settled arm, so probes never chain: one the
+        # governor keeps (not an exploring move) and will keep at this
+        # control point (the best estimate, or within hysteresis of it). The
+        # second half matters: an arm held by hysteresis below the best
+        # estimate, with no probes, would never be re-measured, and at gamma 0
+        # the acceptance that drives every other estimate is not measured
+        # either: a frozen tie that held batch 1 at gamma 0 for 300 steps in
+        # a bench run (docs/benchmarks-log.md, "A frozen tie at gamma 0").
+        if (self.governor.exploring(bucket)
+                or means.get(cur, 0.0) * (1.0 + self.config.hysteresis) < r_max):
+            return out
+        for g in space.neighbours(cur):
+            # A long-lived bucket checks the seed's guess, and re-measures a
+            # close neighbour: its few samples may be unlucky ones, and the
+            # current arm's many samples keep UCB's bonus for it tiny.
+            if g in means and arms.expired(g) and (
+                    not arms.rate.get(g) or arms.stale(g)
+                    or means[g] >= r_max * (1.0 - NEIGHBOUR_PROBE_MARGIN)):
+                out[g] = math.inf
+        above = space.above(cur)
+        if out.get(above, 0.0) < math.inf and above in means and arms.expired(above):
+            depth = space.gamma(above)
+            e = self.acceptance.expected(space.width(above), depth)
+            # E(above) if position depth-1 were always accepted.
+            e_best = e[depth - 1] + (e[depth - 1] - e[depth - 2] if depth >= 2 else 1.0)
+            if e_best / e[depth] * means[above] > r_max * (1.0 + self.config.hysteresis):
+                out[above] = math.inf
+        return out
+
+    # ------------------------------------------------------------ observe
+    def observe(self, outcome) -> None:
+        fb = outcome.feedback
+        self.acceptance.update(fb.drafted, fb.accepted, outcome.verified_width)
+        arms = self.buckets.get(outcome.bucket)
+        if outcome.stable and arms is not None:
+            arms.add(self.space.arm(outcome.gamma, outcome.width),
+                     outcome.batch.num_reqs / outcome.interval_s)

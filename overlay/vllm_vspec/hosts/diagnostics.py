@@ -1,0 +1,351 @@
+"""Diagnostics traces of the drafter, and `vllm-vspec trace summarize`.
+
+Four opt-in dumps (vspec keys; each off when unset), written by vspec's
+proposers once per drafter step (a step in which the drafter ran; lazy and
+sticky gamma-0 steps skip it and are not traced). They synchronise the
+device and write to disk every step: correctness and data collection only,
+never for throughput numbers (the engine logs a warning saying so).
+
+- `draft_trace_path` (JSONL), one line per drafter step:
+  `{"kind": "draft", "step": N, "gamma": G, "draft_ms": T, "head": "full"|"active",
+  "requests": [{"id": REQ, "draft": [ids...]}, ...]}`; `draft_ms` is the wall
+  time of the drafter's propose call (device synchronised), `head` says whether
+  the active-vocabulary head drafted this step.
+- `target_argmax_trace_path` (JSONL), one line per drafter step:
+  `{"kind": "target_argmax", "step": N, "requests": [{"id": REQ, "greedy": bool,
+  "tokens": [ids...]}, ...]}`: the tokens the target produced for each
+  request this step (accepted drafts and the bonus or recovered token; none
+  for a request still in prefill; the scheduler may still drop those past
+  max_tokens or a stop). For a greedy
+  request under strict acceptance they are the target's argmax at each
+  verified position: `vllm-vspec active-vocab` counts those.
+- `draft_io_trace_dir` (safetensors), `step-NNNNNN.safetensors` per drafter
+  step: every draft forward pass `i` of the step as `pass{i}.input_ids`,
+  `pass{i}.positions`, `pass{i}.hidden_states` (EAGLE: the hidden state fed in),
+  `pass{i}.output` (the draft model's output hidden state), and
+  `draft_token_ids` [batch, gamma]. Eager mode only (graph replays are not seen).
+- `target_hidden_trace_dir` (safetensors), `step-NNNNNN.safetensors` per
+  drafter step: what the target handed the drafter: `token_ids`, `positions`,
+  `hidden_states` (the target's last hidden state per token), `next_token_ids`
+  (one per request), `query_start_loc` (request boundaries) and, when drafts
+  were rejected, `num_rejected_tokens`.
+
+Every safetensors file carries metadata `{"format": "vspec-draft-io/1" or
+"vspec-target-hidden/1", "step": "N"}`.
+
+`DrafterTraces` records them for any host: the proposers of vspec's vLLM
+adapter (hosts/vllm/proposers.py) and of the Ascend overlay
+(vllm_ascend/vspec/proposers.py) only call it from the host methods they
+extend.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import logging
+import time
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+import torch
+
+logger = logging.getLogger(f"vllm.{__name__}")
+
+DRAFT_IO_FORMAT = "vspec-draft-io/1"
+TARGET_HIDDEN_FORMAT = "vspec-target-hidden/1"
+
+
+@dataclass(frozen=True)
+class TraceOptions:
+    """Which traces are on (the vspec keys of the same names)."""
+
+    draft_trace_path: str | None = None
+    target_argmax_trace_path: str | None = None
+    draft_io_trace_dir: str | None = None
+    target_hidden_trace_dir: str | None = None
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> "TraceOptions":
+        return cls(**{f.name: getattr(cfg, f.name) for f in fields(cls)})
+
+    @property
+    def any(self) -> bool:
+        return any(getattr(self, f.name) for f in fields(self))
+
+
+def _cpu(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().to("cpu").contiguous().clone()
+
+
+class Tracer:
+    """Writes the traces of one drafter (module docstring). The proposer
+    calls `begin_step` first in each drafter step, then the record methods."""
+
+    def __init__(self, options: TraceOptions) -> None:
+        self.options = options
+        self.step = 0
+        self._files: dict[str, Any] = {}
+        for d in (options.draft_io_trace_dir, options.target_hidden_trace_dir):
+            if d:
+                Path(d).mkdir(parents=True, exist_ok=True)
+        on = [f.name for f in fields(options) if getattr(options, f.name)]
+        logger.warning("vspec diagnostics traces on (%s): every drafter step synchronises "
+                       "the device and writes to disk, which costs throughput; do not "
+                       "measure speed with them", ", ".join(on))
+
+    def begin_step(self) -> None:
+        self.step += 1
+
+    def draft(self, req_ids: list[str], drafts: torch.Tensor, draft_ms: float,
+              head: str) -> None:
+        rows = drafts.tolist()
+        self._line(self.options.draft_trace_path, {
+            "kind": "draft", "step": self.step, "gamma": drafts.shape[-1],
+            "draft_ms": round(draft_ms, 4), "head": head,
+            "requests": [{"id": r, "draft": d} for r, d in zip(req_ids, rows)]})
+
+    def target_argmax(self, req_ids: list[str], tokens: list[list[int]],
+                      greedy: list[bool]) -> None:
+        self._line(self.options.target_argmax_trace_path, {
+            "kind": "target_argmax", "step": self.step,
+            "requests": [{"id": r, "greedy": g, "tokens": t}
+                         for r, t, g in zip(req_ids, tokens, greedy)]})
+
+    def draft_io(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        self._tensors(self.options.draft_io_trace_dir, tensors, DRAFT_IO_FORMAT)
+
+    def target_hidden(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        self._tensors(self.options.target_hidden_trace_dir, tensors, TARGET_HIDDEN_FORMAT)
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
+        self._files.clear()
+
+    def _line(self, path: str | None, record: dict) -> None:
+        if not path:
+            return
+        f = self._files.get(path)
+        if f is None:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            f = self._files[path] = open(path, "a", encoding="utf-8")
+        f.write(json.dumps(record) + "\n")
+        f.flush()
+
+    def _tensors(self, directory: str | None, tensors: Mapping[str, torch.Tensor],
+                 fmt: str) -> None:
+        if not directory:
+            return
+        from safetensors.torch import save_file
+
+        save_file({k: _cpu(v) for k, v in tensors.items()},
+                  str(Path(directory) / f"step-{self.step:06d}.safetensors"),
+                  metadata={"format": fmt, "step": str(self.step)})
+
+
+class DrafterTraces:
+    """One drafter's traces, recorded from the host methods a proposer
+    extends (the same on vLLM 0.32 and vLLM-Ascend 0.23):
+
+    - `begin_step(rows, discard)` from the method that receives the step's
+      sampled tokens (prepare_next_token_ids_padded / _cpu): starts a step;
+    - `watch(model)` once the draft model is loaded (the IO trace's hook);
+    - `propose(call, kwargs, head)` around the propose call, whose keyword
+      arguments (`target_token_ids`, `target_positions`,
+      `target_hidden_states`, `next_token_ids`, `common_attn_metadata`,
+      `sampling_metadata`, `num_rejected_tokens_gpu`) both hosts name alike.
+
+    `runner.input_batch.req_ids` names the batch's rows; a request is greedy
+    when its temperature is below `greedy_eps` (the host sampler's)."""
+
+    def __init__(self, options: TraceOptions, runner: Any, greedy_eps: float) -> None:
+        self.tracer = Tracer(options)
+        self._runner = runner
+        self._greedy_eps = greedy_eps
+        self._sampled: list[list[int]] | None = None   # this step's committed tokens
+        self._passes: list[dict[str, torch.Tensor]] | None = None  # set inside propose
+
+    @classmethod
+    def open(cls, options: TraceOptions | None, runner: Any,
+             greedy_eps: float) -> "DrafterTraces | None":
+        """The traces `options` turns on, or None when none is."""
+        return cls(options, runner, greedy_eps) if options is not None and options.any else None
+
+    def watch(self, model: torch.nn.Module) -> None:
+        """With the IO trace on, record every forward pass of `model` made
+        inside `propose` (eager passes only: a graph replay bypasses hooks)."""
+        if self.tracer.options.draft_io_trace_dir:
+            model.register_forward_hook(self._record_pass, with_kwargs=True)
+
+    def _record_pass(self, module: Any, args: Any, kwargs: dict, output: Any) -> None:
+        if self._passes is None:
+            return  # a dummy or catch-up pass, not a drafting step
+        i = len(self._passes)
+        rec = {f"pass{i}.{k}": kwargs[k] for k in ("input_ids", "positions", "hidden_states")
+               if kwargs.get(k) is not None}
+        rec[f"pass{i}.output"] = output[0] if isinstance(output, tuple) else output
+        self._passes.append({k: _cpu(v) for k, v in rec.items()})
+
+    def begin_step(self, rows: list[list[int]], discard: list[bool] | None = None) -> None:
+        """Start a drafter step whose target committed `rows` (one list per
+        batch row; negative ids are padding), none for a `discard`ed row."""
+        self.tracer.begin_step()
+        discard = discard or [False] * len(rows)
+        self._sampled = [[] if d else [t for t in r if t >= 0] for r, d in zip(rows, discard)]
+
+    def propose(self, call: Callable[[], torch.Tensor], kwargs: Mapping[str, Any],
+                head: Callable[[], str], gamma: int | None = None) -> torch.Tensor:
+        """Run the host's propose (`call`, given `kwargs`), timing it with the
+        device synchronised, and write the step's records; `head()` names the
+        head the step drafted from, once it has run. `gamma`: the step's
+        drafted columns, where the host pads what propose returns beyond them
+        (the Ascend overlay: K columns, invalid drafts after gamma); None: all."""
+        tracer = self.tracer
+        self._passes = [] if tracer.options.draft_io_trace_dir else None
+        if tracer.options.target_hidden_trace_dir:
+            cad = kwargs["common_attn_metadata"]
+            hidden = {"token_ids": kwargs["target_token_ids"],
+                      "positions": kwargs["target_positions"],
+                      "hidden_states": kwargs["target_hidden_states"],
+                      "next_token_ids": kwargs["next_token_ids"],
+                      "query_start_loc": cad.query_start_loc[:cad.num_reqs + 1]}
+            if kwargs.get("num_rejected_tokens_gpu") is not None:
+                hidden["num_rejected_tokens"] = kwargs["num_rejected_tokens_gpu"]
+            tracer.target_hidden(hidden)
+        start = time.perf_counter()
+        try:
+            drafts = call()
+            if drafts.device.type != "cpu":
+                torch.accelerator.synchronize()
+            ms = (time.perf_counter() - start) * 1e3
+        finally:
+            passes, self._passes = self._passes, None
+        drafted = drafts if gamma is None else drafts[:, :gamma]
+        req_ids = list(self._runner.input_batch.req_ids[:drafts.shape[0]])
+        tracer.draft(req_ids, drafted, ms, head())
+        if self._sampled is not None:
+            m = kwargs["sampling_metadata"]
+            temp = m.temperature
+            greedy = ([True] * len(req_ids) if m.all_greedy or temp is None
+                      else (temp[:len(req_ids)] < self._greedy_eps).tolist())
+            tracer.target_argmax(req_ids, self._sampled[:len(req_ids)], greedy)
+            self._sampled = None
+        if passes is not None:
+            tensors = {k: v for rec in passes for k, v in rec.items()}
+            tensors["draft_token_ids"] = drafted
+            tracer.draft_io(tensors)
+        return drafts
+
+
+# ------------------------------------------------------------------ reading
+def read_jsonl(path: str | Path) -> Iterable[dict]:
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    yield json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}:{n}: not a JSON line ({e.msg})") from None
+
+
+def greedy_token_counts(path: str | Path) -> collections.Counter:
+    """Token id -> how often the target committed it for a greedy request,
+    from a target_argmax trace."""
+    counts: collections.Counter = collections.Counter()
+    for rec in read_jsonl(path):
+        if rec.get("kind") != "target_argmax":
+            raise ValueError(f"{path}: not a target_argmax trace (a line has kind "
+                             f"{rec.get('kind')!r}); write one with target_argmax_trace_path")
+        for req in rec["requests"]:
+            if req["greedy"]:
+                counts.update(req["tokens"])
+    return counts
+
+
+def summarize(path: str | Path, top: int = 10) -> dict[str, Any]:
+    """A summary of any of the four traces (kind detected from the content)."""
+    path = Path(path)
+    if path.is_dir():
+        return _summarize_dir(path)
+    records = list(read_jsonl(path))
+    kinds = {r.get("kind") for r in records}
+    if kinds == {"draft"}:
+        return _summarize_draft(path, records)
+    if kinds == {"target_argmax"}:
+        return _summarize_argmax(path, records, top)
+    raise ValueError(f"{path}: not a vspec diagnostics trace (record kinds {sorted(map(str, kinds))}; "
+                     "expected all 'draft' or all 'target_argmax')")
+
+
+def _summarize_draft(path: Path, records: list[dict]) -> dict[str, Any]:
+    lengths = collections.Counter(len(r["draft"]) for rec in records for r in rec["requests"])
+    ms = [rec["draft_ms"] for rec in records]
+    return {
+        "kind": "draft", "path": str(path), "steps": len(records),
+        "requests": len({r["id"] for rec in records for r in rec["requests"]}),
+        "drafted_tokens": sum(k * n for k, n in lengths.items()),
+        "steps_per_gamma": dict(sorted(collections.Counter(rec["gamma"] for rec in records).items())),
+        "steps_per_head": dict(collections.Counter(rec["head"] for rec in records)),
+        "draft_ms_mean": round(sum(ms) / len(ms), 4) if ms else None,
+    }
+
+
+def _summarize_argmax(path: Path, records: list[dict], top: int) -> dict[str, Any]:
+    counts = greedy_token_counts(path)
+    total = sum(len(r["tokens"]) for rec in records for r in rec["requests"])
+    greedy_total = sum(counts.values())
+    return {
+        "kind": "target_argmax", "path": str(path), "steps": len(records),
+        "requests": len({r["id"] for rec in records for r in rec["requests"]}),
+        "tokens": total, "greedy_tokens": greedy_total, "distinct_greedy_ids": len(counts),
+        "top_ids": [[tid, n] for tid, n in counts.most_common(top)],
+    }
+
+
+def _summarize_dir(path: Path) -> dict[str, Any]:
+    from safetensors import safe_open
+
+    files = sorted(path.glob("step-*.safetensors"))
+    if not files:
+        raise ValueError(f"{path}: no step-*.safetensors files (not a trace directory)")
+    with safe_open(str(files[0]), "pt") as f:
+        meta = f.metadata() or {}
+        shapes = {k: list(f.get_slice(k).get_shape()) for k in f.keys()}
+    return {"kind": meta.get("format", "unknown"), "path": str(path), "steps": len(files),
+            "bytes": sum(p.stat().st_size for p in files),
+            "first_step": meta.get("step"), "first_step_tensors": shapes}
+
+
+# ---------------------------------------------------------------------- CLI
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    from vllm_vspec.cli import HelpFormatter
+
+    p = subparsers.add_parser("trace", help="read vspec diagnostics traces",
+                              description=__doc__, formatter_class=HelpFormatter)
+    actions = p.add_subparsers(dest="trace_command", metavar="ACTION", required=True)
+    s = actions.add_parser("summarize", formatter_class=HelpFormatter,
+                           help="summarise a draft / target_argmax trace or a trace directory")
+    s.add_argument("path", help="a JSONL trace file or a safetensors trace directory")
+    s.add_argument("--top", type=int, default=10, help="most frequent ids listed (argmax trace)")
+    s.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    s.set_defaults(func=_summarize_main)
+
+
+def _summarize_main(args: argparse.Namespace) -> int:
+    try:
+        summary = summarize(args.path, top=args.top)
+    except (OSError, ValueError) as e:
+        print(f"vllm-vspec trace summarize: {e}")
+        return 1
+    if args.json:
+        print(json.dumps(summary))
+        return 0
+    for key, value in summary.items():
+        print(f"{key:>20}: {json.dumps(value) if isinstance(value, (dict, list)) else value}")
+    return 0
+
+
+__all__ = ["TraceOptions", "Tracer", "DrafterTraces", "summarize", "greedy_token_counts", "read_jsonl"]

@@ -1,0 +1,278 @@
+"""VSpecScheduler: vLLM's scheduler with a per-step gamma from GammaController.
+
+Select it with `scheduler_cls=wiring.SCHEDULER_CLS` (`--scheduler-cls` on
+`vllm serve`); vspec settings come from `additional_config={"vspec": {...}}`
+and are read by `wiring.resolve`. One name serves both scheduling modes:
+when the engine runs with async scheduling, `VSpecScheduler(...)` builds a
+`VSpecAsyncScheduler`, which adds vLLM's AsyncScheduler to the same overrides.
+
+How gamma reaches the model runner: vLLM (0.32) drafts
+`SchedulerOutput.num_spec_tokens_to_schedule` tokens after each step, and the
+scheduler verifies exactly the drafts it gets back the next step. So setting
+that field once per step is the whole mechanism; gamma 0 means "draft
+nothing", and the next step is a plain target-only step. With `tree_width` >
+1 the step's tree width travels beside it as `vspec_tree_width` (an attribute
+of the output; vspec's runner reads it), and the drafts come back as gamma*W
+tree nodes (docs/eagle-tree.md).
+
+Glossary (as in vLLM's rejection sampler): for one request in one step,
+*drafted* = draft tokens verified, *accepted* = the prefix of them the target
+agreed with, and the target adds one *recovered* (at the first rejection) or
+*bonus* (all accepted) token, so committed = accepted + 1.
+"""
+
+from __future__ import annotations
+
+import time
+
+from vllm.logger import init_logger
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.core.sched.request_queue import create_request_queue
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
+from vllm.v1.request import RequestStatus
+
+from vllm_vspec.hosts.vllm.tree.verify import request_allows_tree
+from vllm_vspec.hosts.vllm.verify_width import VerifyWidth
+from vllm_vspec.core.controller import GammaController
+from vllm_vspec.core.refill import RefillGate
+from vllm_vspec.core.steps import BatchState, StepFeedback
+from vllm_vspec.hosts.wiring import gamma0_mode, resolve
+
+# Under "vllm.": vLLM configures only its own logger tree, so INFO from any
+# other name (e.g. plain __name__, "vllm_vspec....") would be dropped.
+logger = init_logger(f"vllm.{__name__}")
+
+
+class VSpecScheduler(Scheduler):
+    """vLLM Scheduler whose draft length is decided every step."""
+
+    def __new__(cls, vllm_config, *args, **kwargs):
+        # One user-facing name for both modes: under async scheduling the
+        # engine must get an AsyncScheduler subclass (it fills placeholders).
+        if cls is VSpecScheduler and vllm_config.scheduler_config.async_scheduling:
+            cls = VSpecAsyncScheduler
+        return super().__new__(cls)
+
+    # extends Scheduler.__init__: build the controller from additional_config["vspec"].
+    def __init__(self, vllm_config, *args, **kwargs) -> None:
+        super().__init__(vllm_config, *args, **kwargs)
+        # None: stock vLLM (no speculation, or vspec `enabled = false`).
+        self.vspec_config = resolve(vllm_config)
+        self.vspec: GammaController | None = None
+        self._refill: RefillGate | None = None
+        self._sticky = False
+        if self.vspec_config is None:
+            return
+        k = vllm_config.speculative_config.num_speculative_tokens
+        mode = gamma0_mode(self.vspec_config, vllm_config)
+        self._sticky = mode == "sticky"
+        # Requests whose draft KV missed a target-only step (sticky mode only).
+        self._stale: set[str] = set()
+        self.vspec = GammaController(self.vspec_config, k,
+                                     min_width=self.vspec_config.min_tree_width,
+                                     max_width=self.vspec_config.tree_width)
+        self._refill = (RefillGate(self.vspec_config.refill_batch,
+                                   self.vspec_config.refill_max_wait_steps)
+                        if self.vspec_config.refill_batch else None)
+        # The host pads every decode to a uniform 1+K verify width unless it
+        # has a per-batch-size K table (dynamic_sd_lookup). A per-step gamma
+        # must not be padded back to K, so give the host the trivial table;
+        # the value it yields is replaced each step in _update_after_schedule.
+        self.dynamic_sd_lookup = [k] * (self.scheduler_config.max_num_seqs + 1)
+        # id() of the SchedulerOutputs the controller decided and has not
+        # yet observed (the steps it does not decide are not reported to it).
+        self._decided: set[int] = set()
+        # Draft slots verified per step: gamma, or K padded with invalid
+        # drafts to keep the target's full decode graph (vLLM-Ascend only).
+        self._verify = VerifyWidth.of(vllm_config, self.vspec_config)
+        # What the next step verifies of the last step's drafts, and their
+        # tree width (1: linear drafts).
+        self._verified = k
+        self._width = 1
+        # request -> gamma of the step that drafted its pending drafts (kept
+        # only where steps can be padded).
+        self._drafted: dict[str, int] = {}
+        logger.info("vspec: policy=%s gamma in [%d, %d]%s, acceptance=%s%s",
+                    self.vspec_config.policy, self.vspec_config.min_gamma,
+                    self.vspec_config.max_gamma,
+                    f" (gamma 0: {mode})" if self.vspec_config.min_gamma == 0 else "",
+                    self.vspec_config.acceptance,
+                    "" if self.vspec_config.lossless else " (LOSSY: outputs may "
+                    "differ from target-only decoding)")
+        if self._verify.pads:
+            logger.info("vspec: decode steps of up to %d requests verify %d draft slots (the "
+                        "step's gamma drafts, then invalid ones) so that the target keeps its "
+                        "full decode graph; ascend_pad_verify_width=false verifies gamma",
+                        self._verify.pad_max_reqs, k)
+
+    # extends Scheduler.schedule: refill holding (refill.py) schedules a step
+    # without its waiting queue; requests the host puts back into that queue
+    # meanwhile (preemptions) go to the front of the real one, in order.
+    def schedule(self, *args, **kwargs) -> SchedulerOutput:
+        waiting = self.waiting
+        if self._refill is None or not self._refill.hold(
+                (r.request_id for r in waiting),
+                all(r.status == RequestStatus.WAITING and not r.num_preemptions for r in waiting),
+                len(self.running), self.scheduler_config.max_num_seqs - len(self.running)):
+            return super().schedule(*args, **kwargs)
+        self.waiting = create_request_queue(self.policy)
+        try:
+            return super().schedule(*args, **kwargs)
+        finally:
+            put_back, self.waiting = list(self.waiting), waiting
+            for request in reversed(put_back):
+                waiting.prepend_request(request)
+
+    # extends Scheduler._update_after_schedule: choose this step's gamma before
+    # the host (AsyncScheduler) derives its draft placeholders from it.
+    def _update_after_schedule(self, scheduler_output: SchedulerOutput) -> None:
+        if self.vspec is not None and self._verify.pads:
+            self._report_padding(scheduler_output)
+        if self._sticky and self._stale:
+            # Sticky gamma 0: the drafter skipped these requests' tokens, so
+            # no speculation until they have all finished (the controller does
+            # not see these steps; its next decision starts from there).
+            self._stale.intersection_update(self.requests)
+            if self._stale:
+                self._stale.update(scheduler_output.num_scheduled_tokens)
+                self._set_gamma(scheduler_output, 0)
+                return super()._update_after_schedule(scheduler_output)
+        if (self.vspec is not None and _has_prefill(scheduler_output)
+                and not self.vspec_config.reward_prefill_steps
+                and not (self._sticky and self.vspec.gamma == 0)):
+            # A prefill step's time is not a decode step's time: it would skew
+            # the reward of whichever gamma is current. Keep that gamma for
+            # the step and do not report it to the controller, unless the
+            # rewards are to count all steps (reward_prefill_steps). (Not after
+            # a sticky gamma 0: a new cohort's prefill must not skip the drafter.)
+            self._set_gamma(scheduler_output, self.vspec.gamma, self.vspec.width)
+        elif self.vspec is not None and scheduler_output.num_scheduled_tokens:
+            started = time.perf_counter()
+            scheduled = scheduler_output.num_scheduled_tokens
+            context = sum(self.requests[r].num_computed_tokens for r in scheduled)
+            batch = BatchState(
+                num_reqs=len(scheduled),
+                max_num_batched_tokens=self.scheduler_config.max_num_batched_tokens,
+                mean_context_len=context / len(scheduled),
+                tree_allowed=self.vspec_config.tree_width > 1 and all(
+                    request_allows_tree(self.requests[r].sampling_params,
+                                        self.requests[r].num_output_tokens)
+                    for r in scheduled))
+            decision = self.vspec.decide(batch, host_overhead_s=time.perf_counter() - started)
+            self._set_gamma(scheduler_output, decision.gamma, decision.width)
+            self._decided.add(id(scheduler_output))
+            if self._sticky and decision.gamma == 0:
+                self._stale.update(scheduled)
+        super()._update_after_schedule(scheduler_output)
+
+    def _set_gamma(self, scheduler_output: SchedulerOutput, gamma: int, width: int = 1) -> None:
+        """The runner drafts this many tokens after the step (on vLLM 0.23,
+        which lacks the field, the Ascend overlay's runner reads the same
+        attribute), as a tree of `width` (gamma * width nodes) when above 1."""
+        scheduler_output.num_spec_tokens_to_schedule = gamma
+        scheduler_output.vspec_tree_width = width
+        # This step verifies the drafts proposed with the previous width.
+        scheduler_output.vspec_verified_width, self._width = self._width, width
+        self._verified = self._verify.verified(gamma * width,
+                                               len(scheduler_output.num_scheduled_tokens))
+        if self._verify.pads:
+            for req_id in scheduler_output.num_scheduled_tokens:
+                self._drafted[req_id] = gamma
+
+    def _report_padding(self, scheduler_output: SchedulerOutput) -> None:
+        """Scheduled drafts beyond the gamma that drafted them are padding
+        (verify_width.py): report them as vLLM's invalid spec tokens, which
+        its acceptance metrics and _feedback do not count as drafts."""
+        for req_id in scheduler_output.finished_req_ids:
+            self._drafted.pop(req_id, None)
+        for req_id, spec in scheduler_output.scheduled_spec_decode_tokens.items():
+            pads = len(spec) - self._drafted.get(req_id, len(spec))
+            if pads > 0:
+                invalid = scheduler_output.num_invalid_spec_tokens or {}
+                invalid[req_id] = max(invalid.get(req_id, 0), pads)
+                scheduler_output.num_invalid_spec_tokens = invalid
+
+    # extends Scheduler.update_draft_token_ids (sync scheduling): keep the
+    # drafts the next step verifies (gamma * width of them). vLLM 0.23's
+    # runner hands back K drafts a request whatever the step drafted, the NPU
+    # proposer's -1 after gamma (verify_width.py); elsewhere the lists
+    # already have at most that length.
+    def update_draft_token_ids(self, draft_token_ids: DraftTokenIds) -> None:
+        drafts = draft_token_ids.draft_token_ids
+        if self.vspec is not None and any(len(d) > self._verified for d in drafts):
+            draft_token_ids = DraftTokenIds(draft_token_ids.req_ids,
+                                            [d[:self._verified] for d in drafts])
+        super().update_draft_token_ids(draft_token_ids)
+
+    # extends Scheduler.update_from_output: report each step's verified drafts
+    # and committed tokens to the controller, after the host has consumed them.
+    def update_from_output(self, scheduler_output: SchedulerOutput,
+                           model_runner_output: ModelRunnerOutput):
+        outputs = super().update_from_output(scheduler_output, model_runner_output)
+        if self.vspec is None:
+            return outputs
+        if id(scheduler_output) in self._decided:
+            self._decided.discard(id(scheduler_output))
+            started = time.perf_counter()
+            fb = _feedback(scheduler_output, model_runner_output)
+            # The adapter's own share of the controller overhead: building fb.
+            self.vspec.observe(fb, host_overhead_s=time.perf_counter() - started)
+        self.vspec.step_processed(busy=self.has_unfinished_requests())
+        return outputs
+
+    # extends Scheduler.shutdown: one summary line of what the controller did.
+    def shutdown(self) -> None:
+        if self.vspec is not None:
+            logger.info("vspec summary: %s", self.vspec.summary_line())
+            self.vspec.close()
+        super().shutdown()
+
+
+class VSpecAsyncScheduler(VSpecScheduler, AsyncScheduler):
+    """The same overrides over vLLM's AsyncScheduler (MRO: VSpecScheduler's
+    methods run first and call into AsyncScheduler). Runs on GPU/NPU only:
+    the CPU platform turns async scheduling off."""
+
+    def _set_gamma(self, scheduler_output: SchedulerOutput, gamma: int, width: int = 1) -> None:
+        super()._set_gamma(scheduler_output, gamma, width)
+        # AsyncScheduler._update_after_schedule (next in the MRO) gives each
+        # request these as next-step draft placeholders; vLLM 0.23 sizes
+        # them once by K, so size them by the slots the next step verifies:
+        # this step's gamma (0.32 does too), or K when padding keeps the
+        # target's full decode graph (verify_width.py).
+        self._spec_token_placeholders = [-1] * self._verified
+
+
+def _has_prefill(so: SchedulerOutput) -> bool:
+    """True when some request in the step processes more than its one new
+    token plus its drafts (a new, resumed or chunked prompt)."""
+    spec = so.scheduled_spec_decode_tokens
+    return any(n > 1 + len(spec.get(r, ())) for r, n in so.num_scheduled_tokens.items())
+
+
+def _feedback(so: SchedulerOutput, out: ModelRunnerOutput) -> StepFeedback:
+    """Per-request drafted/accepted counts of one step, read from the host's
+    own outputs (the same numbers vLLM's spec-decode metrics count)."""
+    sampled = out.sampled_token_ids or []
+    index = out.req_id_to_index
+    invalid = so.num_invalid_spec_tokens or {}
+    width = getattr(so, "vspec_verified_width", 1)
+    drafted: list[int] = []
+    accepted: list[int] = []
+    committed = 0
+    for req_id in so.num_scheduled_tokens:
+        i = index.get(req_id)
+        n_out = len(sampled[i]) if i is not None and i < len(sampled) else 0
+        committed += n_out
+        spec = so.scheduled_spec_decode_tokens.get(req_id)
+        if spec and n_out:
+            # As vLLM's spec-decode metrics count them: drafts rejected by a
+            # grammar (padded with -1) were never verified. A tree of width W
+            # counts its depth (the controller's per-position acceptance is
+            # per depth), as many list entries as W nodes a depth.
+            nodes = len(spec) - invalid.get(req_id, 0)
+            drafted.append(-(-nodes // width))
+            accepted.append(n_out - 1)
+    return StepFeedback(drafted=tuple(drafted), accepted=tuple(accepted), committed=committed)

