@@ -4,7 +4,7 @@
     .venv/bin/python models/train_eagle.py --steps 3 --out DIR  # smoke run
 
 The head is the Qwen2 EAGLE-1 layout that vllm_vspec registers as
-`Qwen2ForCausalLMEagle` (overlay/vllm_vspec/adapters/vllm/models/qwen2_eagle.py):
+`Qwen2ForCausalLMEagle` (overlay/vllm_vspec/hosts/vllm/models/qwen2_eagle.py):
 fc over [token embedding ; target hidden state], one Qwen2 decoder layer with
 no input layernorm, no final norm, the target's embedding and LM head. At
 every position t of a training window it sees (embedding of token t+1, the
