@@ -30,8 +30,9 @@ import pytest
 import torch
 
 from conftest import TARGET
-from vllm_vspec.commands import active_vocab
+from vllm_vspec.core import active_vocab
 from vllm_vspec.hosts import diagnostics
+from vllm_vspec.tools import traces
 from vllm_vspec.config import VSpecConfig, VSpecConfigError
 from vllm_vspec.kernels.draft_head import (INT8_MATMULS, CpuInt8Matmul, DequantizedInt8Matmul,
                                    DraftHead, Int8Linear, dequantize_int8, quantize_int8)
@@ -184,11 +185,11 @@ def argmax_trace(tmp_path):
 
 
 def test_greedy_token_counts_skip_sampled_requests(tmp_path):
-    assert diagnostics.greedy_token_counts(argmax_trace(tmp_path)) == {5: 2, 7: 2}
+    assert traces.greedy_token_counts(argmax_trace(tmp_path)) == {5: 2, 7: 2}
 
 
 def test_summarize_argmax_trace(tmp_path):
-    s = diagnostics.summarize(argmax_trace(tmp_path), top=1)
+    s = traces.summarize(argmax_trace(tmp_path), top=1)
     assert (s["kind"], s["steps"], s["tokens"], s["greedy_tokens"]) == ("target_argmax", 2, 5, 4)
     assert s["top_ids"] == [[5, 2]]
 
@@ -202,10 +203,10 @@ def test_summarize_draft_trace_and_tensor_dir(tmp_path):
         tracer.draft(["a", "b"], torch.zeros(2, gamma, dtype=torch.long), 1.5, "active")
         tracer.draft_io({"pass0.input_ids": torch.arange(3)})
     tracer.close()
-    s = diagnostics.summarize(tmp_path / "d.jsonl")
+    s = traces.summarize(tmp_path / "d.jsonl")
     assert s["steps_per_gamma"] == {0: 1, 2: 1}
     assert (s["drafted_tokens"], s["steps_per_head"], s["draft_ms_mean"]) == (4, {"active": 2}, 1.5)
-    d = diagnostics.summarize(tmp_path / "io")
+    d = traces.summarize(tmp_path / "io")
     assert (d["kind"], d["steps"], d["first_step_tensors"]) == (
         diagnostics.DRAFT_IO_FORMAT, 2, {"pass0.input_ids": [3]})
 
@@ -214,7 +215,7 @@ def test_summarize_rejects_other_files(tmp_path):
     path = tmp_path / "x.jsonl"
     path.write_text('{"step": 1}\n')
     with pytest.raises(ValueError, match="not a vspec diagnostics trace"):
-        diagnostics.summarize(path)
+        traces.summarize(path)
 
 
 def test_active_vocab_command_writes_an_ids_file(tmp_path):

@@ -31,8 +31,9 @@ import json
 import pytest
 
 from conftest import DRAFT, EAGLE, TARGET, assert_same_tokens, close_llm, greedy, make_llm
-from vllm_vspec.commands import active_vocab
-from vllm_vspec.hosts import diagnostics
+from vllm_vspec.core import active_vocab
+from vllm_vspec.tools.drafters import special_ids_of
+from vllm_vspec.tools import traces
 from vllm_vspec.hosts.vllm.worker import CPU_WORKER_CLS
 
 pytestmark = pytest.mark.engine
@@ -83,7 +84,7 @@ def test_traced_eagle_is_exact(traced, reference):
 
 
 def test_argmax_trace_holds_each_requests_output(traced, reference):
-    records = list(diagnostics.read_jsonl(traced[1]["target_argmax_trace_path"]))
+    records = list(traces.read_jsonl(traced[1]["target_argmax_trace_path"]))
     tokens = per_request(records, "tokens")
     # The runner may sample past max_tokens in a request's last step; the
     # scheduler drops those tokens, the trace still shows them.
@@ -94,7 +95,7 @@ def test_argmax_trace_holds_each_requests_output(traced, reference):
 
 
 def test_draft_trace_rows_have_gamma_tokens(traced):
-    records = list(diagnostics.read_jsonl(traced[1]["draft_trace_path"]))
+    records = list(traces.read_jsonl(traced[1]["draft_trace_path"]))
     assert {rec["gamma"] for rec in records} == set(range(K + 1))
     assert all(len(r["draft"]) == rec["gamma"] for rec in records for r in rec["requests"])
 
@@ -103,9 +104,9 @@ def test_tensor_traces_have_one_file_per_drafter_step(traced):
     from safetensors.torch import load_file
 
     paths = traced[1]
-    records = list(diagnostics.read_jsonl(paths["draft_trace_path"]))
-    io = diagnostics.summarize(paths["draft_io_trace_dir"])
-    hidden = diagnostics.summarize(paths["target_hidden_trace_dir"])
+    records = list(traces.read_jsonl(paths["draft_trace_path"]))
+    io = traces.summarize(paths["draft_io_trace_dir"])
+    hidden = traces.summarize(paths["target_hidden_trace_dir"])
     assert io["steps"] == hidden["steps"] == len(records)
     for rec in records[:12]:
         step = f"step-{rec['step']:06d}.safetensors"
@@ -121,10 +122,10 @@ def test_tensor_traces_have_one_file_per_drafter_step(traced):
 @pytest.fixture(scope="module")
 def vocab_file(traced, tmp_path_factory) -> tuple[str, set[int]]:
     """25% of the vocabulary, counted from the code prompts (0-7) only."""
-    records = list(diagnostics.read_jsonl(traced[1]["target_argmax_trace_path"]))
+    records = list(traces.read_jsonl(traced[1]["target_argmax_trace_path"]))
     tokens = per_request(records, "tokens")
     counts = collections.Counter(t for r in by_prompt(tokens)[:8] for t in tokens[r])
-    specials = active_vocab.special_ids_of(str(TARGET))
+    specials = special_ids_of(str(TARGET))
     ids = active_vocab.build_ids(counts, specials, 2048 // 4)
     path = tmp_path_factory.mktemp("vocab") / "ids.json"
     active_vocab.write_ids(path, ids, specials, 2048, sum(counts.values()), "code prompts")
@@ -138,7 +139,7 @@ def test_active_vocab_w8a8_eagle_is_exact(vocab_file, prompts, reference, tmp_pa
     got = run(EAGLE_SPEC, {"draft_active_vocab_ids": path, "draft_lm_head_quantization": "w8a8",
                            "draft_trace_path": str(trace)}, prompts)
     assert_same_tokens(got, reference, "eagle, active vocabulary 25% + w8a8 head")
-    records = list(diagnostics.read_jsonl(trace))
+    records = list(traces.read_jsonl(trace))
     assert {rec["head"] for rec in records} == {"active"}
     drafted = {t for rec in records for r in rec["requests"] for t in r["draft"]}
     assert drafted and drafted <= ids
@@ -158,7 +159,7 @@ def mixed_batch(vocab_file, prompts, reference, tmp_path_factory):
                            "draft_lm_head_quant_group_size": 64,
                            "draft_trace_path": str(trace)},
               [*prompts, prompts[0]], [greedy_params] * len(prompts) + [sampled])
-    return got, list(diagnostics.read_jsonl(trace))
+    return got, list(traces.read_jsonl(trace))
 
 
 def test_sampled_request_falls_back_to_the_full_head(mixed_batch, prompts):

@@ -39,7 +39,7 @@ import torch
 
 from test_commit_hot_path import _Buffer
 from test_overlay import _engine_config, _HostProposer, proposers  # noqa: F401 (fixture)
-from vllm_vspec.commands import active_vocab
+from vllm_vspec.core import active_vocab
 from vllm_vspec.kernels import draft_head
 from vllm_vspec.config import VSpecConfig, VSpecConfigError
 from vllm_vspec.kernels.draft_head import DequantizedInt8Matmul, DraftHead, quantize_int8
@@ -366,7 +366,7 @@ def test_an_active_vocabulary_is_refused_with_full_draft_graphs(proposers, npu_h
 def test_traces_record_a_step_as_on_cpu(proposers, npu_host, weight, tmp_path):
     from safetensors.torch import load_file
 
-    from vllm_vspec.hosts import diagnostics
+    from vllm_vspec.tools import traces
 
     paths = {"draft_trace_path": str(tmp_path / "draft.jsonl"),
              "target_argmax_trace_path": str(tmp_path / "argmax.jsonl"),
@@ -377,10 +377,10 @@ def test_traces_record_a_step_as_on_cpu(proposers, npu_host, weight, tmp_path):
     hidden = torch.randn(BATCH, HIDDEN)
     drafts = _step(proposer, 2, [0.0, 0.5, 0.0], hidden, discard=[2])
     proposer.traces.tracer.close()
-    (draft,) = diagnostics.read_jsonl(paths["draft_trace_path"])
+    (draft,) = traces.read_jsonl(paths["draft_trace_path"])
     assert (draft["gamma"], draft["head"]) == (2, "full")
     assert [r["draft"] for r in draft["requests"]] == drafts.tolist()
-    (argmax,) = diagnostics.read_jsonl(paths["target_argmax_trace_path"])
+    (argmax,) = traces.read_jsonl(paths["target_argmax_trace_path"])
     assert [(r["id"], r["greedy"], r["tokens"]) for r in argmax["requests"]] == [
         ("a", True, [7, 9]), ("b", False, [4]), ("c", True, [])]   # c discarded
     io = load_file(str(tmp_path / "io" / "step-000001.safetensors"))

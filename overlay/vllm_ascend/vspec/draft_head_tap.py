@@ -37,7 +37,8 @@ import torch
 from vllm_ascend.vspec.model_tap import ModelTap
 from vllm_vspec.kernels import draft_head
 from vllm_vspec.config import VSpecConfig, VSpecConfigError
-from vllm_vspec.kernels.draft_head import DraftHead, draft_head_for, refuse_head, wants_head
+from vllm_vspec.core.drafter_keys import refuse_head, wants_head
+from vllm_vspec.kernels.draft_head import DraftHead, draft_head_for
 
 # Model dtypes torch_npu's int8 matmuls take as activations.
 NPU_INT8_DTYPES = (torch.float16, torch.bfloat16)

@@ -54,7 +54,7 @@ from vllm_vspec.kernels import ops
 from vllm_vspec.hosts.vllm.commit_op import backup_tokens
 from vllm_vspec.hosts.vllm.verify_width import pad_drafts
 from vllm_vspec.hosts.diagnostics import DrafterTraces, TraceOptions
-from vllm_vspec.kernels.draft_head import pure_greedy
+from vllm_vspec.core.drafter_keys import pure_greedy
 
 # Under "vllm.": vLLM configures only its own logger tree.
 logger = init_logger(f"vllm.{__name__}")

@@ -40,7 +40,7 @@ from vllm_vspec.tools import engine_runs
 from vllm_vspec.hosts.vllm.model_runner import VSpecRunnerMixin
 from vllm_vspec.hosts.vllm.worker import (CPU_WORKER_CLS, GPU_WORKER_CLS, VSpecCPUWorker,
                                              VSpecGPUWorker)
-from vllm_vspec.tools.profile_collect import _ints  # the same flag parsing as `profile`
+from vllm_vspec.tools.profile_collect import int_list  # the same flag parsing as `profile`
 
 ENGINES = ("target", "spec-path", "plain-path")
 # This module's import path (not __name__, which is "__main__" under -m): the
@@ -175,8 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    sizes = _ints("--batch-sizes", args.batch_sizes, 1)
-    counts = _ints("--requests", args.requests, 1)
+    sizes = int_list("--batch-sizes", args.batch_sizes, 1)
+    counts = int_list("--requests", args.requests, 1)
     if len(counts) != len(sizes):
         raise SystemExit(f"--requests={args.requests!r} is not allowed: one count per "
                          f"--batch-sizes entry ({len(sizes)})")

@@ -116,8 +116,9 @@ def prompt_argmax_counts(llm, prompts: list[str]) -> collections.Counter:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from vllm_vspec.commands import active_vocab
-    from vllm_vspec.hosts import diagnostics
+    from vllm_vspec.core import active_vocab
+    from vllm_vspec.tools.drafters import special_ids_of
+    from vllm_vspec.tools import traces
     from vllm_vspec.tools import engine_runs
 
     out_dir = Path(args.output).with_suffix("")
@@ -142,7 +143,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             .model_runner.drafter.model.lm_head.weight.detach().clone()
     finally:
         engine_runs.shutdown_llm(llm)
-    generated = diagnostics.greedy_token_counts(argmax)
+    generated = traces.greedy_token_counts(argmax)
     positions: collections.Counter = collections.Counter()
     if args.prompt_argmax:
         llm = engine(None, speculative=False)
@@ -152,7 +153,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             engine_runs.shutdown_llm(llm)
     counts = generated + positions
     vocab = weight.shape[0]
-    specials = active_vocab.special_ids_of(str(args.target))
+    specials = special_ids_of(str(args.target))
     id_files: dict[float, tuple[Path, list[int], int]] = {}
     for f in args.fractions:
         ids = active_vocab.build_ids(counts, specials, round(f * vocab), fill_from=vocab)
@@ -180,7 +181,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 engine_runs.shutdown_llm(llm)
             if reference is None:
                 reference = result.token_ids
-            ms = [rec["draft_ms"] for rec in diagnostics.read_jsonl(trace) if rec["gamma"] > 0]
+            ms = [rec["draft_ms"] for rec in traces.read_jsonl(trace) if rec["gamma"] > 0]
             acc = results[n]
             acc["ms"] += ms
             acc["round_ms"].append(round(statistics.median(ms), 3) if ms else None)

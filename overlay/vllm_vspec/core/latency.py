@@ -23,7 +23,7 @@ Profile file (JSON), schema "vllm-vspec/latency-profile", version 1:
      "draft":  {"alpha": >=0, "beta": >=0, "delta": >=0},
      "derivation": [str, ...]}             # optional: how the numbers came about
 
-Samples file (JSON), what `vllm-vspec fit-profile` reads: a list, or
+Samples file (JSON), what `vllm-vspec fit-profile` (commands/fit_profile.py) reads: a list, or
 {"samples": [...]} with optional "name"/"device", of
     {"kind": "step", "gamma": k, "batch": B, "ctx": tokens, "ms": t}
     {"kind": "target" | "draft", "ctx": tokens, "n": tokens, "ms": t}
@@ -31,7 +31,6 @@ Samples file (JSON), what `vllm-vspec fit-profile` reads: a list, or
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from dataclasses import dataclass, field
@@ -102,13 +101,13 @@ class LatencyProfile:
     def to_dict(self) -> dict:
         d = {"schema": SCHEMA, "version": VERSION, "name": self.name,
              "device": self.device, "source": self.source, "note": self.note,
-             "target": _coeffs(self.target), "draft": _coeffs(self.draft)}
+             "target": coefficients(self.target), "draft": coefficients(self.draft)}
         if self.derivation:
             d["derivation"] = list(self.derivation)
         return d
 
 
-def _coeffs(m: LinearLatency) -> dict:
+def coefficients(m: LinearLatency) -> dict:
     return {"alpha": m.alpha, "beta": m.beta, "delta": m.delta}
 
 
@@ -261,36 +260,7 @@ def fit_profile(samples: Iterable[Mapping[str, Any]], **meta: Any) -> LatencyPro
                           source="measured", **meta)
 
 
-# ------------------------------------------------------------------ CLI
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "fit-profile", help="fit a latency profile JSON from latency samples",
-        description="Fit T(ctx, n) = alpha*ctx + beta*n + delta for target and draft "
-                    "by non-negative least squares; see vllm_vspec/core/latency.py for formats.")
-    p.add_argument("samples", help="samples JSON (list, or {'samples': [...]})")
-    p.add_argument("profile", help="profile JSON to write")
-    p.add_argument("--name", default=None, help="profile name (default: from samples file)")
-    p.add_argument("--device", default=None, help="device description (default: from samples file)")
-    p.set_defaults(func=_fit_main)
-
-
-def _fit_main(args: argparse.Namespace) -> int:
-    raw = json.loads(Path(args.samples).read_text())
-    samples = validate_samples(raw, where=args.samples)
-    info = raw if isinstance(raw, Mapping) else {}
-    profile = fit_profile(samples, name=args.name or info.get("name", Path(args.profile).stem),
-                          device=args.device or info.get("device", ""),
-                          note=f"fitted by vllm-vspec fit-profile from {len(samples)} samples")
-    save_profile(profile, args.profile)
-    errors = [abs(profile_predict(profile, s) / float(s["ms"]) - 1) for s in samples
-              if float(s["ms"]) > 0]
-    print(f"wrote {args.profile}: target {_coeffs(profile.target)}, draft {_coeffs(profile.draft)}")
-    print(f"relative error over {len(errors)} samples: mean {np.mean(errors):.3f}, "
-          f"max {np.max(errors):.3f}")
-    return 0
-
-
 def profile_predict(profile: LatencyProfile, sample: Mapping[str, Any]) -> float:
     """What the profile says a sample should have cost (ms)."""
-    coeffs: Sequence[float] = [*_coeffs(profile.target).values(), *_coeffs(profile.draft).values()]
+    coeffs: Sequence[float] = [*coefficients(profile.target).values(), *coefficients(profile.draft).values()]
     return float(np.dot(design_row(sample), coeffs))

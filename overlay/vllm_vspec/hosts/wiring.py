@@ -22,7 +22,7 @@ from typing import Any, Mapping
 
 from vllm_vspec.core import install_state
 from vllm_vspec.config import MAX_VERIFY_WIDTH, VSpecConfig, VSpecConfigError, resolve_gamma0_mode
-from vllm_vspec.kernels.draft_head import drafter_features
+from vllm_vspec.core.drafter_keys import drafter_features
 
 SCHEDULER_CLS = "vllm_vspec.hosts.vllm.scheduler.VSpecScheduler"
 

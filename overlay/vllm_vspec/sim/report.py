@@ -1,4 +1,4 @@
-"""`vllm-vspec sim`: trace-driven simulator of dynamic gamma.
+"""The report of `vllm-vspec sim`, the trace-driven simulator of dynamic gamma.
 
 Compares fixed gamma 0..K, vLLM's static batch-size table, the online and
 profile policies and the per-step oracle on the same synthetic or recorded
@@ -7,20 +7,17 @@ writes sim.json and sim.png. With `--max-width W` and `--tree-rates` it
 adds tree arms: a fixed contender per (gamma, width) arm (`fixed-2x2`:
 depth 2, width 2) and the adaptive policies and the oracle choose among
 them. The simulated engine and the contenders are in
-sim.py; this module is its report and command line.
+simulator.py; this module is its report (table, plot, named workloads); the
+command line is commands/sim.py.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 from pathlib import Path
 from typing import Callable, Sequence
 
-from vllm_vspec.core.latency import load_profile
-from vllm_vspec.sim.simulator import (DRAFT_RATES, GAMMA0_MODES, Rates, SimResult, Workload, bursty,
-                            compare, controller_overhead_us, from_trace, phase_shift, ratios,
-                            steady)
+from vllm_vspec.sim.simulator import (Rates, SimResult, Workload, bursty, phase_shift, ratios,
+                                      steady)
 
 
 # ------------------------------------------------------------------ report
@@ -90,7 +87,7 @@ def plot(results: Sequence[SimResult], path: Path) -> None:
     plt.close(fig)
 
 
-# ------------------------------------------------------------------ CLI
+# ------------------------------------------------------------------ named workloads
 # name -> factory(scale, rates): `scale` multiplies the workload's tokens,
 # `rates` are the steady acceptance, a tuple or {tree width: tuple} (phase
 # workloads alternate EASY/HARD, linear only).
@@ -101,93 +98,3 @@ WORKLOADS: dict[str, Callable[[float, Rates], Workload]] = {
     "phase-b16": lambda s, r: phase_shift(16, tokens=int(65536 * s)),
     "bursty": lambda s, r: bursty(rates=r, tokens=int(98304 * s)),
 }
-
-
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "sim", help="simulate gamma policies on acceptance traces and a latency profile",
-        description=__doc__.split("\n\n")[0])
-    p.add_argument("--profile", required=True, help="latency profile JSON (see profiles/)")
-    p.add_argument("--workloads", default=",".join(WORKLOADS),
-                   help=f"comma list from {', '.join(WORKLOADS)} (default: all)")
-    p.add_argument("--trace", action="append", default=[],
-                   help="replay a recorded vspec trace JSONL (repeatable)")
-    p.add_argument("--max-gamma", type=int, default=4,
-                   help="K: gammas 0..K are compared (a tree arm drafts gamma*width <= K "
-                        "nodes)")
-    p.add_argument("--rates", default=",".join(map(str, DRAFT_RATES)),
-                   help="conditional acceptance per draft position for the steady and "
-                        "bursty workloads (later positions repeat the last value)")
-    p.add_argument("--max-width", type=int, default=1,
-                   help="widest tree arm compared (1: linear drafts only); a workload gets "
-                        "tree arms up to the widest width it has rates for")
-    p.add_argument("--tree-rates", action="append", default=[], metavar="W:R1,R2,...",
-                   help="conditional acceptance per depth of width-W trees for the steady "
-                        "and bursty workloads (repeatable, one per width 2..--max-width)")
-    p.add_argument("--scale", type=float, default=1.0,
-                   help="multiply every synthetic workload's length (tokens)")
-    p.add_argument("--table", default=None,
-                   help="static table JSON [[start,end,k],...] (default: tuned per workload)")
-    p.add_argument("--vspec", default="{}", help="JSON of vspec settings for online/profile")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--noise", type=float, default=0.03, help="log-normal step-time noise sigma")
-    p.add_argument("--gamma0-mode", choices=GAMMA0_MODES, default="sync",
-                   help="what a gamma-0 step costs: sync = one draft pass over the step's "
-                        "tokens (the Ascend overlay, EAGLE, async scheduling); lazy = none, "
-                        "then a catch-up pass when drafting resumes (vspec's vLLM runner "
-                        "with a draft model)")
-    p.add_argument("--out", default="results/sim", help="directory for sim.json and sim.png")
-    p.set_defaults(func=_main)
-
-
-def _rates(flag: str, text: str) -> tuple[float, ...]:
-    try:
-        rates = tuple(float(x) for x in text.split(","))
-    except ValueError:
-        rates = ()
-    if not rates or not all(0.0 <= x <= 1.0 for x in rates):
-        raise SystemExit(f"{flag}={text!r}: need comma-separated values in [0, 1]")
-    return rates
-
-
-def _main(args: argparse.Namespace) -> int:
-    unknown = [w for w in args.workloads.split(",") if w and w not in WORKLOADS]
-    if unknown:
-        raise SystemExit(f"--workloads: unknown {unknown}; known: {', '.join(WORKLOADS)}")
-    rates: Rates = _rates("--rates", args.rates)
-    if args.max_width < 1:
-        raise SystemExit(f"--max-width={args.max_width}: need an integer >= 1")
-    if args.tree_rates:
-        rates = {1: rates}
-        for spec in args.tree_rates:
-            width, _, values = spec.partition(":")
-            if not width.isdigit() or int(width) < 2:
-                raise SystemExit(f"--tree-rates={spec!r}: need W:R1,R2,... with W >= 2")
-            rates[int(width)] = _rates("--tree-rates", values)
-    workloads = [WORKLOADS[w](args.scale, rates) for w in args.workloads.split(",") if w]
-    workloads += [from_trace(t) for t in args.trace]
-    table = json.loads(args.table) if args.table else None
-    results = compare(workloads, args.profile, args.max_gamma, table, json.loads(args.vspec),
-                      args.seed, args.noise, args.gamma0_mode, args.max_width)
-    profile = load_profile(args.profile)
-    print(f"profile: {profile.name} ({profile.source}) {profile.note}; "
-          f"gamma 0: {args.gamma0_mode}")
-    print(table_text(results))
-    overhead = {p: controller_overhead_us(p, 16, profile_path=args.profile)
-                for p in ("online", "profile")}
-    step_ms = profile.step_ms(2, 16, 16 * 384.0)
-    for p, us in overhead.items():
-        print(f"controller overhead ({p}, B16): {us:.1f} us/step = "
-              f"{100 * us / 1000 / step_ms:.3f}% of a {step_ms:.1f} ms gamma-2 step")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "sim.json").write_text(json.dumps({
-        "profile": args.profile, "max_gamma": args.max_gamma, "seed": args.seed,
-        "gamma0_mode": args.gamma0_mode, "max_width": args.max_width,
-        "results": [{"policy": r.policy, "workload": r.workload, "tokens": r.tokens,
-                     "seconds": r.seconds, "tok_s": r.tok_s, "steps": r.steps,
-                     "gamma_steps": r.gamma_steps} for r in results],
-        "ratios": ratios(results), "controller_overhead_us_b16": overhead}, indent=1))
-    plot(results, out / "sim.png")
-    print(f"wrote {out / 'sim.json'} and {out / 'sim.png'}")
-    return 0

@@ -1,4 +1,5 @@
-"""Drafter store, `vllm-vspec models`: find, validate and register drafters.
+"""Drafter store: find, validate and register drafters (`vllm-vspec models`,
+commands/models.py, is its command).
 
 For each default drafter the candidates are tried in order, first valid wins:
 
@@ -19,13 +20,11 @@ turn a drafter's Hugging Face id into its local path. Imports no vLLM.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import Any, Iterator, Mapping
 
 REGISTRY_SCHEMA = 1
 DEFAULT_MODEL_DIR = "/data/shared-models"
@@ -269,57 +268,19 @@ def download(d: Drafter, environ: Mapping[str, str], target: Path | None = None)
     return result
 
 
-# --------------------------------------------------------------------- CLI
-def add_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(
-        "models", help="find, validate and register the default drafters",
-        description=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", choices=sorted(DRAFTERS), action="append",
-                   help="check only this drafter (repeatable; default: all)")
-    p.add_argument("--target", type=Path, metavar="DIR",
-                   help="target model directory: check the draft tokenizer against it")
-    p.add_argument("--model-dir", type=Path, metavar="DIR",
-                   help="shared models directory (overrides VSPEC_MODEL_DIR)")
-    p.add_argument("--registry", type=Path, metavar="FILE",
-                   help="registry JSON to read and write (overrides VSPEC_MODEL_REGISTRY)")
-    p.add_argument("--download", action=argparse.BooleanOptionalAction, default=False,
-                   help="fetch missing drafters from the Hugging Face Hub "
-                        "(default --no-download, for offline sites: find and validate only)")
-    p.add_argument("--json", action="store_true", help="print the results as JSON")
-    p.set_defaults(func=run)
-    return p
+def special_ids_of(model: str) -> list[int]:
+    """The tokenizer's special ids plus the eos/bos/pad ids of the model's
+    config and generation config."""
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
-
-def run(args: argparse.Namespace) -> int:
-    environ = dict(os.environ)
-    if args.model_dir:
-        environ["VSPEC_MODEL_DIR"] = str(args.model_dir)
-    if args.registry:
-        environ["VSPEC_MODEL_REGISTRY"] = str(args.registry)
+    ids: list[Any] = list(AutoTokenizer.from_pretrained(model).all_special_ids)
+    configs: list[Any] = [AutoConfig.from_pretrained(model)]
     try:
-        results = []
-        for kind in args.only or sorted(DRAFTERS):
-            result = find(DRAFTERS[kind], environ, args.target)
-            if result.status != "found" and args.download:
-                result = download(DRAFTERS[kind], environ, args.target)
-            results.append(result)
-        if any(r.status == "found" for r in results):
-            write_registry(registry_path(environ), results)
-    except DrafterError as exc:
-        print(f"vllm-vspec models: {exc}", file=sys.stderr)
-        return 2
-    if args.json:
-        print(json.dumps({"registry": str(registry_path(environ)),
-                          "drafters": [vars(r) for r in results]}, indent=2))
-    else:
-        for r in results:
-            where = f"{r.path} ({r.source})" if r.path else "-"
-            print(f"{r.kind:6s} {r.repo:42s} {r.status:8s} {where}")
-            for problem in r.problems:
-                print(f"       {problem}")
-        print(f"registry: {registry_path(environ)}")
-        if any(r.status != "found" for r in results) and not args.download:
-            print("missing drafters: place them under the model directory, set "
-                  + " / ".join(DRAFTERS[r.kind].env for r in results if r.status != "found")
-                  + ", or rerun with --download")
-    return 0 if all(r.status == "found" for r in results) else 1
+        configs.append(GenerationConfig.from_pretrained(model))
+    except OSError:
+        pass   # no generation_config.json
+    for cfg in configs:
+        for name in ("eos_token_id", "bos_token_id", "pad_token_id"):
+            v = getattr(cfg, name, None)
+            ids.extend(v if isinstance(v, list) else [] if v is None else [v])
+    return sorted(set(int(i) for i in ids))

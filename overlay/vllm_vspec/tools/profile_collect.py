@@ -1,5 +1,5 @@
-"""`vllm-vspec profile`: measure fixed-gamma latency samples on this host and
-fit a latency profile from them.
+"""Measure fixed-gamma latency samples on this host (`vllm-vspec profile`,
+commands/profile.py, fits a latency profile from them).
 
 Samples come from real vLLM engine steps, timed one at a time in-process
 (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, so `LLMEngine.step()` is exactly one
@@ -19,8 +19,6 @@ the same samples file).
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import platform
 import random
@@ -29,8 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from vllm_vspec.cli import HelpFormatter
-from vllm_vspec.core.latency import fit_profile, profile_predict, save_profile, validate_samples
 
 KINDS = ("target", "draft", "step")
 
@@ -142,39 +138,7 @@ def host_description() -> str:
             f"torch {ver('torch')}, float32")
 
 
-def add_parser(subparsers) -> None:
-    p = subparsers.add_parser(
-        "profile", help="measure latency samples on this host and fit a latency profile",
-        description=__doc__, formatter_class=HelpFormatter)
-    p.add_argument("--target", type=Path, default=Path("models/derived/tiny-target-deep"),
-                   help="target model directory")
-    p.add_argument("--draft", type=Path, default=Path("models/tiny-draft"),
-                   help="draft model directory")
-    p.add_argument("--kinds", default=",".join(KINDS),
-                   help=f"comma-separated engine kinds to time, of {', '.join(KINDS)}")
-    p.add_argument("--gammas", default="1,2,4", help="gammas of the `step` engines")
-    p.add_argument("--batch-sizes", default="1,4,16,32",
-                   help="comma-separated B: requests decoding together")
-    p.add_argument("--prompt-lens", default="64,256",
-                   help="comma-separated L: random prompt tokens per request")
-    p.add_argument("--decode-steps", type=int, default=6,
-                   help="samples per (engine, batch size, prompt length)")
-    p.add_argument("--kv-cache-memory-bytes", type=int, default=512 << 20,
-                   help="KV cache of every engine")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
-    p.add_argument("--enforce-eager", action="store_true",
-                   help="time engines without torch.compile (match a server run that way)")
-    p.add_argument("--name", default="cpu-tiny-draft", help="profile name written into the file")
-    p.add_argument("--device", default=None,
-                   help="device text written into the profile (unset: this host's)")
-    p.add_argument("--samples", type=Path, default=Path("profiles/cpu-tiny-draft.samples.json"),
-                   help="where the samples are written (`vllm-vspec fit-profile` refits them)")
-    p.add_argument("--profile", type=Path, default=Path("profiles/cpu-tiny-draft.json"),
-                   help="where the fitted profile is written")
-    p.set_defaults(func=main)
-
-
-def _ints(flag: str, text: str, lo: int) -> list[int]:
+def int_list(flag: str, text: str, lo: int) -> list[int]:
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
@@ -182,48 +146,3 @@ def _ints(flag: str, text: str, lo: int) -> list[int]:
     if not values or min(values) < lo:
         raise SystemExit(f"{flag}={text!r} is not allowed: comma-separated integers >= {lo}")
     return values
-
-
-def main(args: argparse.Namespace) -> int:
-    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
-    bad = [k for k in kinds if k not in KINDS]
-    if bad or not kinds:
-        raise SystemExit(f"--kinds={args.kinds!r} is not allowed: a comma-separated subset "
-                         f"of {', '.join(KINDS)}")
-    if args.decode_steps < 1:
-        raise SystemExit(f"--decode-steps={args.decode_steps} is not allowed: an integer >= 1")
-    shapes = [Shape(b, l) for b in _ints("--batch-sizes", args.batch_sizes, 1)
-              for l in _ints("--prompt-lens", args.prompt_lens, 1)]
-    runs = engine_runs(kinds, args.target, args.draft, _ints("--gammas", args.gammas, 1))
-    # One engine step per LLMEngine.step() call: the engine must run in this process.
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    device = args.device or host_description()
-    samples: list[dict] = []
-    started = time.time()
-    for i, run in enumerate(runs, 1):
-        print(f"[{i}/{len(runs)}] {run.kind}" + (f" gamma {run.gamma}" if run.gamma else "")
-              + f": {len(shapes)} shapes x {args.decode_steps} steps", flush=True)
-        samples += collect_engine(run, shapes, args.decode_steps,
-                                  args.kv_cache_memory_bytes, args.seed, args.enforce_eager)
-    validate_samples(samples, where="collected samples")
-    args.samples.parent.mkdir(parents=True, exist_ok=True)
-    args.samples.write_text(json.dumps({
-        "name": args.name, "device": device,
-        "collected": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-        "target_model": str(args.target), "draft_model": str(args.draft),
-        "enforce_eager": args.enforce_eager,
-        "samples": samples}, indent=1) + "\n")
-    profile = fit_profile(samples, name=args.name, device=device, note=(
-        f"measured by `vllm-vspec profile` on {time.strftime('%Y-%m-%d', time.gmtime(started))}"
-        f" from {len(samples)} engine-step samples (target {args.target}, draft "
-        f"{args.draft}, float32{', eager' if args.enforce_eager else ', torch.compile'});"
-        f" re-measure for another host, dtype, model or compile mode"))
-    args.profile.parent.mkdir(parents=True, exist_ok=True)
-    save_profile(profile, args.profile)
-    errors = sorted(abs(profile_predict(profile, s) / s["ms"] - 1) for s in samples if s["ms"] > 0)
-    fitted = {m: {k: round(float(v), 6) for k, v in profile.to_dict()[m].items()}
-              for m in ("target", "draft")}
-    print(f"{len(samples)} samples -> {args.samples}\nprofile -> {args.profile}: "
-          f"target {fitted['target']}, draft {fitted['draft']} (ms)\nrelative error "
-          f"of the fit: median {errors[len(errors) // 2]:.3f}, max {errors[-1]:.3f}")
-    return 0

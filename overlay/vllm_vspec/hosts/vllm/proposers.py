@@ -34,8 +34,8 @@ from vllm_vspec.hosts.vllm.drafter_batch import drafter_batch, run_pass
 from vllm_vspec.hosts.vllm.tree.proposer import TreeDraftMixin
 from vllm_vspec.config import VSpecConfig, VSpecConfigError
 from vllm_vspec.hosts.diagnostics import DrafterTraces, TraceOptions
-from vllm_vspec.kernels.draft_head import (DraftHead, draft_head_for, drafter_features, pure_greedy,
-                                   refuse_head, wants_head)
+from vllm_vspec.core.drafter_keys import drafter_features, pure_greedy, refuse_head, wants_head
+from vllm_vspec.kernels.draft_head import DraftHead, draft_head_for
 from vllm_vspec.core.draft_lag import Segment, catch_up_passes
 from vllm_vspec.kernels.entropy import EntropyStop
 

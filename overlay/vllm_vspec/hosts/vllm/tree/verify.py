@@ -111,7 +111,7 @@ def request_allows_tree(params, num_output_tokens: int) -> bool:
 
 def trees_allowed(sampling_metadata, requests: dict, req_ids: list[str]) -> bool:
     """Whether a step's drafts may be trees: the batch is pure greedy
-    (draft_head.pure_greedy) and every request allows one
+    (core/drafter_keys.pure_greedy) and every request allows one
     (`request_allows_tree`)."""
     return pure_greedy(sampling_metadata) and all(
         request_allows_tree(requests[r].sampling_params, len(requests[r].output_token_ids))

@@ -1,0 +1,41 @@
+"""`vllm-vspec fit-profile`: fit a latency profile JSON from latency samples
+(the model, the schemas and the fitter are core/latency.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+
+from vllm_vspec.core import latency
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "fit-profile", help="fit a latency profile JSON from latency samples",
+        description="Fit T(ctx, n) = alpha*ctx + beta*n + delta for target and draft "
+                    "by non-negative least squares; see vllm_vspec/core/latency.py for formats.")
+    p.add_argument("samples", help="samples JSON (list, or {'samples': [...]})")
+    p.add_argument("profile", help="profile JSON to write")
+    p.add_argument("--name", default=None, help="profile name (default: from samples file)")
+    p.add_argument("--device", default=None, help="device description (default: from samples file)")
+    p.set_defaults(func=_fit_main)
+
+
+def _fit_main(args: argparse.Namespace) -> int:
+    raw = json.loads(Path(args.samples).read_text())
+    samples = latency.validate_samples(raw, where=args.samples)
+    info = raw if isinstance(raw, Mapping) else {}
+    profile = latency.fit_profile(samples, name=args.name or info.get("name", Path(args.profile).stem),
+                          device=args.device or info.get("device", ""),
+                          note=f"fitted by vllm-vspec fit-profile from {len(samples)} samples")
+    latency.save_profile(profile, args.profile)
+    errors = [abs(latency.profile_predict(profile, s) / float(s["ms"]) - 1) for s in samples
+              if float(s["ms"]) > 0]
+    print(f"wrote {args.profile}: target {latency.coefficients(profile.target)}, draft {latency.coefficients(profile.draft)}")
+    print(f"relative error over {len(errors)} samples: mean {np.mean(errors):.3f}, "
+          f"max {np.max(errors):.3f}")
+    return 0
