@@ -134,7 +134,10 @@ def fetch(pin: dict | None = None, cache: Path | None = None) -> PeerTree:
     """The unpacked peer suite, fetching and unpacking only what the pin
     changed since the last call (a stamp records what was unpacked)."""
     pin = pin or load_pin()
-    cache = cache or cache_root()
+    # Resolved: pytest names tests by their real paths, so a --rootdir under
+    # a symlink (a linked .venv or cache) would give test ids without their
+    # file, which no exclusion or listed difference matches.
+    cache = (cache or cache_root()).resolve()
     sdist = pin["sdist"]
     root = cache / f"vllm-{sdist['version']}"
     tree = PeerTree(sdist["version"], root / "src", root / "hf")

@@ -1,11 +1,16 @@
-"""The peer suite's own machinery (no vLLM, no network): how outcomes are
+"""The peer suite: its own machinery (no vLLM, no network: how outcomes are
 compared with stock, how the variant is taken off a test id, what the fetch
-refuses to unpack. The peer suite itself runs with `make peer-test`."""
+refuses to unpack), then the suite itself (`make peer-test`, about 1.5 min on
+this 2-core host), so that `make test` fails on any difference from vLLM's
+stock scheduler that suite.toml does not list with its reason."""
 
 from __future__ import annotations
 
 import hashlib
 import io
+import os
+import subprocess
+import sys
 import tarfile
 import tomllib
 
@@ -159,3 +164,19 @@ def test_download_keeps_nothing_when_the_hash_differs(tmp_path):
     assert list(dest.parent.iterdir()) == []
     assert peer_fetch.download(archive.as_uri(), dest, sha) == dest
     assert dest.read_bytes() == archive.read_bytes()
+
+
+@pytest.mark.peer
+def test_vllms_scheduler_tests_match_stock_or_a_listed_difference():
+    """What `make peer-test` runs: vLLM 0.32.0's own scheduler tests under
+    stock and every vspec variant (fetches the pinned sdist on first use).
+    Exit 1: an unlisted difference, a stock failure or an idle variant;
+    exit 2: the fetch, the vLLM pin or pytest itself failed."""
+    # The inner pytest must not inherit this run's options (-k, -x, ...).
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    proc = subprocess.run([sys.executable, str(peer_suite.HERE / "peer_suite.py")],
+                          env=env, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, (
+        f"peer suite exited {proc.returncode} (make peer-test reproduces it; "
+        f"results/peer-suite.json has the comparison):\n"
+        f"{proc.stdout[-12000:]}\n{proc.stderr[-4000:]}")
