@@ -2,6 +2,7 @@
 #   make demo   installs what it needs, then runs the demo on the bundled models
 #   make test   installs what it needs, then runs the test suite
 #   make peer-test  vLLM's own scheduler tests against VSpecScheduler (docs/testing.md)
+#   make ascend-peer-test  vLLM-Ascend's own CPU unit tests, stock vs overlaid tree (HOST=..., docs/testing.md)
 SHELL := /bin/bash
 PY ?= python3
 VENV := .venv
@@ -19,7 +20,7 @@ OPS_LIB := $(OPS_BUILD)/lib/libvspec_ops.so
 PYTEST_ARGS ?=
 PEER_ARGS ?=
 
-.PHONY: install ops demo test peer-test bench wheel overlay release-check clean help
+.PHONY: install ops demo test peer-test ascend-peer-test bench wheel overlay release-check clean help
 help:
 	@grep -E '^#   make' Makefile | sed 's/^#   //'
 
@@ -64,6 +65,16 @@ test: install
 peer-test: install
 	$(PYTHON) tests/peer/peer_suite.py $(PEER_ARGS)
 
+# vLLM-Ascend's own CPU unit tests (its sdist's tests/ut) on the stock tree and
+# on the tree our wheel installs, compared test by test; expected differences in
+# tests/ascend_peer/suite.toml (docs/testing.md). Builds an isolated venv with
+# the pin's vLLM under .cache/ascend-peer once. ASCEND_PEER_ARGS: see
+# tests/ascend_peer/ascend_peer.py --help.
+HOST ?=
+ASCEND_PEER_ARGS ?=
+ascend-peer-test: install
+	nice -n 10 $(PYTHON) tests/ascend_peer/ascend_peer.py $(if $(HOST),--host $(HOST)) $(ASCEND_PEER_ARGS)
+
 bench: install
 	$(BIN)/vllm-vspec bench
 
@@ -71,7 +82,7 @@ bench: install
 # CANN (ASCEND_HOME_PATH) `make wheel` also compiles vLLM-Ascend's and vspec's
 # kernels; without, the wheel says "host kernels missing" (docs/ascend.md).
 wheel: $(PROJECT_STAMP)
-	$(PYTHON) build_overlay.py
+	$(PYTHON) build_overlay.py $(if $(HOST),--host $(HOST))
 
 # make overlay HOST=<version | sdist | dir>: re-target the patches, check, pin.
 overlay: $(PROJECT_STAMP)

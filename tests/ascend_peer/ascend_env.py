@@ -10,6 +10,14 @@ SHA-256 is the pin's in patches/hosts.toml) and cached under
     <host>/stock/         the sdist unpacked as shipped (+ _build_info.py)
     <host>/overlaid/      the same + our patch series + overlay files (what
                           our wheel installs)
+    <host>/host-wheel/    vLLM-Ascend's own Python-only wheel of the sdist
+                          (its setup.py, as build_overlay.py runs it), read
+                          only for its METADATA and entry points
+
+Each tree gets a `vllm_ascend-<version>.dist-info` at its top (on sys.path when
+the tests run), as vLLM-Ascend's CI has one from `pip install -e .`: the
+host's entry points (the `ascend` platform plugin and its general plugins),
+and in the overlaid tree also ours, merged as our wheel merges them.
 
 Nothing of vLLM or vLLM-Ascend is copied into this repository.
 """
@@ -136,6 +144,46 @@ def unpack_tree(sdist: Path, dest: Path, build_info: str) -> Path:
     return dest
 
 
+def host_wheel(pin: common.Pin, sdist: Path, root: Path) -> Path:
+    """vLLM-Ascend's own wheel of the pinned sdist (setup.py with
+    COMPILE_CUSTOM_KERNELS=0, built once on a scratch unpack and cached)."""
+    from vllm_vspec.tools.ascend_build import build
+
+    out = root / pin.version / "host-wheel" / pin.sha256[:16]
+    found = sorted(out.glob("*.whl"))
+    if found:
+        return found[0]
+    work = root / pin.version / "host-wheel" / "work"
+    tree = common.unpack(sdist, work / "tree")
+    wheel = build.build_host_wheel(tree, pin, None, common.DEFAULT_EPOCH, work / "whl")
+    out.mkdir(parents=True, exist_ok=True)
+    kept = out / wheel.name
+    shutil.move(wheel, kept)
+    shutil.rmtree(work)
+    return kept
+
+
+def write_dist_info(tree: Path, wheel: Path, with_ours: bool) -> Path:
+    """tree/<the host wheel's dist-info name>/ holding its METADATA and
+    entry_points.txt (merged with ours when `with_ours`)."""
+    from vllm_vspec.tools.ascend_build import build
+
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+        (meta,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+        dist_info = meta.split("/")[0]
+        eps_name = f"{dist_info}/entry_points.txt"
+        eps = zf.read(eps_name).decode() if eps_name in names else ""
+        metadata = zf.read(meta)
+    if with_ours:
+        eps = build.merge_entry_points(eps, build.our_entry_points())
+    dest = tree / dist_info
+    dest.mkdir(exist_ok=True)
+    (dest / "METADATA").write_bytes(metadata)
+    (dest / "entry_points.txt").write_text(eps)
+    return dest
+
+
 def tree_stamp(pin: common.Pin, build_info: str) -> str:
     """What the overlaid tree was made from: the sdist, the patches and every
     overlay file (so an edited overlay re-makes it)."""
@@ -144,18 +192,22 @@ def tree_stamp(pin: common.Pin, build_info: str) -> str:
         h.update(patch.name.encode() + b"\0" + patch.read_bytes())
     for src, rel in common.overlay_files():
         h.update(rel.encode() + b"\0" + src.read_bytes())
+    h.update(b"\0pyproject\0" + (REPO / "pyproject.toml").read_bytes())  # our entry points
     return json.dumps({"sdist": pin.sha256, "build_info": build_info,
                        "patches_and_overlay": h.hexdigest()}, sort_keys=True)
 
 
 def ensure_trees(pin: common.Pin, build_info: str, root: Path) -> dict[str, Path]:
     sdist = common.fetch_sdist(pin, DOWNLOADS)
+    wheel = host_wheel(pin, sdist, root)
     base = root / pin.version
     stock, overlaid = base / "stock", base / "overlaid"
-    want_stock = json.dumps({"sdist": pin.sha256, "build_info": build_info}, sort_keys=True)
+    want_stock = json.dumps({"sdist": pin.sha256, "build_info": build_info,
+                             "dist_info": 1}, sort_keys=True)
     if not ((stock / ".ascend-peer-stamp").is_file()
             and (stock / ".ascend-peer-stamp").read_text() == want_stock):
         unpack_tree(sdist, stock, build_info)
+        write_dist_info(stock, wheel, with_ours=False)
         (stock / ".ascend-peer-stamp").write_text(want_stock)
     want = tree_stamp(pin, build_info)
     if not ((overlaid / ".ascend-peer-stamp").is_file()
@@ -167,6 +219,7 @@ def ensure_trees(pin: common.Pin, build_info: str, root: Path) -> dict[str, Path
         common.apply_series(overlaid, patches)
         shutil.rmtree(overlaid / ".git")
         common.copy_overlay(overlaid)
+        write_dist_info(overlaid, wheel, with_ours=True)
         (overlaid / ".ascend-peer-stamp").write_text(want)
     return {"stock": stock, "overlaid": overlaid}
 

@@ -13,7 +13,16 @@ and only there. The tests and the tree are not edited. It does three things:
    module is first imported, before the patched host modules bind them. This
    shows that routing was on, and which tests exercised it.
 
-3. --ascend-torchvision-standin: a STAND-IN for two of torchvision's C++
+3. --ascend-route-proposers (overlaid tree only): vspec's routing in the
+   test modules. The host's tests build its proposers by class
+   (`AscendEagleProposer(vllm_config=..., device=..., runner=...)`), not through
+   get_spec_decode_method, so the patched routing never sees them. For each
+   test, the names of the host proposer classes that routing.PROPOSERS
+   replaces (the host base of each vspec proposer) are rebound in the test
+   modules to our subclass, as routing hands it out for that method. The host's
+   modules and classes are left alone.
+
+4. --ascend-torchvision-standin: a STAND-IN for two of torchvision's C++
    operators (see TorchvisionOpsStandIn).
 """
 
@@ -142,20 +151,39 @@ def pytest_addoption(parser) -> None:
     group = parser.getgroup("vspec Ascend peer suite")
     group.addoption("--ascend-peer-report", required=True, help="where to write outcomes (JSON)")
     group.addoption("--ascend-peer-tree", default="", help="the tree's name, for the report")
+    group.addoption("--ascend-route-proposers", action="store_true",
+                    help="rebind the host proposer classes in the test modules to vspec's")
     group.addoption("--ascend-torchvision-standin", action="store_true",
                     help="declare torchvision::nms/qnms when torchvision's _C.so does not load")
 
 
 class AscendPeerRun:
-    def __init__(self, report_path: str, tree: str):
+    def __init__(self, report_path: str, tree: str, route_proposers: bool = False):
         self.report_path = Path(report_path)
         self.tree = tree
+        self.route_proposers = route_proposers
+        self._pairs: list[tuple[type, type]] | None = None
         self.results: dict[str, dict] = {}
         self.routing: dict[str, Counter] = {}
         self.current = "<collection>"
 
     def routed(self, decision: str) -> None:
         self.routing.setdefault(self.current, Counter())[decision] += 1
+
+    def proposer_pairs(self) -> list[tuple[type, type]]:
+        """(host class, vspec class) for every method routing.PROPOSERS drives."""
+        if self._pairs is None:
+            import importlib
+
+            routing = importlib.import_module(ROUTING_MODULE)
+            self._pairs = []
+            for path in routing.PROPOSERS.values():
+                module, _, name = path.partition(":")
+                ours = getattr(importlib.import_module(module), name)
+                hosts = [b for b in ours.__bases__
+                         if not b.__module__.startswith(("vllm_ascend.vspec", "vllm_vspec"))]
+                self._pairs += [(h, ours) for h in hosts]
+        return self._pairs
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item) -> None:
@@ -186,6 +214,28 @@ class AscendPeerRun:
             indent=1, sort_keys=True))
 
 
+TEST_PACKAGE = "tests.ut."
+
+
+@pytest.fixture(autouse=True)
+def _vspec_routed_proposers(request, monkeypatch):
+    run: AscendPeerRun = request.config.pluginmanager.get_plugin(RUN)
+    if run is None or not run.route_proposers:
+        yield
+        return
+    pairs = run.proposer_pairs()
+    for module in list(sys.modules.values()):
+        if not getattr(module, "__name__", "").startswith(TEST_PACKAGE):
+            continue
+        for name, value in list(vars(module).items()):
+            for host, ours in pairs:
+                if value is host:
+                    monkeypatch.setattr(module, name, ours)
+                    if module.__name__ == getattr(request.module, "__name__", None):
+                        run.routed(f"proposer rebound: {host.__name__} -> {ours.__name__}")
+    yield
+
+
 def _message(report) -> str:
     if report.passed:
         return ""
@@ -206,7 +256,8 @@ def pytest_load_initial_conftests(early_config, parser, args) -> None:
     # Before tests/ut/conftest.py, which imports vllm_ascend (and through it
     # torchvision and, in the overlaid tree, routing.py).
     known = early_config.known_args_namespace
-    run = AscendPeerRun(known.ascend_peer_report, known.ascend_peer_tree)
+    run = AscendPeerRun(known.ascend_peer_report, known.ascend_peer_tree,
+                        known.ascend_route_proposers)
     early_config.pluginmanager.register(run, RUN)
     if known.ascend_torchvision_standin:
         sys.meta_path.insert(0, TorchvisionOpsStandIn())
