@@ -193,17 +193,19 @@ def pin():
     return pins[default]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def prompts(code_prompts, prose_prompts) -> list[str]:
     """Eight code and eight prose held-out prompts: one batch of 16."""
     return code_prompts[:8] + prose_prompts[:8]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def reference(prompts) -> list[list[int]]:
     """Target-only greedy tokens of `prompts`, the oracle of every exactness
-    test. Computed before a module's other engines start (only one
-    in-process engine may be alive at a time)."""
+    test: one target-only engine for the whole session, started and closed
+    before the first module that asks for it builds its own engines (pytest
+    sets up session fixtures before module ones; only one in-process engine
+    may be alive at a time)."""
     llm = make_llm()
     try:
         return greedy(llm, prompts)

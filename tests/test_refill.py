@@ -54,6 +54,7 @@ def llm(reference):
     close_llm(llm)
 
 
+@pytest.mark.engine
 def test_a_group_is_admitted_in_one_step_and_outputs_stay_exact(llm, prompts, reference):
     from vllm import SamplingParams
 

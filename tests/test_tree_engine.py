@@ -276,9 +276,10 @@ def test_eagle_trees_with_width_and_gamma_changing_every_step_are_exact(eagle_tr
     assert want <= set(shapes), f"tree shapes never drafted: {sorted(want - set(shapes))}"
 
 
-def test_eagle_trees_on_prefix_cached_prompts_are_exact(eagle_tree_run):
-    _, _, hits = eagle_tree_run
+def test_eagle_trees_on_prefix_cached_prompts_are_exact(eagle_tree_run, target_only):
+    got, _, hits = eagle_tree_run
     assert hits > 0, "no prefix-cache hit happened (the planted run cached these prompts)"
+    assert_same_tokens(got, target_only, "EAGLE trees on prefix-cache hits")
 
 
 def test_a_sampled_request_keeps_its_batch_linear_and_greedy_exact(

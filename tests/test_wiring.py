@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import re
+
 import pytest
 
 from conftest import DRAFT, close_llm, engine_config, greedy, make_llm, scheduler_of
@@ -90,6 +92,20 @@ def test_runner_features_need_the_vspec_worker():
     with pytest.raises(VSpecConfigError, match="vspec.gamma0_mode='lazy'"):
         wiring.resolve(engine_config(vspec={"min_gamma": 0, "gamma0_mode": "lazy"},
                                      device="npu", worker_cls=npu))
+
+
+@pytest.mark.parametrize("bad, refusal", [
+    ({"max_gamma": 9}, "vspec.max_gamma=9"),
+    ({"policy": "bandit"}, "vspec.policy='bandit'"),
+    ({"min_gamma": 0, "gamma0_mode": "sticky"}, "vspec.gamma0_mode='sticky'"),
+    ({"min_gamma": 0, "gamma0_mode": "lazy"}, "vspec.gamma0_mode='lazy'"),
+])
+def test_an_engine_with_vllms_worker_refuses_these_at_start_up(bad, refusal):
+    """What tests/test_adaptive_engine.py's engine-level refusal checks on a
+    real engine for one key per path, for the other keys: the same
+    `resolve` call the scheduler makes at start-up (stock worker, K 4)."""
+    with pytest.raises(VSpecConfigError, match=re.escape(refusal)):
+        wiring.resolve(engine_config(vspec=bad))
 
 
 CPU_WORKER = wiring.WORKER_CLS["cpu"]
@@ -199,6 +215,7 @@ def test_full_graph_modes_render_piecewise_only_for_vspec_on_cuda():
 
 
 # -------------------------------------------------------------- one engine
+@pytest.mark.engine
 def test_disabled_vspec_runs_a_k_above_ascends_limit_as_stock_vllm(prompts):
     """enabled false, K 17 (1 + K above 16), vspec's scheduler selected: the
     engine starts and drafts the full K every step, as stock vLLM does."""

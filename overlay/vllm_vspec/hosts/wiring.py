@@ -1,8 +1,9 @@
 """How vspec is wired into a vLLM engine, in one place.
 
-- `resolve(vllm_config)`: the settings an engine runs, read once by every
-  part that needs them (VSpecScheduler, vspec's model runner, the Ascend
-  overlay's routing), so they cannot disagree.
+- `resolve(vllm_config)`: the settings an engine runs. Each part that needs
+  them (VSpecScheduler, vspec's model runner, the Ascend overlay's routing)
+  resolves them once at construction through this one function, from the
+  same `additional_config`, so they cannot disagree.
 - The class paths: `SCHEDULER_CLS` (one name for both scheduling modes:
   VSpecScheduler builds a VSpecAsyncScheduler under async scheduling) and
   `WORKER_CLS` per platform.

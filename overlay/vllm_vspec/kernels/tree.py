@@ -1,9 +1,10 @@
 """Fixed-width EAGLE draft trees: shape, drafting rule, tree mask, strict
 greedy acceptance and the inputs of the `vspec::tree_commit` op.
 
-Plain torch, no vLLM import (acceptance.py is core too): the engine path (docs/eagle-tree.md says which
-host methods call what) is not built yet; this module is its core, tested
-against brute force in tests/test_tree.py.
+Plain torch, no vLLM import (like kernels/acceptance.py): the maths the
+engine's tree steps run (hosts/vllm/tree/: the drafter, verify and commit;
+docs/eagle-tree.md says which host methods call what), tested against brute
+force in tests/test_tree.py.
 
 The tree (one per request and step), with gamma = depth and width = W:
 - It is a **beam of W per depth**. Depth 0 is the root: the last committed

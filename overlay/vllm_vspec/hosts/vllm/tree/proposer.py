@@ -26,12 +26,12 @@ gamma * W], depth-major, beam-rank order) and the parents [B, 1 + gamma * W].
 
 `propose_next_as_tree(W)` turns the proposer's next `propose` (the host
 runner's call, with the inputs it prepares) into `propose_tree` and
-`take_tree` returns what it drafted: how eagle_tree.EagleTreeDrafter joins
-the runner's tree steps.
+`take_tree` returns what it drafted: how tree/eagle_drafter.EagleTreeDrafter
+joins the runner's tree steps.
 
 `check_tree_drafting` names what tree drafting cannot do (section 4.4.5);
-propose_tree runs it for width > 1, and start-up will run it once the
-`tree_width` key exists (section 5).
+propose_tree runs it for width > 1, and the runner runs it at start-up when
+`tree_width` > 1 (section 5).
 """
 
 from __future__ import annotations
