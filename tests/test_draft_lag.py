@@ -101,7 +101,9 @@ def test_catch_up_passes_of_nothing_is_no_pass():
     ("draft_model", True, True, "sync"),    # lazy is built for sync scheduling
     ("draft_model", False, False, "sync"),  # the stock worker cannot skip the pass
     ("eagle", False, True, "sync"),         # no target hidden states to catch up with
-    ("ngram", False, True, "sync"),
+    ("ngram", False, True, "lazy"),     # nothing to catch up: the search is skipped
+    ("ngram", True, True, "sync"),
+    ("ngram", False, False, "sync"),
 ])
 def test_auto_is_lazy_only_where_lazy_works(method, async_sched, worker, want):
     cfg = VSpecConfig(min_gamma=0)

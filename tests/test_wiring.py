@@ -233,3 +233,60 @@ def test_disabled_vspec_runs_a_k_above_ascends_limit_as_stock_vllm(prompts):
         assert spec.drafts > 0 and spec.draft_tokens == k * spec.drafts, spec
     finally:
         close_llm(llm)
+
+
+# ------------------------------------------------ per-method refusals (ngram)
+# One case per row of wiring.METHOD_REFUSALS: the table a user may write,
+# the key the refusal names. vspec's worker, so no worker rule refuses first.
+NGRAM_REFUSED = {
+    "tree_width": {"tree_width": 2},
+    "entropy_stop": {"entropy_stop": True},
+    "gamma0_mode": {"min_gamma": 0, "gamma0_mode": "sticky"},
+    "draft_active_vocab_ids": {"draft_active_vocab_ids": "{tmp}/vocab.json"},
+    "draft_lm_head_quantization": {"draft_lm_head_quantization": "w8a16"},
+    "draft_trace_path": {"draft_trace_path": "{tmp}/draft.jsonl"},
+    "draft_io_trace_dir": {"draft_io_trace_dir": "{tmp}/io"},
+    "target_hidden_trace_dir": {"target_hidden_trace_dir": "{tmp}/hidden"},
+    "target_argmax_trace_path": {"target_argmax_trace_path": "{tmp}/argmax.jsonl"},
+}
+
+
+def test_every_method_refusal_has_its_case():
+    assert sorted(k for m, k, _, _ in wiring.METHOD_REFUSALS if m == "ngram") == \
+        sorted(NGRAM_REFUSED)
+
+
+@pytest.mark.parametrize("key", sorted(NGRAM_REFUSED))
+def test_ngram_refuses_what_needs_a_draft_model_naming_the_key(key, tmp_path):
+    (tmp_path / "vocab.json").write_text(json.dumps(
+        {"format": "vspec-active-vocab/1", "vocab_size": 8, "ids": [0, 3, 5]}))
+    table = {k: v.format(tmp=tmp_path) if isinstance(v, str) else v
+             for k, v in NGRAM_REFUSED[key].items()}
+    with pytest.raises(VSpecConfigError, match=rf"vspec\.{key}=.*with method ngram") as err:
+        wiring.resolve(engine_config(method="ngram", worker_cls=CPU_WORKER, vspec=table))
+    assert err.value.key == key
+    # The same table is no refusal of the method's with a draft model
+    # (it may still be refused for another reason, never this one).
+    try:
+        wiring.resolve(engine_config(method="draft_model", worker_cls=CPU_WORKER, vspec=table))
+    except VSpecConfigError as other:
+        assert "with method ngram" not in str(other)
+
+
+@pytest.mark.parametrize("vspec", [
+    {}, {"min_gamma": 0, "gamma0_mode": "lazy"}, {"min_gamma": 0, "gamma0_mode": "sync"},
+    {"acceptance": "margin", "margin": 1.0}, {"acceptance": "relaxed_topk"},
+    {"policy": "cycle", "min_gamma": 0}, {"min_gamma": 1, "gamma0_mode": "sticky"},
+], ids=["default", "lazy", "sync", "margin", "relaxed", "cycle", "sticky-without-gamma-0"])
+def test_ngram_takes_the_rest(vspec):
+    assert wiring.resolve(engine_config(method="ngram", worker_cls=CPU_WORKER, vspec=vspec))
+
+
+def test_ngram_gamma0_auto_is_lazy_on_vspecs_worker_and_sync_on_vllms():
+    ours = engine_config(method="ngram", worker_cls=CPU_WORKER, vspec={})
+    stock = engine_config(method="ngram", vspec={})
+    assert wiring.gamma0_mode(wiring.resolve(ours), ours) == "lazy"
+    assert wiring.gamma0_mode(wiring.resolve(stock), stock) == "sync"
+    # Explicit lazy on vLLM's worker: the runner that skips is vspec's.
+    with pytest.raises(VSpecConfigError, match=r"vspec\.gamma0_mode='lazy'.*--worker-cls"):
+        wiring.resolve(engine_config(method="ngram", vspec={"gamma0_mode": "lazy"}))

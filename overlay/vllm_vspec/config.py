@@ -173,9 +173,11 @@ class VSpecConfig:
     forward at all; when speculation resumes, the drafter first catches up on
     the tokens it skipped (prefill-shaped passes within the token budget),
     then drafts exactly as it would have (draft model only, synchronous
-    scheduling). `sticky`: no draft forward and no catch-up; gamma stays 0
+    scheduling). With method ngram (no draft model, no drafter state) `lazy`
+    skips the n-gram search and has nothing to catch up: a gamma-0 step is a
+    target-only step. `sticky`: no draft forward and no catch-up; gamma stays 0
     until every request in flight then (and admitted meanwhile) has finished.
-    `auto`: `lazy` where it applies (method draft_model, synchronous
+    `auto`: `lazy` where it applies (method draft_model or ngram, synchronous
     scheduling, vspec's worker), else `sync`. `lazy` and `sticky` need the
     vspec worker (`worker_cls`)."""
 
@@ -415,6 +417,14 @@ class VSpecConfig:
         return d
 
 
+# Methods whose gamma-0 step can skip the drafter (`lazy`). draft_model keeps
+# draft KV, so its drafter catches up on the skipped tokens before it drafts
+# again (CATCH_UP_METHODS); ngram keeps no state (each pass searches the
+# request's token history), so skipping it leaves nothing behind.
+LAZY_GAMMA0_METHODS = ("draft_model", "ngram")
+CATCH_UP_METHODS = ("draft_model",)
+
+
 def resolve_gamma0_mode(cfg: VSpecConfig, method: str, async_scheduling: bool,
                         skips_draft_pass: bool) -> str:
     """The gamma-0 mode an engine runs: `auto` resolved, `lazy` checked
@@ -424,12 +434,12 @@ def resolve_gamma0_mode(cfg: VSpecConfig, method: str, async_scheduling: bool,
     mode = cfg.gamma0_mode
     if cfg.min_gamma > 0:
         return "sync"
-    lazy_ok = method == "draft_model" and not async_scheduling
+    lazy_ok = method in LAZY_GAMMA0_METHODS and not async_scheduling
     if mode == "auto":
         return "lazy" if lazy_ok and skips_draft_pass else "sync"
     if mode == "lazy" and not lazy_ok:
         raise VSpecConfigError(
-            "gamma0_mode", mode, "'lazy' only with speculative method draft_model "
+            "gamma0_mode", mode, "'lazy' only with speculative method draft_model or ngram "
             f"under synchronous scheduling (this engine: method {method}, "
             f"{'async' if async_scheduling else 'sync'} scheduling); use 'sync' or 'auto'")
     return mode

@@ -106,6 +106,7 @@ def resolve(vllm_config: Any) -> VSpecConfig | None:
             "vspec chooses gamma per step itself, so remove one of the two")
     _check_data_parallel(vllm_config)
     _check_graphs(vllm_config)
+    _check_method(cfg, spec.method)
     _check_trees(cfg, vllm_config)
     _require_vspec_worker(cfg, vllm_config, gamma0_mode(cfg, vllm_config))
     return cfg
@@ -152,6 +153,45 @@ def _check_graphs(vllm_config: Any) -> None:
             "gamma changes the verify width every step; pass --compilation-config "
             "'{\"cudagraph_mode\": \"PIECEWISE\"}' (as vLLM does for its own dynamic "
             "speculation), or use `vllm-vspec serve`, which does")
+
+
+# What vspec refuses per speculative method, in one list: (method, key, is
+# it set, why). resolve() checks it at start-up, before anything else is
+# built, and names the key; docs/configuration.md's method table says the
+# same. A method without rows takes every vspec key (draft_model, eagle; the
+# tree is refused for draft_model by _check_trees). n-gram drafting has no
+# draft model: no draft distribution, LM head, draft KV or draft forward.
+_NO_DRAFT_MODEL = "method ngram drafts from the request's own tokens, with no draft model"
+METHOD_REFUSALS: tuple[tuple[str, str, Any, str], ...] = (
+    ("ngram", "tree_width", lambda c: c.tree_width > 1,
+     f"1 with method ngram (trees are built from EAGLE-1 draft beams; {_NO_DRAFT_MODEL})"),
+    ("ngram", "entropy_stop", lambda c: c.entropy_stop,
+     f"false with method ngram (the stop reads the draft model's entropy; {_NO_DRAFT_MODEL})"),
+    ("ngram", "gamma0_mode", lambda c: c.gamma0_mode == "sticky" and c.min_gamma == 0,
+     "'lazy', 'auto' or 'sync' with method ngram ('sticky' waits for draft KV to drain; "
+     "an n-gram drafter has none, and 'lazy' skips its search with nothing to catch up)"),
+    *(("ngram", key, on, f"unset with method ngram ({what}; {_NO_DRAFT_MODEL})")
+      for key, on, what in (
+          ("draft_active_vocab_ids", lambda c: bool(c.draft_active_vocab_ids),
+           "an active vocabulary shapes a draft model's LM head"),
+          ("draft_lm_head_quantization", lambda c: c.draft_lm_head_quantization != "none",
+           "it quantizes a draft model's LM head"),
+          ("draft_trace_path", lambda c: bool(c.draft_trace_path),
+           "draft traces are written by vspec's draft-model and EAGLE proposers"),
+          ("draft_io_trace_dir", lambda c: bool(c.draft_io_trace_dir),
+           "draft IO traces are written by vspec's draft-model and EAGLE proposers"),
+          ("target_hidden_trace_dir", lambda c: bool(c.target_hidden_trace_dir),
+           "target hidden-state traces are written by vspec's draft-model and EAGLE proposers"),
+          ("target_argmax_trace_path", lambda c: bool(c.target_argmax_trace_path),
+           "target argmax traces are written by vspec's draft-model and EAGLE proposers"),
+      )),
+)
+
+
+def _check_method(cfg: VSpecConfig, method: str) -> None:
+    for refused_method, key, on, why in METHOD_REFUSALS:
+        if method == refused_method and on(cfg):
+            raise VSpecConfigError(key, getattr(cfg, key), why)
 
 
 # Hosts whose attention takes draft-tree masks (hosts/vllm/tree/attention.py).
@@ -260,5 +300,5 @@ def serve_argv(args: Mapping[str, Any]) -> list[str]:
     return argv
 
 
-__all__ = ["SCHEDULER_CLS", "WORKER_CLS", "VERIFY_WIDTH_LIMITS", "resolve", "gamma0_mode",
+__all__ = ["SCHEDULER_CLS", "WORKER_CLS", "VERIFY_WIDTH_LIMITS", "METHOD_REFUSALS", "resolve", "gamma0_mode",
            "resolve_platform", "graph_mode", "engine_args", "serve_argv"]

@@ -33,6 +33,7 @@ from vllm_vspec.hosts.vllm.proposers import PROPOSERS, proposer_features, vspec_
 from vllm_vspec.hosts.vllm.tree.eagle_drafter import engine_tree_drafter
 from vllm_vspec.hosts.vllm.rejection_sampler import VSpecRejectionSampler, tokens_generated
 from vllm_vspec.hosts.vllm.tree.verify import TreeVerifyMixin
+from vllm_vspec.config import CATCH_UP_METHODS
 from vllm_vspec.core.draft_lag import DraftLag
 from vllm_vspec.hosts.wiring import gamma0_mode, resolve
 
@@ -46,19 +47,23 @@ class VSpecRunnerMixin:
         super().__init__(vllm_config, device)
         self._entropy_stop = False
         self._gamma0_mode = "sync"
+        self._catch_up = False  # lazy gamma 0 with a drafter that keeps state (draft KV)
         self._lag: DraftLag | None = None  # lazy gamma 0 only
         cfg = self.vspec_config = resolve(vllm_config)
         if cfg is None or not hasattr(self, "drafter"):
             return  # stock vLLM (no speculation, vspec off), or not the rank that drafts
         self._gamma0_mode = gamma0_mode(cfg, vllm_config)
+        # ngram's lazy gamma 0 skips the search and has nothing to catch up on.
+        self._catch_up = (self._gamma0_mode == "lazy"
+                          and self.speculative_config.method in CATCH_UP_METHODS)
         rule = AcceptanceRule.from_config(cfg)
         self.rejection_sampler = VSpecRejectionSampler(
             self.sampler, self.speculative_config, self.device, rule)
         # Ours whenever there is one for this drafter: it commits each
         # verification with torch.ops.vspec.commit_accepted (commit_op.py).
-        if type(self.drafter) in PROPOSERS or proposer_features(cfg) or self._gamma0_mode == "lazy":
+        if type(self.drafter) in PROPOSERS or proposer_features(cfg) or self._catch_up:
             self.drafter = vspec_proposer(self.drafter, self.vllm_config, self.device, self,
-                                          cfg, catch_up=self._gamma0_mode == "lazy")
+                                          cfg, catch_up=self._catch_up)
             self._entropy_stop = cfg.entropy_stop
 
     # extends GPUModelRunner._sample: tells the lossy rule how many tokens each
@@ -80,7 +85,7 @@ class VSpecRunnerMixin:
                                 spec_decode_metadata, common_attn_metadata, *args, **kwargs):
         skip = (self._gamma0_mode in ("lazy", "sticky")
                 and scheduler_output.num_spec_tokens_to_schedule == 0)
-        if self._gamma0_mode == "lazy":
+        if self._catch_up:
             self._track_lag(scheduler_output, skip, common_attn_metadata)
         if skip:
             return torch.empty(self.input_batch.num_reqs, 0, dtype=torch.int64,
