@@ -535,3 +535,93 @@ def test_tree_arms_are_exactly_the_feasible_ones_and_moves_stay_among_them(
     assert arms == sorted(arms, key=lambda a: (a[0] * a[1], a[0]))
     cur, best = data.draw(st.sampled_from(arms)), data.draw(st.sampled_from(arms))
     assert space.toward(cur, best, max_step, arms) in arms
+
+
+# ------------------------------------------------------------ probe back-off
+class NoisyEngine(Engine):
+    """Engine whose step times carry lognormal noise (sigma 5%), as the
+    recorded traces of test_arm_replay.py do; `table` is gamma -> seconds."""
+
+    def __init__(self, rates, table: dict[int, float], seed: int = 0, sigma: float = 0.05):
+        noise = random.Random(seed + 1)
+        super().__init__(rates, lambda g, b: table[g] * noise.lognormvariate(0.0, sigma), seed)
+
+
+# Gamma 2 is best; gamma 1 and 3 are exactly 10% slower in expectation
+# (R = E(g) / step seconds: E = 1, 1.9, 2.44, 2.602, 2.618 for these rates).
+SEPARATED_RATES = (0.9, 0.6, 0.3, 0.1)
+SEPARATED_STEPS = {0: 1.0, 1: 1.156, 2: 1.35, 3: 1.584, 4: 1.9}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_probes_of_arms_10_percent_slower_take_at_most_2_percent_of_steps(seed):
+    # Before the back-off (issue 29) the close neighbours were probed every
+    # 16 stable steps: about 25% of the steps were off the best arm.
+    ctl = online(min_gamma=0)
+    decisions = NoisyEngine(SEPARATED_RATES, SEPARATED_STEPS, seed).run(ctl, 6000, num_reqs=32)
+    after = decisions[1000:]                   # after warm-up
+    off = sum(d.gamma != 2 for d in after)     # probes, and the switch steps into them
+    assert off <= 0.02 * len(after), Counter(d.gamma for d in after)
+
+
+def probe_starts(decisions, gamma: int) -> list[int]:
+    return [i for i, d in enumerate(decisions)
+            if d.gamma == gamma and (i == 0 or decisions[i - 1].gamma != gamma)]
+
+
+def test_an_arm_that_keeps_losing_clearly_is_probed_less_and_less_often():
+    from vllm_vspec.core.policies import online as policy
+    ctl = online(min_gamma=0)
+    decisions = NoisyEngine(SEPARATED_RATES, SEPARATED_STEPS).run(ctl, 6000, num_reqs=32)
+    starts = probe_starts(decisions, 3)
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    # Steps between probes of gamma 3 grow geometrically (each loss beyond
+    # the free ones doubles the interval: 24, 40, 72, 136, 264, 520, 1032
+    # with seed 0) up to the cap, 16 << BACKOFF_MAX_DOUBLINGS stable steps.
+    cap = 16 << policy.BACKOFF_MAX_DOUBLINGS
+    tail = gaps[-6:]
+    assert tail == sorted(tail) and tail[-1] >= cap and max(gaps) <= cap + 3 * 16, gaps
+    assert any(b >= 1.8 * a for a, b in zip(tail, tail[1:])), gaps
+    assert ctl.policy.buckets[32].backoff[3] == (policy.BACKOFF_FREE_LOSSES
+                                                  + policy.BACKOFF_MAX_DOUBLINGS)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_after_acceptance_jumps_the_better_arm_is_reached_within_a_bounded_number_of_steps(seed):
+    # Low acceptance: gamma 1 is best and every higher arm loses clearly,
+    # long enough for their probes to be backed off to the cap. Then the
+    # acceptance jumps and gamma 3 is best: the move of the acceptance
+    # drops the back-off, so the arms above are probed again at once.
+    low, high = (0.6, 0.2, 0.1, 0.1), (0.95, 0.9, 0.85, 0.5)
+    table = {0: 1.0, 1: 1.2, 2: 1.45, 3: 1.7, 4: 1.95}
+    ctl, engine = online(min_gamma=0), NoisyEngine(low, table, seed)
+    engine.run(ctl, 3000, num_reqs=32)
+    from vllm_vspec.core.policies import online as policy
+    assert max(ctl.policy.buckets[32].backoff.values()) >= policy.BACKOFF_FREE_LOSSES + 3
+    engine.rates = high
+    decisions = engine.run(ctl, 300, num_reqs=32)
+    assert best_gamma(high, lambda g, b: table[g], 32) == 3
+    first = next(i for i, d in enumerate(decisions) if d.gamma == 3)
+    assert first <= 60, "".join(str(d.gamma) for d in decisions[:120])
+    assert most_chosen(decisions[100:]) == 3
+
+
+def test_a_move_of_the_batch_size_drops_the_back_off():
+    from vllm_vspec.core.policies.online import BACKOFF_FREE_LOSSES, _Arms
+    arms = _Arms(window=64, probe_interval=16, incumbent=None)
+    for _ in range(50):
+        arms.add(2, 10.0, num_reqs=17)
+    arms.add(3, 8.0, num_reqs=17)
+    arms.add(3, 8.1, num_reqs=17)
+    means, e = {2: 24.0, 3: 19.0}, {2: 2.4, 3: 2.4}
+    for _ in range(BACKOFF_FREE_LOSSES + 2):
+        arms.judged.pop(3, None)                     # a new probe of 3, losing clearly
+        arms.judge(2, means, e, acceptance=2.4)
+    assert arms.backoff[3] == BACKOFF_FREE_LOSSES + 2
+    assert not arms.expired(3) or arms.steps - arms.last_seen[3] > 16 << 2
+    arms.judge(2, means, e, acceptance=2.4)          # same context: kept
+    assert arms.backoff[3] == BACKOFF_FREE_LOSSES + 2
+    for _ in range(40):
+        arms.add(2, 10.0, num_reqs=32)               # the bucket's batch grows 17 -> 32
+    arms.judge(2, means, e, acceptance=2.4)
+    assert 3 not in arms.backoff

@@ -104,6 +104,46 @@ SWEEP_MIN_ARMS = 3
 # the current arm's (see _Arms.stale).
 STALE_AFTER_WINDOWS = 2
 
+# Probe back-off (issue 29: probes must pay for themselves). Each probe of
+# an arm is judged at the next control point: when it came out more than
+# BACKOFF_MIN_GAP below the current arm AND the gap exceeds BACKOFF_Z
+# standard errors of the two estimates (the noise the bucket measures in
+# its own windows), it counts as a loss; after BACKOFF_FREE_LOSSES losses in
+# a row, each further one doubles the arm's probe interval (at most
+# 2**BACKOFF_MAX_DOUBLINGS times online_probe_interval); a probe that comes
+# out within BACKOFF_RESET_GAP of the current arm (or above it) puts it back
+# to online_probe_interval, one in between (not clearly either: the noise)
+# leaves its count. (Free losses: a
+# probe's few samples may be unlucky ones, and a bucket that lives only for
+# a phase of a burst keeps today's probing.) Every probe rule (unmeasured, stale, close
+# neighbour, the arm above) waits for that interval, so an arm that keeps
+# losing clearly is probed less and less often: with the defaults a
+# neighbour 10% slower is probed after 16, 32, ... 512 stable steps, and
+# after warm-up its probes (a control_interval hold and the switch steps
+# around it) stay under 2% of steps. When the acceptance (E at the current
+# arm's depth, at least 1, pooled over arms) moves by more than ACCEPTANCE_MOVE of its drafted part
+# (E - 1; at least ACCEPTANCE_MOVE_TOKENS tokens), or the bucket's batch
+# size (an EWMA of its stable steps) by more than BATCH_MOVE, since an arm
+# was judged, the arm's back-off is dropped: what made it lose may be gone,
+# so it is probed again after online_probe_interval. A move must also exceed
+# ACCEPTANCE_NOISE_Z times the spread E shows at the bucket's own control
+# points (an EWMA of its variance, weight ACCEPTANCE_NOISE_WEIGHT): at batch
+# 1 the acceptance of single requests moves E by tenths of a token from step
+# to step, and that is noise, not news. (The drafted part, not
+# E: from drafts useless (E = 1) a small rise is the whole news; E is an
+# EWMA still converging after a phase change, so an arm judged on a
+# half-converged E is re-judged soon.)
+BACKOFF_MIN_GAP = 0.05
+BACKOFF_RESET_GAP = 0.025
+BACKOFF_Z = 2.0
+BACKOFF_FREE_LOSSES = 2
+BACKOFF_MAX_DOUBLINGS = 6
+ACCEPTANCE_MOVE = 0.15
+ACCEPTANCE_MOVE_TOKENS = 0.03
+ACCEPTANCE_NOISE_WEIGHT = 0.05
+ACCEPTANCE_NOISE_Z = 4.0
+BATCH_MOVE = 0.25
+
 
 class _Arms:
     """Per-arm windows of requests/s samples in one bucket, plus an optional
@@ -121,8 +161,19 @@ class _Arms:
         self.incumbent = incumbent            # gamma in use anywhere when the bucket opened
         self.seed_ref: int | None = None      # arm the seed speeds are relative to
         self.seed: dict[int, tuple[float, int]] = {}   # arm -> (speed / speed of ref, samples)
+        # Probe back-off: arm -> losses in a row (BACKOFF_*); arm ->
+        # last_seen step of the newest sample judged; arm -> (acceptance,
+        # batch size) when it was judged.
+        self.backoff: dict[Arm, int] = {}
+        self.judged: dict[Arm, int] = {}
+        self.context: dict[Arm, tuple[float, float]] = {}
+        self.batch = 0.0                      # EWMA of the batch size of its stable steps
+        self.acc_mean: float | None = None    # EWMA of E(max gamma) at its control points
+        self.acc_var = 0.0                    # and of its variance
 
-    def add(self, gamma: int, requests_per_s: float) -> None:
+    def add(self, gamma: int, requests_per_s: float, num_reqs: int = 0) -> None:
+        if num_reqs:
+            self.batch = num_reqs if not self.batch else 0.9 * self.batch + 0.1 * num_reqs
         samples = self.rate.setdefault(gamma, deque(maxlen=self.window))
         if self.stale(gamma):
             # Replaced, not nudged: the host's load and the request mix of
@@ -183,8 +234,68 @@ class _Arms:
         return 1 if sum(on_line(self.space, x, group) for x in self.rate) >= 2 else 0
 
     def expired(self, gamma: int) -> bool:
-        """Due for a probe: no sample of `gamma` in the last probe_interval steps."""
-        return self.steps - self.last_seen.get(gamma, 0) > self.probe_interval
+        """Due for a probe: no sample of `gamma` in the last probe_interval
+        steps, doubled per loss of the arm beyond the free ones (BACKOFF_*)."""
+        # The first losses do not back off: only repeated ones do.
+        interval = self.probe_interval << max(0, self.backoff.get(gamma, 0) - BACKOFF_FREE_LOSSES)
+        return self.steps - self.last_seen.get(gamma, 0) > interval
+
+    def standard_error(self, gamma: Arm) -> float | None:
+        """Standard error of the mean of an arm's window (None below 2 samples)."""
+        r = self.rate.get(gamma)
+        if not r or len(r) < 2:
+            return None
+        mean = sum(r) / len(r)
+        var = sum((x - mean) ** 2 for x in r) / (len(r) - 1)
+        return math.sqrt(var / len(r))
+
+    def judge(self, cur: Arm, means: dict[Arm, float], e: dict[Arm, float],
+              acceptance: float) -> None:
+        """Back-off bookkeeping at a control point (BACKOFF_*, ACCEPTANCE_MOVE, BATCH_MOVE):
+        judge every arm with a sample newer than its last judgement against
+        the current arm `cur`; drop the back-off of arms whose context moved.
+        `means` are R estimates, `e` the E(arm) factors."""
+        batch = self.batch
+        # The acceptance signal's own spread at this bucket's control points
+        # (an EWMA of its variance): at batch 1 E moves by tenths of a token
+        # from step to step, at batch 32 by hundredths.
+        noise_e = ACCEPTANCE_NOISE_Z * math.sqrt(self.acc_var)
+        if self.acc_mean is None:
+            self.acc_mean = acceptance
+        else:
+            d = acceptance - self.acc_mean
+            self.acc_mean += ACCEPTANCE_NOISE_WEIGHT * d
+            # A move beyond the noise is news, not noise: it is not folded
+            # into the spread (else the spread grows with the move and
+            # hides it).
+            if abs(d) <= max(noise_e, ACCEPTANCE_MOVE_TOKENS):
+                self.acc_var = (1 - ACCEPTANCE_NOISE_WEIGHT) * (
+                    self.acc_var + ACCEPTANCE_NOISE_WEIGHT * d * d)
+        for g, ctx in list(self.context.items()):
+            a0, b0 = ctx
+            if (abs(acceptance - a0) > max(ACCEPTANCE_MOVE_TOKENS, ACCEPTANCE_MOVE * (a0 - 1.0),
+                                           noise_e)
+                    or abs(batch - b0) > BATCH_MOVE * max(b0, 1e-9)):
+                self.backoff.pop(g, None)
+                del self.context[g]
+        if cur not in means:
+            return
+        for g, seen in self.last_seen.items():
+            if g == cur or self.judged.get(g) == seen or g not in means:
+                continue
+            self.judged[g] = seen
+            gap = means[cur] - means[g]
+            se_cur, se_g = self.standard_error(cur), self.standard_error(g)
+            noise = (math.hypot(e.get(cur, 1.0) * se_cur, e.get(g, 1.0) * se_g)
+                     if se_cur is not None and se_g is not None else math.inf)
+            if gap > BACKOFF_MIN_GAP * means[cur] and gap > BACKOFF_Z * noise:
+                self.backoff[g] = min(self.backoff.get(g, 0) + 1,
+                                      BACKOFF_FREE_LOSSES + BACKOFF_MAX_DOUBLINGS)
+                self.context[g] = (acceptance, batch)
+            elif gap < BACKOFF_RESET_GAP * means[cur]:
+                # Nearly as good (or better): probe it at the normal rate.
+                self.backoff.pop(g, None)
+                self.context.pop(g, None)
 
     def seed_from(self, other: "_Arms", gamma: Arm) -> Arm:
         """Take the relative arm speeds of `other` (its own measurements and
@@ -327,6 +438,16 @@ class OnlinePolicy:
         # the acceptance that drives every other estimate is not measured
         # either: a frozen tie that held batch 1 at gamma 0 for 300 steps in
         # a bench run (docs/benchmarks-log.md, "A frozen tie at gamma 0").
+        if not self.governor.exploring(bucket):
+            depth = max(space.gamma(a) for a in feasible)
+            e_all = {w: self.acceptance.expected(w, depth)
+                     for w in {space.width(a) for a in means}}
+            # The acceptance context: E at the current arm's depth (at least
+            # 1), the positions every one of its steps observes (deeper ones
+            # move only when a probe drafts them).
+            e_cur = self.acceptance.expected(space.width(cur), max(1, space.gamma(cur)))[-1]
+            arms.judge(cur, means, {a: e_all[space.width(a)][space.gamma(a)] for a in means},
+                       e_cur)
         if (self.governor.exploring(bucket)
                 or means.get(cur, 0.0) * (1.0 + self.config.hysteresis) < r_max):
             return out
@@ -355,4 +476,4 @@ class OnlinePolicy:
         arms = self.buckets.get(outcome.bucket)
         if outcome.stable and arms is not None:
             arms.add(self.space.arm(outcome.gamma, outcome.width),
-                     outcome.batch.num_reqs / outcome.interval_s)
+                     outcome.batch.num_reqs / outcome.interval_s, outcome.batch.num_reqs)
