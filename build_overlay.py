@@ -2,6 +2,7 @@
 """Build the Ascend overlay wheel, or re-target the overlay to a new host.
 
     python build_overlay.py                    # make wheel: the default pin
+    python build_overlay.py --host 0.30.0rc2   # make wheel HOST=0.30.0rc2: another pin
     python build_overlay.py --host-src DIR     # ... from a local vLLM-Ascend checkout
     python build_overlay.py --retarget HOST    # make overlay HOST=<version | sdist | dir>
 
@@ -31,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
                                  epilog=__doc__.split("\n\n", 1)[1])
     ap.add_argument("--host-src", type=Path, help="build from this vLLM-Ascend source tree "
                     "(an unpacked sdist of the pinned version) instead of downloading")
+    ap.add_argument("--host", metavar="VERSION", help="build this pinned vLLM-Ascend "
+                    "version (patches/hosts.toml) instead of the default pin")
     ap.add_argument("--retarget", metavar="HOST", help="re-target the patches to another "
                     "vLLM-Ascend: a version (fetched from the index, hash-checked), an sdist "
                     "file or a source directory; exit 1 unless every patch applies and the "
@@ -50,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({**dataclasses.asdict(report), "ok": report.ok}, indent=2,
                              default=str) if args.json else "\n".join(report.lines()))
             return 0 if report.ok else 1
-        wheel = build(args.host_src, args.cache, args.work, args.dist)
+        wheel = build(args.host_src, args.cache, args.work, args.dist, args.host)
         print(json.dumps({"wheel": str(wheel)}) if args.json else wheel)
         return 0
     except BuildError as e:

@@ -68,13 +68,17 @@ def test_one_wheel_named_as_vllm_ascend_with_a_vspec_local_version(built, pin):
     assert [p.name for p in built[0].parent.iterdir()] == [built[0].name]
 
 
-def test_wheel_holds_the_patched_host_and_every_overlay_file(members):
+def test_wheel_holds_the_patched_host_and_every_overlay_file(members, pin):
     platform = members["vllm_ascend/platform.py"].decode()
     assert "scheduler_cls_for(vllm_config)" in platform  # patch 0002
     assert "proposer_cls_for" in members["vllm_ascend/spec_decode/__init__.py"].decode()
     assert "vllm_ascend/worker/model_runner_v1.py" in members
-    for src, rel in common.overlay_files():
+    for src, rel in common.overlay_files(patch_dir=pin.patch_dir):
         assert rel in members, rel
+    # The host's overlay selection: 0.23 routes proposers.py's classes and
+    # does not get the module for hosts with a native per-step K.
+    assert members["vllm_ascend/vspec/host.toml"] == (pin.patch_dir / "overlay.toml").read_bytes()
+    assert "vllm_ascend/vspec/native_gamma.py" not in members
     assert members["vllm_ascend/vspec/proposers.py"] == \
         (REPO / "overlay/vllm_ascend/vspec/proposers.py").read_bytes()
     # The presets, through the package's link to configs/ (`vllm-vspec serve --preset`).
@@ -336,6 +340,18 @@ MUTATIONS = {
         "spec_decode/llm_base_proposer.py", "    def _run_merged_draft(",
         "    def _run_merged_draft_v2(",
         ("attribute", "_run_merged_draft"), "no host class defines or assigns it"),
+    # The 0.30 break, on the 0.23 tree: the host re-assigns an attribute our
+    # property answers differently, every call, and reads it back.
+    "host assigns a shadowed attribute every call": (
+        "spec_decode/llm_base_proposer.py",
+        "        num_rejected_tokens_gpu: torch.Tensor | None = None,\n    ) -> torch.Tensor:\n"
+        "        batch_size = common_attn_metadata.batch_size()\n",
+        "        num_rejected_tokens_gpu: torch.Tensor | None = None,\n    ) -> torch.Tensor:\n"
+        "        batch_size = common_attn_metadata.batch_size()\n"
+        "        self.num_speculative_tokens = scheduler_output.num_spec_tokens_to_schedule\n"
+        "        if self.num_speculative_tokens == 0:\n            return None\n",
+        ("contract", "num_speculative_tokens"),
+        "AscendSpecDecodeBaseProposer._propose assigns self.num_speculative_tokens on every call"),
     "imported base class renamed": (
         "spec_decode/eagle_proposer.py", "class AscendEagleProposer(",
         "class AscendEagleDrafter(",
@@ -393,3 +409,40 @@ def test_a_broken_patch_stops_the_series_naming_patch_and_hunk(pin, pristine, tm
                               "hunk #1 of vllm_ascend/platform.py (@@ -724,6 +724,14 @@)"), message
     assert "proposer_cls_for" in (tree / "vllm_ascend/spec_decode/__init__.py").read_text()
     assert (tree / "vllm_ascend/worker/model_runner_v1.py").read_bytes() == runner_before
+
+
+# ------------------------------------------------------- the second host pin
+@pytest.fixture(scope="module")
+def built_030(tmp_path_factory) -> tuple[Path, Path]:
+    """(wheel, patched tree) of `make wheel HOST=0.30.0rc2`."""
+    work = tmp_path_factory.mktemp("work030")
+    wheel = ab.build(None, CACHE, work, tmp_path_factory.mktemp("dist030"), "0.30.0rc2")
+    (tree,) = work.glob("vllm-ascend-*/tree")
+    return wheel, tree
+
+
+def test_make_wheel_host_builds_the_0_30_pin_with_its_own_overlay_selection(built_030):
+    wheel, tree = built_030
+    pin = common.load_pins()[1]["0.30.0rc2"]
+    assert wheel.name == f"vllm_ascend-0.30.0rc2+vspec{ab.our_version()}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+        host = zf.read("vllm_ascend/vspec/host.toml")
+        (info_name,) = [n for n in names if n.endswith(f".dist-info/{ab.BUILD_INFO}")]
+        info = json.loads(zf.read(info_name))
+    assert host == (pin.patch_dir / "overlay.toml").read_bytes()
+    assert "vllm_ascend/vspec/native_gamma.py" in names
+    assert info["host"] == {"name": "vllm-ascend", "version": "0.30.0rc2",
+                            "sdist": pin.sdist, "sha256": pin.sha256}
+    assert [p["name"] for p in info["patches"]] == [p.name for p in common.read_series(pin.patch_dir)]
+    assert info["host_expects"]["vllm"] == "0.30.0"
+    # Its tree holds against vLLM 0.30's sources: ABI and contract check both.
+    report = ab.abi_report(tree, common.fetch_vllm_source(pin, CACHE))
+    assert report.findings == [], "\n".join(f.line() for f in report.findings)
+    assert "vllm_ascend.vspec.native_gamma.VSpecNativeEagleProposer" in report.classes
+    assert ab.byte_compile(tree) == []
+
+
+def test_make_wheel_refuses_a_host_that_is_not_pinned(tmp_path):
+    with pytest.raises(common.BuildError, match=r"HOST='0\.99\.0' is not pinned"):
+        ab.build(None, CACHE, tmp_path / "work", tmp_path / "dist", "0.99.0")

@@ -44,8 +44,8 @@ def test_an_older_release_that_holds_is_pinned_but_not_made_the_default(pin, pin
     assert report.verified == "SHA-256 matches the index"
     assert [(p.status, p.left) for p in report.patches] == [("applied", [])] * 3
     assert {c.name: c.status for c in report.checks} == \
-        {"abi": "ok", "compile": "ok", "wheel": "ok"}
-    assert report.checks[2].detail[0].endswith(f"vllm_ascend-0.23.0+vspec{our_version()}"
+        {"abi": "ok", "contract": "ok", "compile": "ok", "wheel": "ok"}
+    assert report.checks[-1].detail[0].endswith(f"vllm_ascend-0.23.0+vspec{our_version()}"
                                                "-py3-none-any.whl")
     assert report.outcome.endswith(f"the default stays {pin.version}, which is newer than 0.23.0")
     default, pins = common.load_pins(pins_file)
@@ -55,6 +55,9 @@ def test_an_older_release_that_holds_is_pinned_but_not_made_the_default(pin, pin
     assert (new.vllm, new.torch_npu, new.off_index) == ("0.23.0", "2.10.0.post4", ("triton-ascend",))
     assert [p.name for p in common.read_series(patches_root / "0.23.0")] == \
         [p.name for p in common.read_series(pin.patch_dir)]
+    # The overlay selection travels with the patches.
+    assert (patches_root / "0.23.0/overlay.toml").read_bytes() == \
+        (pin.patch_dir / "overlay.toml").read_bytes()
     assert not (common.PATCHES_DIR / "0.23.0").exists()
 
 
@@ -170,3 +173,82 @@ def test_a_patch_without_a_merge_base_leaves_rej_files(tmp_path):
     assert report.conflicts == ["#2 of pkg/mod.py (@@ -20,3 +21,4 @@)"]
     assert "ours 1" in (tree / "pkg/mod.py").read_text()  # the hunk that applies is kept
     assert "ours 2" in (tree / "pkg/mod.py.rej").read_text()
+
+
+# ----------------------------------------------------- vLLM-Ascend 0.30.0rc2
+def _without_pin(pins_file: Path, patches_root: Path, version: str) -> None:
+    """Make a pins copy as it was before `version` was pinned (its table is the last)."""
+    text = pins_file.read_text()
+    head, sep, _ = text.partition(f'\n[{common.HOST_DIST}."{version}"]')
+    assert sep, f"{version} is not pinned"
+    pins_file.write_text(head.rstrip("\n") + "\n")
+    shutil.rmtree(patches_root / version)
+
+
+def test_0_30_0rc2_as_a_new_host_reports_the_patches_and_the_proposer_contract_break(
+        pin, pins_copy, tmp_path):
+    """What `make overlay HOST=0.30.0rc2` reported before that host was
+    pinned: the default pin's patches and overlay selection on its tree. The
+    regression test of the contract check: 0.30's _propose assigns
+    self.num_speculative_tokens every step and reads it back, which the 0.23
+    proposer subclass's property setter turns into a shrinking maximum K."""
+    pins_file, patches_root = pins_copy
+    _without_pin(pins_file, patches_root, "0.30.0rc2")
+    before = pins_file.read_text()
+
+    report = rt.retarget("0.30.0rc2", CACHE, tmp_path / "work", pins_file, patches_root)
+
+    assert report.verified == "SHA-256 matches the index"
+    assert report.patches_from == pin.version
+    assert [(p.patch, p.status, p.conflicts, p.left) for p in report.patches] == [
+        ("0001-route-spec-decode-to-vspec-proposers.patch", "applied", [], []),
+        ("0002-select-vspec-scheduler.patch", "needs rebase",
+         ["#1 of vllm_ascend/platform.py (@@ -724,6 +724,14 @@)"], ["vllm_ascend/platform.py"]),
+        ("0003-vspec-rejection-sampler.patch", "needs rebase",
+         ["#1 of vllm_ascend/worker/model_runner_v1.py (@@ -131,6 +131,7 @@)",
+          "#2 of vllm_ascend/worker/model_runner_v1.py (@@ -643,7 +644,9 @@)"],
+         ["vllm_ascend/worker/model_runner_v1.py"]),
+    ]
+    checks = {c.name: c for c in report.checks}
+    assert (checks["abi"].status, checks["abi"].detail) == ("ok", [])
+    assert checks["contract"].status == "failed"
+    (ascend,) = [line for line in checks["contract"].detail
+                 if "(host: vllm_ascend/spec_decode/llm_base_proposer.py:1046)" in line]
+    assert ascend.startswith("vllm_ascend/vspec/proposers.py:")
+    assert "VSpecEagleProposer.num_speculative_tokens [contract] AscendSpecDecodeBaseProposer" \
+        "._propose assigns self.num_speculative_tokens on every call and reads it back " \
+        "(line 1052)" in ascend
+    assert checks["compile"].status == "failed"
+    assert (checks["wheel"].status, checks["wheel"].detail) == \
+        ("skipped", ["the patches do not all apply"])
+    assert report.outcome.startswith("nothing written: 0002-select-vspec-scheduler.patch, "
+                                     "0003-vspec-rejection-sampler.patch, check contract, "
+                                     "check compile, check wheel")
+    assert pins_file.read_text() == before
+    assert not (patches_root / "0.30.0rc2").exists()
+
+
+def test_the_pinned_0_30_0rc2_holds_with_its_own_patches_and_overlay(pins_copy, tmp_path):
+    """`make overlay HOST=0.30.0rc2` now: its own patches apply, the ABI and
+    contract checks pass on the classes its overlay.toml routes (the host's
+    per-step K, native_gamma.py), the tree byte-compiles, the wheel builds."""
+    pins_file, patches_root = pins_copy
+    before = pins_file.read_text()
+
+    report = rt.retarget("0.30.0rc2", CACHE, tmp_path / "work", pins_file, patches_root)
+
+    assert report.patches_from == "0.30.0rc2"
+    assert [(p.status, p.left) for p in report.patches] == [("applied", [])] * 3
+    assert {c.name: (c.status, c.detail if c.name != "wheel" else None)
+            for c in report.checks} == {"abi": ("ok", []), "contract": ("ok", []),
+                                        "compile": ("ok", []), "wheel": ("ok", None)}
+    assert report.checks[-1].detail[0].endswith(
+        f"vllm_ascend-0.30.0rc2+vspec{our_version()}-py3-none-any.whl")
+    assert report.outcome == \
+        "no-op: 0.30.0rc2 is already pinned, every patch applies and every check passes"
+    assert "native_gamma:VSpecNativeEagleProposer" in \
+        (report.tree / "vllm_ascend/vspec/host.toml").read_text()
+    assert pins_file.read_text() == before
+    pins = common.load_pins(pins_file)[1]
+    assert (pins["0.30.0rc2"].vllm, pins["0.30.0rc2"].torch_npu, pins["0.30.0rc2"].cann) == \
+        ("0.30.0", "2.10.0.post4", "9.2.0")

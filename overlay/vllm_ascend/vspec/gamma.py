@@ -18,8 +18,12 @@ def step_gamma(scheduler_output: Any, max_gamma: int) -> int:
     """Validated gamma for this step: 0 <= gamma <= max_gamma and
     1 + gamma <= MAX_VERIFY_WIDTH (FIA verifies at most 16 tokens a request)."""
     gamma = getattr(scheduler_output, "num_spec_tokens_to_schedule", None)
-    if gamma is None:
-        gamma = max_gamma
+    return valid_gamma(max_gamma if gamma is None else gamma, max_gamma)
+
+
+def valid_gamma(gamma: Any, max_gamma: int) -> int:
+    """`gamma` if 0 <= gamma <= max_gamma and 1 + gamma <= MAX_VERIFY_WIDTH;
+    VSpecConfigError naming the value otherwise."""
     top = min(max_gamma, MAX_VERIFY_WIDTH - 1)
     if isinstance(gamma, bool) or not isinstance(gamma, int) or not 0 <= gamma <= top:
         raise VSpecConfigError(

@@ -7,29 +7,44 @@ The settings come from `vllm_vspec.hosts.wiring.resolve`, the one resolver every
 host shares; what is Ascend's own stays here. PROPOSERS maps a speculative
 method to our proposer; a method absent from it (ngram, mtp, ...) keeps the
 host's proposer, scheduler and a static K.
+
+Which classes a host gets is that host's choice, not a branch here: the build
+copies patches/vllm-ascend/<version>/overlay.toml into the tree as
+`vllm_ascend/vspec/host.toml`, whose `[routing]` table names the proposer of
+each method and the lossy sampler (vLLM-Ascend 0.23: proposers.py, which
+carries the per-step gamma itself; 0.30: native_gamma.py over the host's own
+per-step K). Without that file (a checkout, the unit tests) the defaults
+below, the default pin's, apply.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import tomllib
+from pathlib import Path
 from typing import Any, Callable
 
 from vllm_vspec.config import VSpecConfig
 from vllm_vspec.hosts.wiring import SCHEDULER_CLS, resolve
 
+# This host's overlay selection (see the module docstring); absent in a checkout.
+HOST_FILE = Path(__file__).with_name("host.toml")
+_ROUTING: dict[str, Any] = (tomllib.loads(HOST_FILE.read_text()).get("routing", {})
+                            if HOST_FILE.is_file() else {})
+
 # speculative method -> "module:Class" of our proposer (imported on demand:
 # routing is imported by platform.py before torch_npu is initialised).
-PROPOSERS: dict[str, str] = {
+PROPOSERS: dict[str, str] = dict(_ROUTING.get("proposers") or {
     "eagle": "vllm_ascend.vspec.proposers:VSpecEagleProposer",
     "draft_model": "vllm_ascend.vspec.proposers:VSpecDraftModelProposer",
-}
+})
 
 # vLLM's own schedulers: replacing them by ours loses nothing.
 STOCK_SCHEDULERS = ("vllm.v1.core.sched.scheduler.Scheduler",
                     "vllm.v1.core.sched.async_scheduler.AsyncScheduler")
 
-SAMPLER = "vllm_ascend.vspec.sampler:VSpecAscendRejectionSampler"
+SAMPLER: str = _ROUTING.get("sampler", "vllm_ascend.vspec.sampler:VSpecAscendRejectionSampler")
 
 
 def vspec_settings(vllm_config: Any) -> VSpecConfig | None:

@@ -28,6 +28,20 @@ for each class:
   one, or tests `isinstance(name, HostClass)` (flow-insensitive: anywhere in
   the function).
 
+And one behavioural rule, `contract`, for the classes this host's routing
+selects (`vllm_ascend/vspec/host.toml`, the host's overlay.toml; every adapter
+class where there is none): a property of ours with a setter that is not a
+plain store (its getter does not return what its setter stored, e.g. a
+setter that records a maximum while the getter answers the step's gamma) is
+a contract about *when* the host assigns it. A host method other than the
+constructor that assigns `self.<property>` and reads it back later in the
+same method expects its value back, and gets ours instead: vLLM-Ascend
+0.30's `_propose` assigns `self.num_speculative_tokens` every step and reads
+it at once, which the 0.23 proposer's setter turns into a shrinking maximum.
+Only host methods that run count (the first host definition in the MRO, and
+not one our classes override without calling it). A routed class the tree
+lacks is a finding too.
+
 `vllm-vspec doctor` (doctor.py) chooses the hosts and prints the report.
 """
 
@@ -35,6 +49,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import tomllib
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -447,7 +462,7 @@ class Finding:
     host: str
     cls: str
     member: str
-    kind: str  # override | call | attribute | import | base | constructor | host object
+    kind: str  # override | call | attribute | import | base | constructor | host object | contract
     ours: str  # file:line
     theirs: str  # file:line, or "" when the host lacks it
     problem: str
@@ -798,6 +813,151 @@ def check_host_objects(host_name: str, sources: Sources,
     return checked, _dedupe(findings)
 
 
+# ============================================================== contracts
+HOST_SELECTION = "host.toml"  # in vllm_ascend/vspec/: the host's overlay.toml
+
+
+def routed_classes(roots: dict[str, Path]) -> list[str] | None:
+    """Qualified names of the classes the host's routing selects (its
+    host.toml, from a directory or a wheel), or None without one."""
+    root = roots.get("vllm_ascend.vspec")
+    if root is None:
+        return None
+    if root.is_file():
+        with zipfile.ZipFile(root) as zf:
+            member = f"vllm_ascend/vspec/{HOST_SELECTION}"
+            text = zf.read(member).decode() if member in zf.namelist() else None
+    else:
+        path = root / HOST_SELECTION
+        text = path.read_text() if path.is_file() else None
+    if text is None:
+        return None
+    routing = tomllib.loads(text).get("routing", {})
+    paths = list(routing.get("proposers", {}).values())
+    paths += [routing["sampler"]] if "sampler" in routing else []
+    return [p.replace(":", ".") for p in paths]
+
+
+def _body(fn: ast.AST) -> list[ast.stmt]:
+    """A function's statements without its docstring."""
+    body = list(fn.body)
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+            and isinstance(body[0].value.value, str):
+        body = body[1:]
+    return body
+
+
+def _self_attr(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+            and node.value.id == "self":
+        return node.attr
+    return None
+
+
+def _setter(ref: ClassRef, name: str) -> ast.FunctionDef | None:
+    return next((n for n in ref.node.body if isinstance(n, ast.FunctionDef) and n.name == name
+                 and any(_dotted(d) == f"{name}.setter" for d in n.decorator_list)), None)
+
+
+def _plain_store(getter: ast.AST, setter: ast.FunctionDef) -> bool:
+    """Setter `self.a = value`, getter `return self.a`: what is stored reads back."""
+    body, params = _body(setter), signature(setter)
+    if len(body) != 1 or not isinstance(body[0], ast.Assign) or not params \
+            or len(body[0].targets) != 1:
+        return False
+    stored = _self_attr(body[0].targets[0])
+    value = body[0].value
+    if stored is None or not (isinstance(value, ast.Name) and value.id == params[0].name):
+        return False
+    returns = _body(getter)
+    return len(returns) == 1 and isinstance(returns[0], ast.Return) \
+        and _self_attr(returns[0].value) == stored
+
+
+def _stores(setter: ast.FunctionDef) -> list[str]:
+    return sorted({a for n in ast.walk(setter) for t in getattr(n, "targets", [])
+                   if (a := _self_attr(t)) is not None})
+
+
+def check_contracts(host_name: str, sources: Sources, ref: ClassRef) -> tuple[int, list[Finding]]:
+    """The `contract` rule (module docstring) for one class."""
+    chain = mro(sources, ref)
+    ours = [c for c in chain if c.ours]
+    host = [c for c in chain if not c.ours]
+    fn_types = (ast.FunctionDef, ast.AsyncFunctionDef)
+    props: dict[str, tuple[ClassRef, ast.AST]] = {}
+    for c in ours:
+        for node in c.node.body:
+            if _is_property(node):
+                props.setdefault(node.name, (c, node))
+    # Host methods that run: the first host definition of each name, unless
+    # ours overrides it without ever calling on.
+    ours_fns: dict[str, list[ast.AST]] = {}
+    for c in ours:
+        for node in c.node.body:
+            if isinstance(node, fn_types) and not _is_property(node):
+                ours_fns.setdefault(node.name, []).append(node)
+    running: dict[str, tuple[ClassRef, ast.AST]] = {}
+    for c in host:
+        for node in c.node.body:
+            if isinstance(node, fn_types) and not _is_property(node):
+                running.setdefault(node.name, (c, node))
+    for name, fns in ours_fns.items():
+        if name in running and not any(m == name and via for fn in fns
+                                       for _, m, via in _self_calls(fn)):
+            del running[name]
+    checked, findings = 0, []
+    for prop, (owner, getter) in sorted(props.items()):
+        setter = _setter(owner, prop)
+        if setter is None or _plain_store(getter, setter):
+            continue
+        for method, (href, fn) in sorted(running.items()):
+            if method in CONSTRUCTORS:
+                continue
+            writes = [n for n in ast.walk(fn) if isinstance(n, (ast.Assign, ast.AnnAssign,
+                                                                   ast.AugAssign))
+                      and any(_self_attr(t) == prop for t in
+                              (n.targets if isinstance(n, ast.Assign) else [n.target]))]
+            if not writes:
+                continue
+            checked += 1
+            first = min(w.lineno for w in writes)
+            reads = sorted(n.lineno for n in ast.walk(fn) if isinstance(n, ast.Attribute)
+                           and isinstance(n.ctx, ast.Load) and _self_attr(n) == prop
+                           and n.lineno > first)
+            if reads:
+                findings.append(Finding(
+                    host_name, ref.qualname, prop, "contract", owner.where(setter),
+                    f"{href.module.path}:{first}",
+                    f"{href.qualname.rpartition('.')[2]}.{method} assigns self.{prop} on every "
+                    f"call and reads it back (line {reads[0]}), but our property is not a plain "
+                    f"store: its setter writes self.{', self.'.join(_stores(setter))} and its "
+                    "getter answers something else, so the host's per-call value is lost and "
+                    "what the overlay keeps fixed changes"))
+    return checked, findings
+
+
+def check_routed(host_name: str, sources: Sources, roots: dict[str, Path]
+                 ) -> tuple[int, list[Finding]]:
+    """The contract rule over the classes the host's routing selects."""
+    routed = routed_classes(roots)
+    refs = [r for r in adapter_classes(sources)] if routed is None else []
+    checked, findings = 0, []
+    for qualname in routed or []:
+        ref = resolve(sources, qualname)
+        if ref is None:
+            findings.append(Finding(host_name, qualname, qualname.rpartition(".")[2], "contract",
+                                    f"{roots['vllm_ascend.vspec']}/{HOST_SELECTION}", "",
+                                    "routed by host.toml, but the tree does not define it"))
+        else:
+            refs.append(ref)
+    for ref in refs:
+        n, found = check_contracts(host_name, sources, ref)
+        checked += n
+        findings += found
+    return checked, _dedupe(findings)
+
+
 def check_host(name: str, roots: dict[str, Path]) -> HostReport:
     sources = Sources(roots)
     report = HostReport(name, {k: str(v) for k, v in sorted(roots.items())})
@@ -812,6 +972,9 @@ def check_host(name: str, roots: dict[str, Path]) -> HostReport:
         checked, findings = check_class(name, sources, ref)
         report.checked += checked
         report.findings += findings
+    checked, findings = check_routed(name, sources, roots)
+    report.checked += checked
+    report.findings += findings
     if not report.classes and not report.findings:
         report.skipped = "no adapter class subclasses this host"
     return report

@@ -291,12 +291,17 @@ def assemble(host_wheel: Path, tree: Path, overlay: list[str], pin: Pin, build_i
 BUILD_STAGES = ("fetch", "unpack", "patch", "overlay", "kernels", "host", "assemble")
 
 
-def build(host_src: Path | None, cache: Path, work: Path, dist: Path) -> Path:
-    """The whole build of the default pin; returns the wheel path."""
+def build(host_src: Path | None, cache: Path, work: Path, dist: Path,
+          version: str | None = None) -> Path:
+    """The whole build of a pin (`version`; default: the default pin); returns
+    the wheel path."""
     progress = Progress(BUILD_STAGES)
     cache, work, dist = cache.resolve(), work.resolve(), dist.resolve()
     default, pins = load_pins()
-    pin = pins[default]
+    if version is not None and version not in pins:
+        raise BuildError(f"HOST={version!r} is not pinned in patches/hosts.toml (pinned: "
+                         f"{', '.join(sorted(pins))}); `make overlay HOST={version}` pins it")
+    pin = pins[version or default]
     if host_src is None:
         source = fetch_sdist(pin, cache)
         progress("fetch", f"{source.name} sha256 {pin.sha256[:12]}... verified")
@@ -315,7 +320,7 @@ def build(host_src: Path | None, cache: Path, work: Path, dist: Path) -> Path:
     patches = read_series(pin.patch_dir)
     apply_series(tree, patches)
     progress("patch", f"{len(patches)} applied: " + ", ".join(p.name for p in patches))
-    copied = copy_overlay(tree)
+    copied = copy_overlay(tree, pin.patch_dir)
     progress("overlay", f"{len(copied)} files from overlay/{{{','.join(OVERLAY_DIRS)}}}")
     wheel = wheel_from_tree(tree, pin, patches, copied, origin, base, dist, progress)
     progress("assemble", f"{wheel} sha256 {sha256_of(wheel)[:16]}...")

