@@ -653,3 +653,45 @@ def test_protocol_against_a_real_tiny_server_completes_every_request(tmp_path):
         proc = srv.proc
     assert proc.poll() is not None  # stopped with its process group
     assert (result["completed"], result["failed"], result["total_output_tokens"]) == (4, 0, 32)
+
+# ------------------------------------------------------------ ngram variants
+def test_ngram_variants_need_no_drafter_and_differ_only_in_k_or_policy():
+    from vllm_vspec.config import VSpecConfig
+
+    every = variants.all_variants({})
+    ngram = {n: v for n, v in every.items() if n.startswith("ngram-")}
+    assert list(ngram) == ["ngram-fixed-1", "ngram-fixed-2", "ngram-fixed-3", "ngram-fixed-4",
+                           "ngram-online", "ngram-fixed-0"]
+    for k in range(1, 5):
+        v = ngram[f"ngram-fixed-{k}"]
+        assert (v.family, v.gamma, v.vspec) == ("fixed", k, None)      # stock vLLM, K = k
+        assert v.speculative_config == {"method": "ngram", "num_speculative_tokens": k,
+                                        "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+        assert "model" not in v.speculative_config
+    online, zero = ngram["ngram-online"], ngram["ngram-fixed-0"]
+    assert (online.family, online.vspec) == ("online", {"policy": "online"})
+    assert zero.family == "vspec-fixed" and zero.vspec["fixed_gamma"] == 0
+    for v in (online, zero):
+        assert v.speculative_config["num_speculative_tokens"] == 4
+        cfg = VSpecConfig.from_dict(v.vspec, 4).with_max_gamma(4)
+        assert (cfg.min_gamma, cfg.max_gamma) == (0, 4)
+
+
+def test_ngram_variant_commands_parse_and_carry_vspecs_worker_only_for_vspec(tmp_path):
+    from vllm_vspec.commands.serve import vllm_serve_command
+
+    parser, _ = vllm_serve_command()
+    for name in ("ngram-fixed-2", "ngram-online"):
+        v = variants.all_variants({})[name]
+        argv = serve_argv(ServerSpec(model=tmp_path), v.serve_args(tmp_path / "t.jsonl"), 1234)
+        args = parser.parse_args(["serve", *argv[3:]])
+        assert json.loads(argv[argv.index("--speculative-config") + 1])["method"] == "ngram"
+        want = wiring.WORKER_CLS[wiring.resolve_platform()] if v.vspec else "auto"
+        assert args.worker_cls == want, name
+
+
+def test_ngram_variants_are_selectable_in_a_dry_run(bench_inputs, capsys):
+    assert cli.main(["bench", "--dry-run", *bench_inputs, "--variants",
+                     "ngram-fixed-1,ngram-online"]) == 0
+    cmds = _variant_commands(capsys.readouterr().out)
+    assert list(cmds) == ["target", "ngram-fixed-1", "ngram-online"]

@@ -118,10 +118,29 @@ def _tree_variants(model: Path) -> list[Variant]:
     return out
 
 
+# n-gram drafting (`method: ngram`): no draft model, so these variants exist
+# on every host. Matches of 2..4 tokens against the request's own tokens.
+NGRAM_SPEC = {"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+
+
+def _ngram_variants() -> list[Variant]:
+    spec = lambda k: {**NGRAM_SPEC, "num_speculative_tokens": k}  # noqa: E731
+    out = [Variant(f"ngram-fixed-{k}", "fixed", spec(k), gamma=k)
+           for k in range(1, MAX_GAMMA + 1)]
+    # The defaults: gamma 0..4; on vspec's worker a gamma-0 step skips the
+    # n-gram search (gamma0_mode auto -> lazy, nothing to catch up).
+    out.append(Variant("ngram-online", "online", spec(MAX_GAMMA), vspec={"policy": "online"}))
+    # Target-only steps inside an n-gram vspec server: what gamma 0 costs there.
+    out.append(Variant("ngram-fixed-0", "vspec-fixed", spec(MAX_GAMMA),
+                       vspec={"policy": "fixed", "fixed_gamma": 0, "min_gamma": 0}))
+    return out
+
+
 def all_variants(drafters: dict[str, Path | None],
                  static_table: list[list[int]] = DEFAULT_STATIC_TABLE,
                  latency_profiles: dict[str, Path] | None = None) -> dict[str, Variant]:
-    """Every variant the available drafters allow, by name, target-only first.
+    """Every variant the available drafters allow, by name, target-only first
+    (the ngram-* variants need no drafter and are always there).
     `drafters` maps a vLLM method (a key of METHOD_PREFIXES) to its model path;
     `latency_profiles` a method to its latency profile (the `profile` policy's
     variant exists only with one)."""
@@ -130,6 +149,7 @@ def all_variants(drafters: dict[str, Path | None],
         if model is not None:
             variants += _method_variants(method, model, static_table,
                                          (latency_profiles or {}).get(method))
+    variants += _ngram_variants()
     return {v.name: v for v in variants}
 
 
