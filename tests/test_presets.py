@@ -284,3 +284,38 @@ def test_committed_configuration_docs_are_up_to_date():
     assert committed == presets.config_docs(), (
         "docs/configuration.md is stale: run "
         "`vllm-vspec serve --print-config-docs > docs/configuration.md`")
+
+# ----------------------------------------------------------- tiny-ngram
+def test_tiny_ngram_drafts_without_a_model_on_the_bundled_target(capsys, vllm_serve_parser):
+    preset = presets.load(presets.preset_path("tiny-ngram"))
+    tiny = presets.load(presets.preset_path("tiny-draft"))
+    assert (preset.launch.method, preset.launch.draft_model) == ("ngram", "")
+    assert preset.launch.target_model == tiny.launch.target_model     # the bundled tiny target
+    assert preset.vspec == tiny.vspec                                  # every vspec key at its default
+    argv, _ = dry_run(capsys, "--preset", "tiny-ngram")
+    args = vllm_serve_parser(argv)
+    assert args.speculative_config == {"method": "ngram", "num_speculative_tokens": 4,
+                                       **wiring.NGRAM_PROMPT_LOOKUP}
+    assert args.worker_cls == wiring.WORKER_CLS["cpu"]   # lazy gamma 0: no n-gram search
+    from conftest import engine_config
+
+    cfg = wiring.resolve(engine_config(method="ngram", worker_cls=args.worker_cls,
+                                       vspec=args.additional_config["vspec"]))
+    assert wiring.gamma0_mode(cfg, engine_config(method="ngram", worker_cls=args.worker_cls)) \
+        == "lazy"
+
+
+def test_a_draft_model_with_method_ngram_is_refused_naming_the_key(capsys):
+    assert cli.main(["serve", "--dry-run", "--preset", "tiny-ngram",
+                     "--draft-model", "models/tiny-draft"]) != 0
+    assert "launch.draft_model" in capsys.readouterr().err
+
+
+def test_the_method_table_names_every_per_method_refusal():
+    docs = presets.config_docs()
+    rows = {line.split(" | ")[0].strip("| `"): line for line in docs.splitlines()
+            if line.startswith("| `") and line.count(" | ") == 4}
+    assert {"draft_model", "eagle", "ngram", "suffix", "eagle3", "mtp"} <= set(rows)
+    for method, key, _, _ in wiring.METHOD_REFUSALS:
+        assert f"`{key}`" in rows[method].split(" | ")[-1], (method, key)
+    assert "not yet supported" in rows["eagle3"] and "not yet supported" in rows["mtp"]

@@ -120,7 +120,7 @@ def _tree_variants(model: Path) -> list[Variant]:
 
 # n-gram drafting (`method: ngram`): no draft model, so these variants exist
 # on every host. Matches of 2..4 tokens against the request's own tokens.
-NGRAM_SPEC = {"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+NGRAM_SPEC = {"method": "ngram", **wiring.NGRAM_PROMPT_LOOKUP}
 
 
 def _ngram_variants() -> list[Variant]:

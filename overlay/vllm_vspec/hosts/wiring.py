@@ -155,6 +155,10 @@ def _check_graphs(vllm_config: Any) -> None:
             "speculation), or use `vllm-vspec serve`, which does")
 
 
+# vLLM's n-gram matching for `method: ngram` (launcher presets and bench
+# variants): match the last 2..4 tokens against the request's earlier ones.
+NGRAM_PROMPT_LOOKUP = {"prompt_lookup_min": 2, "prompt_lookup_max": 4}
+
 # What vspec refuses per speculative method, in one list: (method, key, is
 # it set, why). resolve() checks it at start-up, before anything else is
 # built, and names the key; docs/configuration.md's method table says the

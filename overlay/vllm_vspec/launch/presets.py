@@ -40,7 +40,7 @@ TABLES = ("launch", "vspec", "env")
 TOP_LEVEL_KEYS = ("description", "extends")
 
 # Our method name -> vLLM's speculative_config["method"].
-METHODS = {"draft": "draft_model", "eagle": "eagle"}
+METHODS = {"draft": "draft_model", "eagle": "eagle", "ngram": "ngram"}
 
 
 
@@ -103,9 +103,11 @@ class PresetError(ValueError):
 class LaunchConfig:
     """The launcher's own settings: what `vllm serve` is asked to run."""
 
-    method: Literal["draft", "eagle"] = "draft"
+    method: Literal["draft", "eagle", "ngram"] = "draft"
     """Speculative method: `draft` (a separate small draft model, vLLM
-    `draft_model`) or `eagle` (an EAGLE-1 head on the target's hidden states)."""
+    `draft_model`), `eagle` (an EAGLE-1 head on the target's hidden states)
+    or `ngram` (drafts copied from the request's own earlier tokens, matches
+    of 2..4 tokens; no draft model, so draft_model stays unset)."""
 
     target_model: str = ""
     """Target model: a Hugging Face id or a local directory. In a preset file a
@@ -296,7 +298,11 @@ def _launch_config(raw: Mapping[str, Any], where: Callable[[str], str]) -> Launc
     except VSpecConfigError as exc:  # the same checks as [vspec], the launcher's key name
         key = f"launch.{exc.key}"
         raise PresetError(key, exc.value, exc.allowed, where(key)) from None
-    for key in ("target_model", "draft_model"):
+    if cfg.method == "ngram" and cfg.draft_model:
+        raise PresetError("launch.draft_model", cfg.draft_model,
+                          "unset with method ngram (it drafts without a model)",
+                          where("launch.draft_model"))
+    for key in ("target_model",) + (("draft_model",) if cfg.method != "ngram" else ()):
         if not getattr(cfg, key):
             raise PresetError(f"launch.{key}", getattr(cfg, key),
                               "a Hugging Face id or a model directory", where(f"launch.{key}"))
@@ -325,6 +331,9 @@ def render(preset: Preset, extra_args: list[str] | None = None,
         draft = drafter_lookup(draft) or draft
     speculative = {"method": METHODS[launch.method], "model": draft,
                    "num_speculative_tokens": launch.gamma}
+    if launch.method == "ngram":
+        speculative = {"method": "ngram", "num_speculative_tokens": launch.gamma,
+                       **wiring.NGRAM_PROMPT_LOOKUP}
     mode = wiring.graph_mode(launch.graph_mode, kind, preset.vspec.enabled)
     argv = ["vllm", "serve", launch.target_model,
             "--dtype", launch.dtype,
@@ -399,6 +408,7 @@ def config_docs() -> str:
             flag = prefix + f.name.replace("_", "-")
             out.append(f"| `{f.name}` | `{flag}` | `{_toml_value(f.default)}` | {docs[f.name]} |")
         out.append("")
+    out += method_table()
     out += ["## Graph modes", "", "| graph_mode | " + " | ".join(PLATFORMS) + " |",
             "|---|" + "---|" * len(PLATFORMS)]
     for mode in _GRAPH_ARGS:
@@ -417,6 +427,54 @@ def config_docs() -> str:
                    + ("; async scheduling is forced off" if not p.async_scheduling else "") + ".")
     out.append("")
     return "\n".join(out)
+
+
+# Hand-written rows of the speculative-method table in docs/configuration.md
+# (method, status, gamma 0 under gamma0_mode auto, what applies); the
+# "refused at start-up" column is generated from wiring.METHOD_REFUSALS
+# plus the refusals that are not per method (written here).
+METHOD_ROWS = (
+    ("draft_model", "supported: vLLM CPU (tested here), Ascend overlay (built, not yet run on NPU)",
+     "`lazy` on vspec's worker under synchronous scheduling: no draft forward, the drafter "
+     "catches up on the skipped tokens before it drafts again; `sync` elsewhere (the drafter "
+     "still reads the step's tokens); `sticky` opt-in",
+     "lossy rules, entropy stop, active vocabulary and int8 draft LM head, draft traces "
+     "(vspec's worker)", "`tree_width` > 1 (EAGLE-1 only)"),
+    ("eagle", "supported: EAGLE-1, vLLM CPU (tested here), Ascend overlay (built, not yet run on NPU)",
+     "`sync`: the head still runs over the step's tokens (it needs the target's hidden "
+     "states, which a skipped step does not keep); `lazy` refused",
+     "lossy rules, entropy stop, active vocabulary and int8 draft LM head, draft traces, "
+     "trees (EXPERIMENTAL, CPU host only)", "`gamma0_mode` `lazy`"),
+    ("ngram", "supported: vLLM CPU (tested here on vspec's and vLLM's worker); the Ascend "
+     "overlay does not route it (stock vLLM-Ascend n-gram, fixed K)",
+     "`lazy` on vspec's worker under synchronous scheduling: the n-gram search is skipped "
+     "and there is nothing to catch up (no drafter state), so a gamma-0 step is a target-only "
+     "step; `sync` on vLLM's worker (it searches, asked for 0 tokens)",
+     "lossy rules on vspec's worker (they read only the target's logits and the draft ids; "
+     "not engine-tested with ngram)", ""),
+    ("suffix", "not supported: vLLM 0.32's SuffixDecodingProposer asserts that every step "
+     "drafts K (`num_speculative_tokens == K`), and its arctic-inference dependency is not "
+     "installed by `make install`", "", "", ""),
+    ("eagle3", "not yet supported (issue 26)", "", "", ""),
+    ("mtp", "not yet supported (issue 26)", "", "", ""),
+)
+
+
+def method_table() -> list[str]:
+    """The speculative-method section of docs/configuration.md."""
+    out = ["## Speculative methods", "",
+           "What vspec does with each vLLM speculative method (`--speculative-config`",
+           "`method`). A refused key stops the engine at start-up with the key named",
+           "(hosts/wiring.py, `METHOD_REFUSALS` and the checks beside it).", "",
+           "| method | status | gamma 0 (`gamma0_mode` auto) | applies | refused at start-up |",
+           "|---|---|---|---|---|"]
+    for method, status, gamma0, applies, other in METHOD_ROWS:
+        refused = [f"`{key}`" for m, key, _, _ in wiring.METHOD_REFUSALS if m == method]
+        if other:
+            refused.append(other)
+        out.append(f"| `{method}` | {status} | {gamma0 or '-'} | {applies or '-'} | "
+                   f"{', '.join(refused) or '-'} |")
+    return out + [""]
 
 
 def _toml_value(value: Any) -> str:
