@@ -53,7 +53,7 @@ def test_gamma_is_the_longest_draft_verified_in_the_step(logger):
     step(logger, 1.5, tokens=4, drafts=(3, 1))           # one request near its length limit
     assert value(logger, "vspec:gamma") == 3
     assert value(logger, "vspec:steps_total", 3) == 1
-    assert value(logger, "vspec:steps_total", 1) is None
+    assert value(logger, "vspec:steps_total", 1) == 0     # present from start-up, zero
 
 
 def test_tokens_and_busy_seconds_add_up_per_gamma(logger):
@@ -64,7 +64,7 @@ def test_tokens_and_busy_seconds_add_up_per_gamma(logger):
     step(logger, 30.25, tokens=4, drafts=(2, 2))
     assert value(logger, "vspec:steps_total", 0) == 1
     assert value(logger, "vspec:committed_tokens_total", 0) == 2
-    assert value(logger, "vspec:step_seconds_total", 0) is None
+    assert value(logger, "vspec:step_seconds_total", 0) == 0
     assert value(logger, "vspec:steps_total", 2) == 4
     assert value(logger, "vspec:committed_tokens_total", 2) == 18
     assert value(logger, "vspec:step_seconds_total", 2) == pytest.approx(0.5 + 0.25 + 0.25)
@@ -76,6 +76,15 @@ def test_a_step_without_generated_tokens_is_not_a_step(logger):
     step(logger, 2.5, tokens=3, drafts=(4,))
     assert value(logger, "vspec:steps_total", 4) == 1
     assert value(logger, "vspec:step_seconds_total", 4) == pytest.approx(0.5)
+
+
+def test_every_series_is_present_zero_valued_before_the_first_step(logger):
+    """A scrape before the first request already sees every vspec series."""
+    assert value(logger, "vspec:gamma") == 0
+    for gamma in range(K + 1):
+        for name in ("vspec:steps_total", "vspec:committed_tokens_total",
+                     "vspec:step_seconds_total"):
+            assert value(logger, name, gamma) == 0, (name, gamma)
 
 
 def test_an_engine_without_the_vspec_scheduler_records_nothing():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shlex
+import sys
 import typing
 from pathlib import Path
 
@@ -37,12 +38,17 @@ def vllm_serve_parser():
 
 def dry_run(capsys, *argv: str) -> tuple[list[str], dict[str, str]]:
     """Run `vllm-vspec serve --dry-run ...`; return (vllm argv, exported env).
-    `--dry-run` goes first: after a `--` it would be a vLLM argument."""
+    `--dry-run` goes first: after a `--` it would be a vLLM argument. The
+    last line is what runs on this host: on the CPU host vLLM's serve
+    through vllm_vspec.commands.serve (returned as `vllm serve ...`)."""
     assert cli.main(["serve", "--dry-run", *argv]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     env = dict(shlex.split(line)[1].split("=", 1) for line in lines[:-1]
                if line.startswith("export "))
-    return shlex.split(lines[-1]), env
+    command = shlex.split(lines[-1])
+    if command[:3] == [sys.executable, "-m", "vllm_vspec.commands.serve"]:
+        command = ["vllm", "serve", *command[3:]]
+    return command, env
 
 
 def test_the_seed_presets_and_the_tiny_presets_exist():
@@ -277,6 +283,83 @@ def test_the_additional_config_carries_only_the_keys_the_preset_sets(capsys):
     argv, _ = dry_run(capsys, "--preset", "draft-adaptive")
     vspec = json.loads(argv[argv.index("--additional-config") + 1])["vspec"]
     assert vspec == {"acceptance": "margin", "margin": 5.25}
+
+
+@pytest.mark.parametrize("form", ["two words", "one word"])
+def test_a_users_additional_config_joins_the_one_rendered_flag(form, tmp_path, capsys,
+                                                               vllm_serve_parser):
+    """`--vspec-min-gamma 1 -- --additional-config '{"vspec": {"trace_path": ...}}'`
+    renders ONE --additional-config holding both keys (and the user's other
+    keys): vLLM keeps only the last of two, which dropped the flag's setting."""
+    trace = str(tmp_path / "t.jsonl")
+    user = json.dumps({"vspec": {"trace_path": trace}, "other_plugin": {"x": 1}})
+    extra = ["--additional-config", user] if form == "two words" else [f"--additional-config={user}"]
+    argv, _ = dry_run(capsys, "--preset", "tiny-draft", "--vspec-min-gamma", "1", "--", *extra,
+                      "--seed", "3")
+    assert sum(a.split("=")[0] in presets.ADDITIONAL_CONFIG_FLAGS for a in argv) == 1, argv
+    args = vllm_serve_parser(argv)
+    assert args.additional_config == {"vspec": {"min_gamma": 1, "trace_path": trace},
+                                      "other_plugin": {"x": 1}}
+    assert argv[-2:] == ["--seed", "3"]  # the other extra arguments stay, last
+
+
+def test_the_users_vspec_keys_win_and_each_conflict_is_reported(capsys, vllm_serve_parser):
+    user = json.dumps({"vspec": {"min_gamma": 2, "policy": "online"}})
+    assert cli.main(["serve", "--dry-run", "--preset", "tiny-draft", "--vspec-min-gamma", "1",
+                     "--vspec-policy", "online", "--", "--additional-config", user]) == 0
+    out = capsys.readouterr()
+    command = shlex.split(out.out.strip().splitlines()[-1])
+    config = json.loads(command[command.index("--additional-config") + 1])
+    assert config == {"vspec": {"min_gamma": 2, "policy": "online"}}
+    # Only the key whose values differ is reported, naming both values.
+    assert out.err.strip().splitlines() == [
+        "vllm-vspec serve: vspec.min_gamma: --additional-config's 2 wins over 1 "
+        "(the preset or a --vspec-* flag)"]
+
+
+def test_the_users_vspec_keys_are_validated_before_exec(capsys):
+    user = json.dumps({"vspec": {"min_gamma": 9}})
+    assert cli.main(["serve", "--dry-run", "--preset", "tiny-draft", "--",
+                     "--additional-config", user]) == 2
+    assert "vspec.min_gamma=9" in capsys.readouterr().err
+
+
+def test_several_user_additional_configs_merge_later_keys_winning():
+    merged, rest = presets.take_additional_config([
+        "--additional-config", '{"vspec": {"policy": "fixed", "fixed_gamma": 1}, "a": 1}',
+        "--seed", "1", '--additional-config={"vspec": {"fixed_gamma": 2}, "a": 2}'])
+    assert merged == {"vspec": {"policy": "fixed", "fixed_gamma": 2}, "a": 2}
+    assert rest == ["--seed", "1"]
+
+
+def test_the_launcher_drains_on_sigterm_by_default(capsys, vllm_serve_parser):
+    """vLLM 0.32's default --shutdown-timeout 0 aborts in-flight requests and
+    could hang; every preset renders a drain window, overridable both ways."""
+    for name in PRESETS:
+        argv, _ = dry_run(capsys, "--preset", name, "--platform", "cpu")
+        assert vllm_serve_parser(argv).shutdown_timeout == presets.LaunchConfig.shutdown_timeout
+    assert presets.LaunchConfig.shutdown_timeout > 0
+    argv, _ = dry_run(capsys, "--preset", "tiny-draft", "--shutdown-timeout", "5")
+    assert vllm_serve_parser(argv).shutdown_timeout == 5
+    argv, _ = dry_run(capsys, "--preset", "tiny-draft", "--", "--shutdown-timeout", "0")
+    assert vllm_serve_parser(argv).shutdown_timeout == 0   # after `--`: the user's, last
+    help_text = " ".join(serve.add_parser(
+        __import__("argparse").ArgumentParser().add_subparsers()).format_help().split())
+    assert "--shutdown-timeout" in help_text and "SIGTERM" in help_text
+
+
+def test_the_dry_run_prints_the_command_that_runs_on_this_host(capsys):
+    """On the CPU host the `vllm` script cannot run: the last line is the
+    `python -m vllm_vspec.commands.serve ...` that exec runs, the `vllm serve`
+    form above it as a comment; for another platform, the `vllm serve` line."""
+    assert cli.main(["serve", "--dry-run", "--preset", "tiny-draft"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    runs = shlex.split(lines[-1])
+    assert runs[:3] == [sys.executable, "-m", "vllm_vspec.commands.serve"]
+    assert serve._exec_argv(["vllm", "serve", *runs[3:]]) == runs
+    assert any(line.startswith("# = vllm serve ") for line in lines)
+    assert cli.main(["serve", "--dry-run", "--preset", "tiny-draft", "--platform", "cuda"]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("vllm serve ")
 
 
 def test_committed_configuration_docs_are_up_to_date():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # name -> module path.
@@ -70,6 +71,34 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+class UserError(ValueError):
+    """A user's input a command cannot use (a flag's value, a file): `main`
+    prints it as one line and exits 2, as argparse does for a bad flag."""
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """The exceptions that mean a user's input was wrong, each already
+    naming the key or flag, the value and what is allowed: one line, exit 2,
+    no traceback (VSPEC_TRACEBACK=1 shows it anyway)."""
+    from vllm_vspec.config import VSpecConfigError
+    from vllm_vspec.core.trace import TraceError
+
+    errors: list[type[BaseException]] = [UserError, VSpecConfigError, TraceError]
+    for module, name in (("vllm_vspec.launch.presets", "PresetError"),
+                         ("vllm_vspec.core.latency", "ProfileError"),
+                         ("vllm_vspec.tools.drafters", "DrafterError")):
+        loaded = sys.modules.get(module)  # only what the command imported
+        if loaded is not None:
+            errors.append(getattr(loaded, name))
+    return tuple(errors)
+
+
+def _one_line(command: str, message: str) -> str:
+    text = " ".join(str(message).split())
+    prefix = f"vllm-vspec {command}".rstrip()
+    return text if text.startswith("vllm-vspec") else f"{prefix}: {text}"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # The top-level options take no value, so the first word is the command.
@@ -79,7 +108,20 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except SystemExit as exc:
+        if not isinstance(exc.code, str):  # an exit status: pass it on
+            raise
+        if os.environ.get("VSPEC_TRACEBACK"):
+            raise
+        print(_one_line(command, exc.code), file=sys.stderr)
+        return 2
+    except Exception as exc:
+        if not isinstance(exc, user_errors()) or os.environ.get("VSPEC_TRACEBACK"):
+            raise
+        print(_one_line(command, str(exc)), file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

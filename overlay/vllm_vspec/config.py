@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import difflib
 import functools
 import inspect
 import textwrap
@@ -112,8 +113,9 @@ class VSpecConfig:
     max_gamma_step: int = ranged(4, 1)
     """Largest change of gamma in one decision (after warm-up)."""
 
-    hysteresis: float = ranged(0.05, 0.0)
-    """Switch only when the best arm beats the current one by this fraction."""
+    hysteresis: float = ranged(0.05, 0.0, 1.0)
+    """Switch only when the best arm beats the current one by this fraction
+    (at most 1: an arm twice as fast)."""
 
     reward_prefill_steps: bool = False
     """Decide and reward the steps that carry a prefill (a new or resumed
@@ -336,12 +338,47 @@ class VSpecConfig:
             if key in NOT_OFFERED:
                 raise VSpecConfigError(key, value, NOT_OFFERED[key])
             if key not in known:
-                close = ", ".join(sorted(known))
-                raise VSpecConfigError(key, value, f"unknown key; known keys: {close}")
+                guess = difflib.get_close_matches(key, known, n=1)
+                hint = f"did you mean {guess[0]!r}? " if guess else ""
+                raise VSpecConfigError(key, value, f"unknown key; {hint}known keys: "
+                                       + ", ".join(sorted(known)))
             kwargs[key] = _coerce(key, value, _field_types()[key])
         cfg = cls(**kwargs)
         cfg.validate(num_speculative_tokens)
+        if cfg.enabled:
+            cfg.check_files()
         return cfg
+
+    def check_files(self) -> None:
+        """What the engine would otherwise find only after loading the
+        models: input files readable and well-formed (`profile_path`,
+        `draft_active_vocab_ids`), output paths writable (`trace_path` and
+        the diagnostics dumps). VSpecConfigError names the key, the value and
+        the fix. `from_dict` runs it (user settings), for enabled settings."""
+        if self.profile_path:
+            from vllm_vspec.core.latency import ProfileError, load_profile  # numpy: lazily
+
+            try:
+                load_profile(self.profile_path)
+            except OSError as exc:
+                raise VSpecConfigError("profile_path", self.profile_path,
+                                       f"a readable latency profile JSON ({exc.strerror}); "
+                                       "write one with `vllm-vspec profile` or `vllm-vspec "
+                                       "fit-profile`, or use policy 'online'") from None
+            except ProfileError as exc:
+                what = (exc.allowed if exc.key == "<file>" else
+                        f"{exc.key}={exc.value!r} must be {exc.allowed}")
+                raise VSpecConfigError("profile_path", self.profile_path,
+                                       f"a latency profile JSON file ({what}); write one with "
+                                       "`vllm-vspec profile` or `vllm-vspec fit-profile`"
+                                       ) from None
+        if self.draft_active_vocab_ids:
+            from vllm_vspec.core.active_vocab import check_file
+
+            check_file(self.draft_active_vocab_ids, self.draft_active_vocab_size)
+        for key, is_dir in OUTPUT_PATHS:
+            if getattr(self, key):
+                _check_writable(key, getattr(self, key), is_dir)
 
     def with_max_gamma(self, num_speculative_tokens: int,
                        max_verify_width: int | None = None) -> "VSpecConfig":
@@ -536,6 +573,51 @@ def _check_float(key: str, v: Any, lo: float, hi: float | None, lo_open: bool = 
         left = "(" if lo_open else "["
         rng = f"in {left}{lo}, {hi}]" if hi is not None else (f"> {lo}" if lo_open else f">= {lo}")
         raise VSpecConfigError(key, v, f"a number {rng}")
+
+
+# Keys naming what the engine writes: (key, a directory of files?).
+OUTPUT_PATHS = (("trace_path", False), ("draft_trace_path", False),
+                ("target_argmax_trace_path", False), ("draft_io_trace_dir", True),
+                ("target_hidden_trace_dir", True))
+
+
+def _check_writable(key: str, value: str, is_dir: bool) -> None:
+    """`value` can be written as the writers write it (missing parent
+    directories created): an existing path must be a writable file (or
+    directory), else its nearest existing ancestor a directory a file can be
+    created in (tried with a temporary file, removed at once: permission
+    bits alone pass root on /proc)."""
+    import os
+    import tempfile
+    from pathlib import Path
+
+    path = Path(value)
+    what = "directory" if is_dir else "file"
+    fix = f"a writable {what} path (its missing parent directories are created)"
+    if path.exists():
+        if path.is_dir() != is_dir:
+            raise VSpecConfigError(key, value, f"{fix}; this is a "
+                                   f"{'directory' if path.is_dir() else 'file'}")
+        probe_dir = path if is_dir else None
+        if not is_dir:
+            try:
+                with open(path, "a"):
+                    return
+            except OSError as exc:
+                raise VSpecConfigError(key, value, f"{fix} ({exc.strerror})") from None
+    else:
+        probe_dir = path.parent if not is_dir else path
+        while not probe_dir.exists() and probe_dir != probe_dir.parent:
+            probe_dir = probe_dir.parent
+        if not probe_dir.is_dir():
+            raise VSpecConfigError(key, value, f"{fix}; {probe_dir} is not a directory")
+    try:
+        fd, name = tempfile.mkstemp(prefix=".vspec-probe-", dir=probe_dir)
+    except OSError as exc:
+        raise VSpecConfigError(key, value, f"{fix}; cannot create files in {probe_dir} "
+                               f"({exc.strerror})") from None
+    os.close(fd)
+    os.unlink(name)
 
 
 def _check_choice(key: str, v: Any, choices: tuple[str, ...]) -> None:

@@ -159,10 +159,10 @@ def build_plan(args: argparse.Namespace) -> runner.Plan:
                 if drafters["draft_model"] and args.latency_profile.exists() else {})
     available = variants.all_variants(drafters, args.static_table, profiles)
     names = list(available) if args.variants == "all" else _csv(args.variants)
-    try:
-        chosen = variants.select(available, names)
-    except ValueError as e:
-        raise SystemExit(str(e)) from None
+    unknown = [n for n in names if n not in available]
+    if unknown:
+        raise SystemExit(_unknown_variants(unknown, available, args))
+    chosen = variants.select(available, names)
     available_families = workloads.families_in(args.prompts)
     built_over = available_families if args.families == "all" else _csv(args.families)
     all_workloads = workloads.build_workloads(args.low_concurrency, args.high_concurrency,
@@ -200,6 +200,20 @@ def build_plan(args: argparse.Namespace) -> runner.Plan:
                        output_len, args.out, args.repeats)
 
 
+def _unknown_variants(unknown: list[str], available: dict, args: argparse.Namespace) -> str:
+    """One line: every variant name there is, and why those that need a
+    model or a profile this run lacks are not available."""
+    every = variants.all_variants({"draft_model": args.draft, "eagle": args.eagle},
+                                  args.static_table, {"draft_model": args.latency_profile})
+    lacking = [f"{flag} {path}" for flag, path in (("--draft", args.draft),
+               ("--eagle", args.eagle), ("--latency-profile", args.latency_profile))
+               if not path.exists()]
+    why = ([f"not found: {', '.join(lacking)} (the variants that need them are "
+            "unavailable; run from the repository or pass the paths)"] if lacking else [])
+    return (f"--variants {','.join(unknown)} is not available: choose from "
+            f"{', '.join(every)} (or 'all')" + ("; here " + "; ".join(why) if why else ""))
+
+
 def _serving_main(args: argparse.Namespace) -> int:
     plan = build_plan(args)
     if args.dry_run:
@@ -234,10 +248,15 @@ def _serving_main(args: argparse.Namespace) -> int:
             report.markdown_table(table_rows) + "\n" + "".join(f"\n{b}\n" for b in lines))
         return table_rows, lines
 
-    with Progress(console=console) as progress:
-        task = progress.add_task("bench", total=plan.total_requests)
+    if console.is_terminal:
+        with Progress(console=console) as progress:
+            task = progress.add_task("bench", total=plan.total_requests)
+            runs, timelines, failures = runner.run_plan(
+                plan, lambda what: progress.update(task, advance=1, description=what), save)
+    else:  # redirected: rich draws no live bar there; one flushed line per phase
+        lines = _LineProgress(plan.total_requests, started)
         runs, timelines, failures = runner.run_plan(
-            plan, lambda what: progress.update(task, advance=1, description=what), save)
+            plan, lines.advance, lambda r, f: (lines.variant_done(r, f), save(r, f)))
     table_rows, bound_lines = save(runs, failures)
     console.print(report.render_table(table_rows))
     for line in bound_lines:
@@ -250,6 +269,30 @@ def _serving_main(args: argparse.Namespace) -> int:
                               "gamma and batch size over time")
     console.print(f"results: {results}\ntable: {plan.out_dir / 'table.md'}\nplot: {png}")
     return 0 if not failures and not any(r.errors for r in runs) else 1
+
+
+class _LineProgress:
+    """Progress for redirected output: a line when a variant's workload
+    starts and when a server is done, flushed at once (a log file or a pipe
+    then shows where a bench of many minutes is)."""
+
+    def __init__(self, total: int, started: float):
+        self.total, self.started, self.done, self.current = total, started, 0, None
+        self._say(f"bench: {total} requests to send; the first server is starting")
+
+    def _say(self, text: str) -> None:
+        print(f"[{time.time() - self.started:7.1f} s] {text}", flush=True)
+
+    def advance(self, what: str) -> None:
+        self.done += 1
+        if what != self.current:
+            self.current = what
+            self._say(f"{what}: running ({self.done}/{self.total} requests done)")
+
+    def variant_done(self, runs: list, failures: dict[str, str]) -> None:
+        self._say(f"server done ({self.done}/{self.total} requests, "
+                  f"{len(failures)} variant(s) failed so far)")
+        self.current = None
 
 
 def _meta(plan: runner.Plan, started: float, failures: dict[str, str]) -> dict:

@@ -26,8 +26,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _fit_main(args: argparse.Namespace) -> int:
-    raw = json.loads(Path(args.samples).read_text())
+    try:
+        raw = json.loads(Path(args.samples).read_text())
+    except OSError as exc:
+        raise SystemExit(f"samples={args.samples!r} is not allowed: a readable samples "
+                         f"JSON file ({exc.strerror})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise SystemExit(f"samples={args.samples!r} is not allowed: a samples JSON file "
+                         f"(not JSON: {exc}); `vllm-vspec profile` writes one") from None
     samples = latency.validate_samples(raw, where=args.samples)
+    out_dir = Path(args.profile).resolve().parent
+    if not out_dir.is_dir():
+        raise SystemExit(f"profile={args.profile!r} is not allowed: a file in an existing "
+                         f"directory ({out_dir} is not one)")
     info = raw if isinstance(raw, Mapping) else {}
     profile = latency.fit_profile(samples, name=args.name or info.get("name", Path(args.profile).stem),
                           device=args.device or info.get("device", ""),

@@ -5,6 +5,9 @@
 The override flags are generated from the LaunchConfig and VSpecConfig fields
 (`--KEY` and `--vspec-KEY`), never listed by hand. Without `--dry-run` the
 process becomes `vllm serve` (os.execvpe): vLLM's own CLI does the serving.
+Every vspec setting reaches it through one `--additional-config`: the
+preset's table, the `--vspec-*` flags and a user's own `-- --additional-config
+'{...}'` merged (the user's keys win; conflicts are reported on stderr).
 """
 
 from __future__ import annotations
@@ -32,7 +35,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "serve", help="launch `vllm serve` from a preset (configs/*.toml)",
         description="Render a preset into a `vllm serve` command and run it. "
-                    "Arguments after `--` go to vllm serve unchanged, last.")
+                    "Arguments after `--` go to vllm serve unchanged, last, except "
+                    "`--additional-config`: its JSON joins the one the launcher renders, "
+                    "its `vspec` keys winning over the preset's and the --vspec-* flags' "
+                    "(each conflict reported). SIGTERM drains: in-flight requests get "
+                    "--shutdown-timeout seconds to finish (default 30).")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--preset", metavar="NAME",
                      help="a preset in configs/: " + ", ".join(presets.list_presets()))
@@ -97,7 +104,15 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         path = args.config if args.config else presets.preset_path(args.preset)
-        preset = presets.load(path, overrides_from(args))
+        overrides = overrides_from(args)
+        preset = presets.load(path, overrides)
+        # A user's `-- --additional-config '{"vspec": {...}}'` joins the one
+        # rendered flag, its keys winning; validated here like the others.
+        user = presets.user_vspec(presets.take_additional_config(args.vllm_args)[0])
+        for line in presets.vspec_conflicts(preset, user):
+            print(f"vllm-vspec serve: {line}", file=sys.stderr)
+        if user:
+            preset = presets.load(path, {**overrides, "vspec": {**overrides["vspec"], **user}})
     except presets.PresetError as exc:
         print(f"vllm-vspec serve: {exc}", file=sys.stderr)
         return 2
@@ -111,10 +126,16 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         for key, value in sorted(env.items()):
             print(f"export {key}={shlex.quote(value)}")
-        if executable[1:] != argv[1:]:
-            print(f"# runs as: {shlex.join(executable[:3])} ... ({VLLM_CLI_NOTE})")
         print(f"# {presets.graph_note(preset)}")
-        print(shlex.join(argv))
+        here = presets.resolve_platform(preset.launch.platform) == presets.resolve_platform()
+        if here and executable[1:] != argv[1:]:
+            # The last line is what runs on this host (what exec would run).
+            print(f"# = {shlex.join(argv)}")
+            print(f"# ({VLLM_CLI_NOTE}; this runs the same arguments through vLLM's "
+                  "own serve parser and server)")
+            print(shlex.join(executable))
+        else:
+            print(shlex.join(argv))
         return 0
     os.execvpe(executable[0], executable, {**os.environ, **env})
     return 0  # not reached: exec replaced this process

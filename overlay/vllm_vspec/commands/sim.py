@@ -13,7 +13,8 @@ import argparse
 import json
 from pathlib import Path
 
-from vllm_vspec.core.latency import load_profile
+from vllm_vspec.config import VSpecConfig
+from vllm_vspec.core.latency import ProfileError, load_profile
 from vllm_vspec.sim.report import WORKLOADS, plot, table_text
 from vllm_vspec.sim.simulator import (DRAFT_RATES, GAMMA0_MODES, Rates, compare,
                                       controller_overhead_us, from_trace, ratios)
@@ -67,6 +68,30 @@ def _rates(flag: str, text: str) -> tuple[float, ...]:
 
 
 def _main(args: argparse.Namespace) -> int:
+    # Every input checked before the (long) simulation: one line each.
+    try:
+        profile = load_profile(args.profile)
+    except OSError as exc:
+        raise SystemExit(f"--profile={args.profile!r} is not allowed: a readable latency "
+                         f"profile JSON ({exc.strerror}); see profiles/") from None
+    except ProfileError as exc:
+        what = exc.allowed if exc.key == "<file>" else f"{exc.key}={exc.value!r} must be {exc.allowed}"
+        raise SystemExit(f"--profile={args.profile!r} is not allowed: a latency profile JSON "
+                         f"({what}); see profiles/") from None
+    try:
+        vspec = json.loads(args.vspec)
+    except json.JSONDecodeError as exc:
+        raise SystemExit(f"--vspec={args.vspec!r} is not allowed: a JSON object of vspec "
+                         f"settings ({exc})") from None
+    if not isinstance(vspec, dict):
+        raise SystemExit(f"--vspec={args.vspec!r} is not allowed: a JSON object of vspec "
+                         "settings")
+    VSpecConfig.from_dict(vspec)  # VSpecConfigError names the key
+    try:
+        table = json.loads(args.table) if args.table else None
+    except json.JSONDecodeError as exc:
+        raise SystemExit(f"--table={args.table!r} is not allowed: JSON [[start,end,k],...] "
+                         f"({exc})") from None
     unknown = [w for w in args.workloads.split(",") if w and w not in WORKLOADS]
     if unknown:
         raise SystemExit(f"--workloads: unknown {unknown}; known: {', '.join(WORKLOADS)}")
@@ -81,11 +106,13 @@ def _main(args: argparse.Namespace) -> int:
                 raise SystemExit(f"--tree-rates={spec!r}: need W:R1,R2,... with W >= 2")
             rates[int(width)] = _rates("--tree-rates", values)
     workloads = [WORKLOADS[w](args.scale, rates) for w in args.workloads.split(",") if w]
+    for t in args.trace:
+        if not Path(t).is_file():
+            raise SystemExit(f"--trace={t!r} is not allowed: a vspec trace JSONL file "
+                             "(trace_path writes one)")
     workloads += [from_trace(t) for t in args.trace]
-    table = json.loads(args.table) if args.table else None
-    results = compare(workloads, args.profile, args.max_gamma, table, json.loads(args.vspec),
+    results = compare(workloads, args.profile, args.max_gamma, table, vspec,
                       args.seed, args.noise, args.gamma0_mode, args.max_width)
-    profile = load_profile(args.profile)
     print(f"profile: {profile.name} ({profile.source}) {profile.note}; "
           f"gamma 0: {args.gamma0_mode}")
     print(table_text(results))

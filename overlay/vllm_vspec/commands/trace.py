@@ -17,7 +17,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                               description=diagnostics.__doc__, formatter_class=HelpFormatter)
     actions = p.add_subparsers(dest="trace_command", metavar="ACTION", required=True)
     s = actions.add_parser("summarize", formatter_class=HelpFormatter,
-                           help="summarise a draft / target_argmax trace or a trace directory")
+                           help="summarise a controller trace (trace_path), a draft / target_argmax "
+                                "trace or a trace directory")
     s.add_argument("path", help="a JSONL trace file or a safetensors trace directory")
     s.add_argument("--top", type=int, default=10, help="most frequent ids listed (argmax trace)")
     s.add_argument("--json", action="store_true", help="print the summary as one JSON object")
@@ -27,9 +28,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def _summarize_main(args: argparse.Namespace) -> int:
     try:
         summary = summarize(args.path, top=args.top)
-    except (OSError, ValueError) as e:
-        print(f"vllm-vspec trace summarize: {e}")
-        return 1
+    except OSError as e:
+        raise SystemExit(f"vllm-vspec trace summarize: path={args.path!r} is not allowed: "
+                         f"a readable trace file or directory ({e.strerror})") from None
+    except ValueError as e:  # TraceError included: names the file, the line, the key
+        raise SystemExit(f"vllm-vspec trace summarize: {e}") from None
     if args.json:
         print(json.dumps(summary))
         return 0

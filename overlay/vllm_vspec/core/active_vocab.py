@@ -43,17 +43,36 @@ def write_ids(path: str | Path, ids: list[int], special_ids: list[int], vocab_si
         "counted_tokens": counted_tokens, "source": source}, indent=1) + "\n")
 
 
+def check_file(path: str | Path, size: int) -> dict:
+    """The parsed ids file, checked as far as it can be without the drafter
+    (readable JSON in FORMAT, distinct non-negative integer ids, `size` at
+    most their count). Raises VSpecConfigError naming the key and the fix."""
+    key = "draft_active_vocab_ids"
+    try:
+        raw = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise VSpecConfigError(key, str(path), "a readable active-vocabulary JSON file "
+                               f"({getattr(e, 'strerror', None) or e}); write one with "
+                               "`vllm-vspec active-vocab`") from None
+    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+        raise VSpecConfigError(key, str(path), f"a file in format {FORMAT!r} "
+                               "(write one with `vllm-vspec active-vocab`)")
+    ids = raw.get("ids")
+    if (not isinstance(ids, list) or len(set(map(repr, ids))) != len(ids)
+            or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids)):
+        raise VSpecConfigError(key, str(path), "a file whose ids are distinct integers >= 0 "
+                               "(write one with `vllm-vspec active-vocab`)")
+    if size > len(ids):
+        raise VSpecConfigError("draft_active_vocab_size", size,
+                               f"at most the {len(ids)} ids in {path}")
+    return raw
+
+
 def load_ids(path: str | Path, size: int, vocab_size: int) -> list[int]:
     """The first `size` ids of an active-vocabulary file (0: all), checked
     against the drafter's vocabulary. Raises VSpecConfigError naming the key."""
     key = "draft_active_vocab_ids"
-    try:
-        raw = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise VSpecConfigError(key, str(path), f"a readable active-vocabulary JSON file ({e})") from None
-    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
-        raise VSpecConfigError(key, str(path), f"a file in format {FORMAT!r} "
-                               "(write one with `vllm-vspec active-vocab`)")
+    raw = check_file(path, size)
     ids = raw["ids"]
     if raw.get("vocab_size") != vocab_size:
         raise VSpecConfigError(key, str(path), f"ids for a {vocab_size}-token vocabulary "
@@ -66,4 +85,4 @@ def load_ids(path: str | Path, size: int, vocab_size: int) -> list[int]:
     return ids[:size] if size else ids
 
 
-__all__ = ["build_ids", "load_ids", "write_ids", "FORMAT"]
+__all__ = ["build_ids", "check_file", "load_ids", "write_ids", "FORMAT"]

