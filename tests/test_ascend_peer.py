@@ -160,3 +160,24 @@ def test_difference_patterns_are_fnmatch_node_ids():
         for p in entry["tests"]:
             assert p.startswith(("tests/ut/", "*")), p
             assert fnmatch.translate(p)
+
+
+@pytest.mark.peer
+@pytest.mark.parametrize("host", sorted(SUITE["host"]))
+def test_vllm_ascends_own_unit_tests_match_on_the_stock_and_the_overlaid_tree(host):
+    """What `make ascend-peer-test HOST=<host>` runs: the pin's tests/ut on
+    both trees, compared test by test (prepares the trees and the isolated
+    venv under .cache/ascend-peer on first use). Exit 1: an unlisted
+    difference or an overlaid run that never reached vspec's classes; exit
+    2: the trees, the venv or pytest itself failed."""
+    import os
+    import subprocess
+
+    # The inner pytest must not inherit this run's options (-k, -x, ...).
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    proc = subprocess.run([sys.executable, str(HERE / "ascend_peer" / "ascend_peer.py"),
+                           "--host", host], env=env, capture_output=True, text=True,
+                          timeout=2400)
+    assert proc.returncode == 0, (
+        f"ascend peer suite ({host}) exited {proc.returncode} (make ascend-peer-test "
+        f"HOST={host} reproduces it):\n{proc.stdout[-12000:]}\n{proc.stderr[-4000:]}")
