@@ -1,7 +1,16 @@
 // NPU (PrivateUse1) implementations of the vspec ops: the argument checks
 // shared with every backend (cpu_ops.cpp), the launch geometry, then one
-// AscendC kernel launch on the current NPU stream. Built only when CANN is
-// present; not yet compiled or run on NPU.
+// AscendC kernel launch queued through torch_npu's OpCommand, the pattern
+// vLLM-Ascend's own ops use (csrc/torch_binding.cpp lines 390-419:
+// `OpCommand cmd; cmd.Name(...); cmd.SetCustomHandler(lambda); cmd.Run();`).
+// The handler runs in torch_npu's task-queue order, so the launch is not a
+// direct call beside the queue and the current stream is read inside it
+// with `stream(false)`, as the host's aclnn adapter reads it
+// (csrc/aclnn_torch_adapter/op_api_common.h line 701): no drain of the
+// queue, where a bare `stream()` empties it first, a host stall per call. The handler holds the tensors by value, so
+// they outlive the queued launch. Built only when CANN is present; not yet
+// compiled or run on NPU (tests/test_ops.py checks its syntax against
+// declaration stubs of the torch_npu/ACL headers, not a CANN build).
 //
 // Launch geometry (what the kernels assume, vspec_kernel.h): rows are split
 // over the device's AI vector cores in ranges of a multiple of kRowAlign rows
@@ -18,6 +27,7 @@
 #include "aclrtlaunch_vspec_tree_commit.h"
 #include "ops.h"
 #include "torch_npu/csrc/core/npu/NPUStream.h"
+#include "torch_npu/csrc/framework/OpCommand.h"
 
 namespace vspec {
 namespace {
@@ -71,11 +81,18 @@ std::tuple<at::Tensor, at::Tensor> commit_accepted_npu(const at::Tensor& sampled
   auto next_token = at::empty({batch}, ids.options());
   if (batch == 0) return {num_valid, next_token};
   const Geometry g = geometry(ids, batch, width * 4 + 1 + 4 + 4 + 4);
-  ACLRT_LAUNCH_KERNEL(vspec_commit_accepted)
-  (g.blocks, c10_npu::getCurrentNPUStream().stream(), ids.data_ptr(), skip.data_ptr(),
-   fallback.data_ptr(), num_valid.data_ptr(), next_token.data_ptr(),
-   static_cast<int32_t>(batch), static_cast<int32_t>(width), static_cast<int32_t>(vocab_size),
-   g.rows_per_core, g.tile_rows);
+  at_npu::native::OpCommand cmd;
+  cmd.Name("vspec_commit_accepted");
+  cmd.SetCustomHandler([ids, skip, fallback, num_valid, next_token, g, batch, width,
+                        vocab_size]() -> int {
+    ACLRT_LAUNCH_KERNEL(vspec_commit_accepted)
+    (g.blocks, c10_npu::getCurrentNPUStream().stream(false), ids.data_ptr(), skip.data_ptr(),
+     fallback.data_ptr(), num_valid.data_ptr(), next_token.data_ptr(),
+     static_cast<int32_t>(batch), static_cast<int32_t>(width), static_cast<int32_t>(vocab_size),
+     g.rows_per_core, g.tile_rows);
+    return 0;
+  });
+  cmd.Run();
   return {num_valid, next_token};
 }
 
@@ -97,11 +114,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> tree_commit_npu(
   if (batch == 0) return {new_seq_lens, next_token, src_slots, dst_slots};
   const Geometry g = geometry(p, batch, depth * 4 + nodes * 4 + nodes * 8 + 4 + 4 + 4 +
                                             depth * 8 * 2);
-  ACLRT_LAUNCH_KERNEL(vspec_tree_commit)
-  (g.blocks, c10_npu::getCurrentNPUStream().stream(), p.data_ptr(), tok.data_ptr(),
-   slot.data_ptr(), lens.data_ptr(), new_seq_lens.data_ptr(), next_token.data_ptr(),
-   src_slots.data_ptr(), dst_slots.data_ptr(), static_cast<int32_t>(batch),
-   static_cast<int32_t>(depth), static_cast<int32_t>(nodes), g.rows_per_core, g.tile_rows);
+  at_npu::native::OpCommand cmd;
+  cmd.Name("vspec_tree_commit");
+  cmd.SetCustomHandler([p, tok, slot, lens, new_seq_lens, next_token, src_slots, dst_slots, g,
+                        batch, depth, nodes]() -> int {
+    ACLRT_LAUNCH_KERNEL(vspec_tree_commit)
+    (g.blocks, c10_npu::getCurrentNPUStream().stream(false), p.data_ptr(), tok.data_ptr(),
+     slot.data_ptr(), lens.data_ptr(), new_seq_lens.data_ptr(), next_token.data_ptr(),
+     src_slots.data_ptr(), dst_slots.data_ptr(), static_cast<int32_t>(batch),
+     static_cast<int32_t>(depth), static_cast<int32_t>(nodes), g.rows_per_core, g.tile_rows);
+    return 0;
+  });
+  cmd.Run();
   return {new_seq_lens, next_token, src_slots, dst_slots};
 }
 

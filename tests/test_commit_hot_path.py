@@ -97,10 +97,19 @@ class _Counting:
 
 
 @pytest.mark.engine
-def test_the_engine_commits_every_decode_step_with_the_op(prompts, reference):
-    """draft_model on vspec's worker, gamma cycling 4, 0, 3, 1, 2 (widths 1..5)."""
+@pytest.mark.parametrize("backend", ["compiled", "torch"])
+def test_the_engine_commits_every_decode_step_with_the_op(prompts, reference, backend,
+                                                          monkeypatch):
+    """draft_model on vspec's worker, gamma cycling 4, 0, 3, 1, 2 (widths 1..5);
+    `torch`: the compiled library hidden (VSPEC_OPS_LIB=none), so the engine
+    serves through the torch fallback (issue 24) and says so."""
     from vllm_vspec.hosts.vllm.commit_op import CommitOpMixin
     from vllm_vspec.hosts.vllm.worker import CPU_WORKER_CLS
+    from vllm_vspec.kernels import ops
+
+    if backend == "torch":
+        monkeypatch.setenv(ops.ENV, "none")
+        monkeypatch.setattr(ops, "_fallback", None)
 
     llm = make_llm(speculative_config={"method": "draft_model", "model": str(DRAFT),
                                        "num_speculative_tokens": 4},
@@ -108,6 +117,9 @@ def test_the_engine_commits_every_decode_step_with_the_op(prompts, reference):
     try:
         drafter = runner_of(llm).drafter
         assert isinstance(drafter, CommitOpMixin), type(drafter).__mro__
+        assert (drafter.vspec_ops is ops.TORCH_OPS) == (backend == "torch")
+        if backend == "torch":
+            assert ops.backend() == "torch fallback: VSPEC_OPS_LIB=none"
         # Instance attributes over the bound ones: count without changing them.
         commits = _Counting(drafter.vspec_ops.commit_accepted)
         drafter.vspec_ops = SimpleNamespace(commit_accepted=commits)

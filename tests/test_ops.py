@@ -29,12 +29,12 @@ CUDA_KERNEL = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
 
 @pytest.fixture(scope="module")
 def vspec():
-    return ops.load()
+    return ops.load_compiled()
 
 
 def run(op: str, backend: str, *args):
     """Call torch.ops.vspec.<op> on one backend; returns its outputs."""
-    overload = getattr(ops.load(), op).default
+    overload = getattr(ops.load_compiled(), op).default
     if backend == "composite":
         return overload.redispatch(CUDA_KERNEL, *args)
     if backend == "meta":
@@ -270,7 +270,86 @@ def test_a_missing_library_names_the_make_command(monkeypatch, tmp_path):
     monkeypatch.setattr(ops, "_loaded", None)
     monkeypatch.setattr(ops, "library_candidates", lambda: [tmp_path / ops.LIBRARY])
     with pytest.raises(ops.OpsLibraryMissing, match="run `make ops`"):
-        ops.load()
+        ops.load_compiled()
+
+
+# ------------------------------------------------------------ torch fallback
+def _hidden(monkeypatch, tmp_path):
+    """No library anywhere vspec looks, and none loaded yet in this 'process'."""
+    monkeypatch.setattr(ops, "_loaded", None)
+    monkeypatch.setattr(ops, "_fallback", None)
+    monkeypatch.setattr(ops, "library_candidates", lambda: [tmp_path / ops.LIBRARY])
+
+
+def test_a_missing_library_falls_back_to_torch_with_one_warning(monkeypatch, tmp_path, caplog):
+    _hidden(monkeypatch, tmp_path)
+    with caplog.at_level("WARNING", logger="vllm.vllm_vspec.kernels.ops"):
+        first, second = ops.load(), ops.load("npu")
+    assert first is second is ops.TORCH_OPS
+    warnings = [r.getMessage() for r in caplog.records if r.name == "vllm.vllm_vspec.kernels.ops"]
+    assert len(warnings) == 1 and "running the torch implementation" in warnings[0]
+    assert "not found" in warnings[0] and "make ops" in warnings[0]
+    assert ops.backend().startswith("torch fallback: the compiled library is unavailable")
+
+
+def test_an_unloadable_library_falls_back_to_torch(monkeypatch, tmp_path):
+    _hidden(monkeypatch, tmp_path)
+    (tmp_path / ops.LIBRARY).write_bytes(b"not an ELF file")
+    assert ops.load() is ops.TORCH_OPS
+    assert "torch fallback" in ops.backend() and str(tmp_path) in ops.backend()
+
+
+def test_a_library_without_the_devices_kernels_falls_back_for_that_device(vspec, monkeypatch):
+    """The checkout's CPU build has no AscendC (PrivateUse1) kernels: an NPU
+    caller gets the torch ops, a CPU caller the compiled ones."""
+    monkeypatch.setattr(ops, "_fallback", None)
+    assert ops.load("cpu") is torch.ops.vspec
+    assert ops.load("npu") is ops.TORCH_OPS
+    assert "has no npu kernel" in ops.backend()
+
+
+def test_doctor_says_which_backend_runs(monkeypatch, tmp_path):
+    from vllm_vspec.commands import doctor
+
+    _hidden(monkeypatch, tmp_path)
+    result = {"summary": doctor.summary([], {}), "abi": [], "ok": True}
+    assert result["summary"]["ops_library"]["backend"].startswith("torch fallback")
+    (row,) = [line for line in doctor._table(result, []).splitlines()
+              if line.startswith("  backend ")]
+    assert "torch fallback: the compiled library is unavailable" in row
+
+
+@settings(max_examples=200, deadline=None)
+@given(batch=st.integers(0, 9), width=st.integers(1, 8), vocab=st.integers(1, 40), data=st.data())
+def test_the_torch_commit_accepted_equals_the_compiled_op(vspec, batch, width, vocab, data):
+    sampled = torch.tensor(data.draw(st.lists(st.lists(st.integers(-1, 45), min_size=width,
+                                                       max_size=width),
+                                              min_size=batch, max_size=batch)),
+                           dtype=torch.int32).reshape(batch, width)
+    discard = torch.tensor(data.draw(st.lists(st.booleans(), min_size=batch, max_size=batch)),
+                           dtype=torch.bool)
+    backup = torch.randint(0, 99, (batch,), dtype=torch.int32)
+    want = vspec.commit_accepted(sampled, discard, backup, vocab)
+    check("cpu", ops.TORCH_OPS.commit_accepted(sampled, discard, backup, vocab), list(want))
+
+
+@settings(max_examples=200, deadline=None)
+@given(batch=st.integers(0, 6), depth=st.integers(1, 6), nodes=st.integers(1, 9), data=st.data())
+def test_the_torch_tree_commit_equals_the_compiled_op(vspec, batch, depth, nodes, data):
+    path = torch.tensor(data.draw(st.lists(st.lists(st.integers(-1, nodes + 1), min_size=depth,
+                                                    max_size=depth),
+                                           min_size=batch, max_size=batch)),
+                        dtype=torch.int32).reshape(batch, depth)
+    if batch and data.draw(st.booleans()):   # row 0: a real root path, -1 padded
+        rest = sorted(data.draw(st.sets(st.integers(1, nodes - 1), max_size=depth - 1))
+                      if nodes > 1 else [])
+        row = [0] + rest + [-1] * (depth - 1 - len(rest))
+        path[0] = torch.tensor(row, dtype=torch.int32)
+    target = torch.randint(0, 99, (batch, nodes), dtype=torch.int32)
+    slots = torch.randperm(max(batch * nodes, 1))[:batch * nodes].reshape(batch, nodes)
+    seq_lens = torch.randint(0, 50, (batch,), dtype=torch.int32)
+    want = vspec.tree_commit(path, target, slots, seq_lens)
+    check("cpu", ops.TORCH_OPS.tree_commit(path, target, slots, seq_lens), list(want))
 
 
 # ------------------------------------------------------------ AscendC sources
@@ -297,3 +376,20 @@ def test_status_reports_a_stale_library_instead_of_raising(vspec, monkeypatch):
     assert (status["loaded"], status["ops"]) == (False, {})
     assert status["library"] == str(next(p for p in ops.library_candidates() if p.is_file()))
     assert "vspec::not_in_the_library does not exist" in status["error"], status
+
+
+@pytest.mark.skipif(shutil.which("c++") is None, reason="needs a C++ compiler")
+def test_the_npu_wrappers_compile_against_stubs_of_torch_npu_and_acl():
+    """csrc/npu_ops.cpp (launches through torch_npu's OpCommand, as vLLM-Ascend's
+    ops do) against the real torch headers and declarations-only stand-ins of
+    the ACL, OpCommand, NPUStream and generated launch headers
+    (tests/npu_stub): its syntax, types and the calls' arity, not a CANN build."""
+    include = Path(torch.__file__).resolve().parent / "include"
+    here = Path(__file__).resolve().parent
+    run = subprocess.run(["c++", "-std=c++20", "-fsyntax-only", "-Wall", "-Wextra", "-Werror",
+                          "-I", str(here / "npu_stub"), "-I", str(here.parent / "csrc"),
+                          "-isystem", str(include),
+                          "-isystem", str(include / "torch" / "csrc" / "api" / "include"),
+                          str(here.parent / "csrc" / "npu_ops.cpp")],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-4000:]

@@ -254,8 +254,8 @@ class VSpecConfig:
     the restriction only changes which tokens can be drafted. Used in steps
     whose whole batch is pure greedy (temperature 0, no logprobs, no
     penalties); other steps draft with the full head. eagle and draft_model,
-    with vspec's worker or on vLLM-Ascend (there not yet run on NPU; not with
-    ascend_draft_full_graph)."""
+    with vspec's worker or on vLLM-Ascend (there not yet run on NPU; only with
+    ascend_draft_full_graph false)."""
 
     draft_active_vocab_size: int = 0
     """Use the first N ids of `draft_active_vocab_ids` (special tokens come
@@ -304,13 +304,15 @@ class VSpecConfig:
     """Refill holding: a waiting request is admitted after at most this many
     scheduler steps, however few others wait."""
 
-    ascend_draft_full_graph: bool = False
-    """vLLM-Ascend only, EXPERIMENTAL (not yet run on NPU): keep the draft
-    model's full ACL graph under dynamic gamma, one captured graph per gamma.
-    Off (the default), the draft model runs eagerly while vspec drives it (the
-    target keeps its graphs): vLLM-Ascend keys captured attention parameters
-    by token count only, so graphs of different gammas could replay each
-    other's sequence lengths (docs/ascend.md, "ACL graphs")."""
+    ascend_draft_full_graph: bool = True
+    """vLLM-Ascend only (not yet run on NPU): keep the draft model's full ACL
+    graph under dynamic gamma, as stock vLLM-Ascend keeps its one K-step
+    graph: one graph captured per gamma 1..K through the host's capture
+    path, with the host's draft graph-parameter store keyed by (gamma, token
+    count) so each gamma's replay reads its own parameters (docs/ascend.md,
+    "ACL graphs"). false: the draft model runs eagerly while vspec drives it
+    (the target keeps its graphs), which costs every draft pass its launch
+    overhead. Not with `draft_active_vocab_ids` (set this false for it)."""
 
     ascend_pad_verify_width: bool = True
     """vLLM-Ascend only (not yet run on NPU): a decode step whose batch fits

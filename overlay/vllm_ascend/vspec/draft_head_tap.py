@@ -23,7 +23,7 @@ those logits come from: a ModelTap around the draft model whose
 - otherwise the host's own compute_logits.
 
 The target verifies with its own full head, so strict acceptance stays
-exact. A full ACL graph of the draft loop (`ascend_draft_full_graph`) would
+exact. A full ACL graph of the draft loop (`ascend_draft_full_graph`, the default) would
 bake one head into the graph, so an active vocabulary (chosen per step) is
 refused with it; an int8 head has no per-step choice and is allowed.
 """
@@ -143,8 +143,9 @@ class DraftHeadTap(ModelTap):
             refuse_head(settings, "only with tensor_parallel_size 1 and no LM-head tensor "
                         "parallelism (the head is not sharded)")
         if settings.draft_active_vocab_ids and proposer.use_cuda_graph:
-            refuse_head(settings, "not with ascend_draft_full_graph: the captured draft graph "
-                        "would fix one head, and the active vocabulary is chosen per step "
+            refuse_head(settings, "only with ascend_draft_full_graph false (the default keeps "
+                        "the draft model's ACL graphs): a captured draft graph would fix "
+                        "one head, and the active vocabulary is chosen per step "
                         "(pure-greedy steps only)")
         return cls(proposer.model, draft_head_for(proposer.model, settings)).install(proposer)
 

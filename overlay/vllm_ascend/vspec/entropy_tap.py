@@ -3,9 +3,12 @@
 The host's merged draft loop computes draft logits and keeps only their argmax,
 so the tap sits where those logits are produced: a transparent wrapper around
 the draft model whose `compute_logits` also records, per draft position, the
-top-k entropy of every request into a preallocated buffer. Writing into a
-fixed buffer with tensor ops keeps it valid under ACL graph capture: the i-th
-`compute_logits` call of a pass writes row i at capture and at every replay.
+top-k entropy of every request into a preallocated buffer. It writes into a
+fixed buffer with tensor ops so that it can be captured: the i-th
+`compute_logits` call of a pass writes row i, and a graph captured per gamma
+(the default, proposers.py) would replay those writes. That is the intent,
+not a shown fact: no ACL graph capture has run with the tap (no NPU here;
+tests/test_overlay.py runs it eagerly on a stand-in proposer).
 
 It saves no compute (the startup log says so): the merged draft loop and the
 verification keep their width, which the captured graphs bake in. After a

@@ -10,12 +10,17 @@ duration of one `_propose` / capture pass, the maximum otherwise.
 Invariants:
 - 0 <= gamma <= max_num_speculative_tokens, and 1 + gamma <= 16 (FIA verifies
   at most 16 query tokens per request); violations raise, naming the value.
-- The draft model runs eagerly while vspec drives it (the host's own switch,
-  `use_cuda_graph = False`, which it flips for GLM drafts), unless
-  `ascend_draft_full_graph` opts in (experimental): then there is one graph
-  wrapper per gamma (a graph bucket per gamma), since a captured merged-draft
-  graph bakes its loop length in. Why eager is the default: docs/ascend.md,
-  "ACL graphs". The target's graphs are untouched either way.
+- The draft model keeps the host's full ACL graph (what stock captures for
+  the K-step merged draft loop, host llm_base_proposer.py lines 495-509):
+  one captured graph per gamma 1..K, each through the host's own capture
+  path (dummy_run once per gamma, one ACLGraphWrapper per gamma), and the
+  host's draft graph-parameter store keyed by (gamma, token count)
+  (graph_params.py), so each gamma's replay update reads and writes only
+  its own captured parameters. `ascend_draft_full_graph = false` runs the
+  draft model eagerly instead (the host's own `use_cuda_graph = False`
+  switch, which it flips for GLM drafts), and then sets the host's
+  flashcomm1 eager-compile workaround the way its __init__ would have
+  (llm_base_proposer.py lines 236-239). The target's graphs are untouched.
 - What a verification step commits (valid token counts, next tokens) comes
   from torch.ops.vspec.commit_accepted, the AscendC kernel, instead of the
   host's chain of about ten torch ops.
@@ -43,11 +48,13 @@ from vllm.config import CUDAGraphMode
 from vllm.logger import init_logger
 from vllm.v1.sample.sampler import _SAMPLING_EPS
 
+from vllm_ascend.compilation import acl_graph
 from vllm_ascend.compilation.acl_graph import ACLGraphWrapper
 from vllm_ascend.spec_decode.draft_proposer import AscendDraftModelProposer
 from vllm_ascend.spec_decode.eagle_proposer import AscendEagleProposer
 from vllm_ascend.vspec.draft_head_tap import DraftHeadTap
 from vllm_ascend.vspec.entropy_tap import EntropyTap
+from vllm_ascend.vspec import graph_params
 from vllm_ascend.vspec.gamma import step_gamma
 from vllm_ascend.vspec.routing import vspec_settings
 from vllm_vspec.kernels import ops
@@ -67,6 +74,10 @@ class VSpecProposerMixin:
     _vspec_active_gamma: int | None = None  # set only inside _drafting
     _vspec_runnables: Mapping[int, Any] = MappingProxyType({})  # gamma < K -> graph wrapper
     _entropy_tap: EntropyTap | None = None
+    # Key the host's draft graph parameters by gamma (graph_params.py); off
+    # only in the test that shows what the host's token-count keys do.
+    vspec_key_graph_params: bool = True
+    _vspec_checked_graphs: bool = False
 
     # The host assigns `self.num_speculative_tokens = K` in its __init__; the
     # setter records that K as the maximum, the getter answers the step's gamma.
@@ -89,22 +100,36 @@ class VSpecProposerMixin:
     def _runnable(self, runnable: Any) -> None:
         self._vspec_max_runnable = runnable
 
-    # Extends AscendSpecDecodeBaseProposer.__init__: loads vspec's ops (a
-    # missing library stops the engine naming the build), and turns the draft
-    # model's ACL graphs off unless `ascend_draft_full_graph` opts in; the
-    # host reads `use_cuda_graph` in load_model, dummy_run and _propose.
+    # Extends AscendSpecDecodeBaseProposer.__init__: loads vspec's ops (the
+    # compiled library, else the torch fallback: kernels/ops.py), and keeps the
+    # draft model's full ACL graph unless `ascend_draft_full_graph = false`;
+    # the host reads `use_cuda_graph` in load_model, dummy_run and _propose.
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.vspec_ops = ops.load()
+        self.vspec_ops = ops.load(torch.device(self.device).type)
         settings = vspec_settings(self.vllm_config)
-        if self.use_cuda_graph and not (settings and settings.ascend_draft_full_graph):
-            logger.info("vspec: the draft model runs eagerly under dynamic gamma (the target "
-                        "keeps its ACL graphs); ascend_draft_full_graph=true captures one "
-                        "full draft graph per gamma (experimental)")
-            self.use_cuda_graph = False
+        if self.use_cuda_graph and settings is not None and not settings.ascend_draft_full_graph:
+            logger.info("vspec: ascend_draft_full_graph=false: the draft model runs eagerly "
+                        "(the target keeps its ACL graphs)")
+            self._run_draft_eagerly()
+
+    def _run_draft_eagerly(self) -> None:
+        """The host's own eager switch, flipped after its __init__ read it:
+        also set what that __init__ derives from it. vLLM-Ascend 0.23.0.post1
+        llm_base_proposer.py lines 236-239: with `use_cuda_graph` off and
+        flashcomm1 (enable_sp) on, the draft model is loaded under
+        `_maybe_eager_context` (compilation mode NONE, the fx-graph bug
+        workaround), which load_model enters (line 324)."""
+        self.use_cuda_graph = False
+        # Imported here: stand-in hosts in the tests lack these modules.
+        from vllm_ascend.spec_decode.llm_base_proposer import _maybe_eager_context
+        from vllm_ascend.utils import enable_sp
+
+        if enable_sp(self.vllm_config):
+            self.maybe_eager_context = _maybe_eager_context(self.vllm_config)
 
     # Extends AscendSpecDecodeBaseProposer.load_model: after the host wraps the
-    # merged draft in a full graph (opt-in only), add one wrapper per smaller gamma.
+    # merged draft in a full graph, add one wrapper per smaller gamma.
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         super().load_model(*args, **kwargs)
         self._entropy_tap = EntropyTap.maybe_install(self, vspec_settings(self.vllm_config))
@@ -122,6 +147,9 @@ class VSpecProposerMixin:
     # gamma for this step instead of the configured K, then applies entropy stop.
     # NPUModelRunner.propose_draft_token_ids passes every argument by keyword.
     def _propose(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if not self._vspec_checked_graphs:
+            self._vspec_checked_graphs = True
+            _warn_if_padding_keeps_no_graph(self.vllm_config)
         gamma = step_gamma(kwargs.get("scheduler_output"), self.max_num_speculative_tokens)
         # Gamma 0 still runs the first draft pass (as gamma 1), which writes the
         # draft model's KV for this step's tokens, and drops its one draft: the
@@ -148,13 +176,16 @@ class VSpecProposerMixin:
         return next_token, num_valid
 
     # Extends AscendSpecDecodeBaseProposer.dummy_run: graph capture runs once
-    # per gamma so every gamma has its own graph bucket; other dummy runs
-    # (profiling, warm-up) use the maximum, which bounds memory. The runner
+    # per gamma so every gamma has its own graph, captured into its own
+    # (gamma, token count) parameter store; other dummy runs (profiling,
+    # warm-up) use the maximum, which bounds memory. The runner
     # (NPUModelRunner._dummy_run) passes every argument by keyword.
     def dummy_run(self, *args: Any, **kwargs: Any) -> None:
         mode = kwargs.get("aclgraph_runtime_mode", CUDAGraphMode.NONE)
         capturing = (kwargs.get("in_graph_capturing", False) and not kwargs.get("is_profile", False)
-                     and mode != CUDAGraphMode.NONE)
+                     and mode != CUDAGraphMode.NONE and self.use_cuda_graph)
+        if capturing and self.vspec_key_graph_params:
+            graph_params.install(acl_graph, self)
         gammas = range(1, self.max_num_speculative_tokens + 1) if capturing else [None]
         for gamma in gammas:
             with self._drafting(gamma):
@@ -170,6 +201,29 @@ class VSpecProposerMixin:
             yield
         finally:
             self._vspec_active_gamma = None
+
+
+def _warn_if_padding_keeps_no_graph(vllm_config: Any) -> None:
+    """The scheduler decides the verify width from the engine core's copy of
+    the compilation config (verify_width.VerifyWidth.of); the worker's copy is
+    final only after NPUModelRunner._check_and_update_cudagraph_mode
+    (model_runner_v1.py line 5061, resolve_cudagraph_mode_and_sizes, which
+    can downgrade FULL modes), and vLLM 0.23 sends the engine core nothing
+    back but compilation times (vllm/v1/executor/abstract.py lines 118-137).
+    On the first draft step the worker says when the padding keeps no graph:
+    then each padded step costs what stock vLLM-Ascend's verify of 1 + K
+    costs, never more, but more than verifying gamma would."""
+    settings = vspec_settings(vllm_config)
+    mode = vllm_config.compilation_config.cudagraph_mode
+    if settings is None or not settings.ascend_pad_verify_width:
+        return
+    if mode is None or mode.decode_mode() != CUDAGraphMode.FULL:
+        logger.warning("vspec: this worker's final cudagraph_mode is %s (no full decode graph), "
+                       "so the scheduler's padding of decode steps to 1 + K keeps no graph: "
+                       "each padded step verifies what stock vLLM-Ascend verifies, but more "
+                       "than its gamma; --additional-config '{\"vspec\": "
+                       "{\"ascend_pad_verify_width\": false}}' verifies gamma",
+                       getattr(mode, "name", mode))
 
 
 class DraftHeadMixin:

@@ -178,6 +178,7 @@ def _table(result: dict, reports: list[HostReport]) -> str:
     lib = s["ops_library"]
     rows.append(("vspec ops", f"{lib['library']} (loaded)" if lib["loaded"] else
                  f"not loaded: {lib['error']}"))
+    rows.append(("  backend", lib["backend"]))
     rows += [(f"  {name}", ", ".join(backends)) for name, backends in lib["ops"].items()]
     for label, feats in s["features"].items():
         rows.append((f"features: {label}", ""))

@@ -1,20 +1,30 @@
-"""torch.ops.vspec: vspec's custom ops (schema and semantics: csrc/ops.h).
+"""torch.ops.vspec: vspec's custom ops (schema and semantics: csrc/ops.h),
+or their torch implementation when the compiled library is not there.
 
-`load()` loads libvspec_ops.so once per process and registers each op's fake
-(Meta) implementation, which gives output shapes and dtypes without touching
-data, so the ops can sit inside a captured graph (torch.compile, ACL graphs).
-The kernels themselves are C++: the CPU reference, AscendC on the NPU (not yet
-run on NPU), ATen composites on CUDA (not run on a GPU).
+`load()` gives the ops vspec's proposers call every step: the compiled
+library (libvspec_ops.so, loaded once per process, with each op's fake
+(Meta) implementation registered), or, when the library is missing, fails
+to load, lacks an op (a stale build) or has no kernel for the device the
+caller runs on (`device_type`), `TORCH_OPS`: the same ops.h definitions in
+torch, logged once per process as a warning naming why. A kernel never
+costs availability (docs/ascend.md, "Custom ops"); `backend()` and
+`vllm-vspec doctor` say which runs. `load_compiled()` is the strict form
+(raises), for the ops' own tests.
+
+The fakes give output shapes and dtypes without touching data; that is what
+torch.compile's tracing needs. Whether an op can sit inside a captured ACL
+graph is another matter (the NPU launch path, csrc/npu_ops.cpp) and is not
+shown: not yet run on NPU, and vspec's call site (the drafter's commit,
+after rejection sampling) runs eagerly on both hosts. The compiled kernels
+are C++: the CPU reference, AscendC on the NPU (not yet run on NPU), ATen
+composites on CUDA (not run on a GPU).
 
 Where the library comes from, first found wins:
-- $VSPEC_OPS_LIB, a path to the library;
+- $VSPEC_OPS_LIB, a path to the library (`none`: run the torch implementation);
 - vllm_ascend/vspec/lib/ of the Ascend overlay wheel (built with CANN:
   CPU reference + AscendC kernels);
 - build/csrc-cpu/lib/ of this checkout, which `make install` builds (CPU
   reference + CUDA composites).
-A missing library is an error that names the make command: vspec's
-proposers call these ops on every step, and a silent fallback would make
-that claim false.
 
 Plain Python and torch, no vLLM import.
 """
@@ -22,6 +32,7 @@ Plain Python and torch, no vLLM import.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -34,7 +45,11 @@ ENV = "VSPEC_OPS_LIB"
 BUILD_COMMAND = "make ops"
 CHECKOUT_LIBRARY = Path(__file__).resolve().parents[3] / "build" / "csrc-cpu" / "lib" / LIBRARY
 
+# Under "vllm.": vLLM configures only its own logger tree.
+logger = logging.getLogger(f"vllm.{__name__}")
+
 _loaded: Path | None = None
+_fallback: str | None = None   # why the torch implementation runs (None: it does not)
 
 
 class OpsLibraryMissing(RuntimeError):
@@ -44,7 +59,7 @@ class OpsLibraryMissing(RuntimeError):
 def library_candidates() -> list[Path]:
     """Where `load` looks, in order."""
     found = []
-    if os.environ.get(ENV):
+    if os.environ.get(ENV) and os.environ[ENV] != "none":
         found.append(Path(os.environ[ENV]))
     # find_spec on a top-level name does not import it (vllm_ascend's
     # __init__ would initialise the NPU platform).
@@ -55,9 +70,11 @@ def library_candidates() -> list[Path]:
     return found
 
 
-def load() -> Any:
+def load_compiled() -> Any:
     """torch.ops.vspec with the library loaded and the fakes registered
-    (idempotent). Raises OpsLibraryMissing naming every place it looked."""
+    (idempotent). Raises OpsLibraryMissing naming every place it looked, or
+    the loader's error (OSError: the library does not load; RuntimeError: it
+    lacks an op this package has a fake for)."""
     global _loaded
     if _loaded is None:
         candidates = library_candidates()
@@ -65,20 +82,106 @@ def load() -> Any:
         if path is None:
             looked = ", ".join(str(p) for p in candidates)
             raise OpsLibraryMissing(
-                f"{LIBRARY} not found (looked in: {looked}). vspec's proposers call "
-                f"torch.ops.vspec.* on every step. In a checkout run `{BUILD_COMMAND}` "
-                f"(part of `make install`; needs cmake and a C++ compiler); for the "
-                f"Ascend wheel build it with CANN present (docs/ascend.md); or set "
-                f"{ENV} to the library's path.")
+                f"{LIBRARY} not found (looked in: {looked}). In a checkout run "
+                f"`{BUILD_COMMAND}` (part of `make install`; needs cmake and a C++ "
+                f"compiler); for the Ascend wheel build it with CANN present "
+                f"(docs/ascend.md); or set {ENV} to the library's path.")
         torch.ops.load_library(str(path))
         _register_fakes()
         _loaded = path
     return torch.ops.vspec
 
 
+# Device type -> the dispatch key its tensors run under.
+DEVICE_KEYS = {"cpu": "CPU", "cuda": "CUDA", "npu": "PrivateUse1"}
+
+
+def load(device_type: str | None = None) -> Any:
+    """The ops to call: torch.ops.vspec when the compiled library loads (and,
+    given `device_type`, has a kernel for that device), else TORCH_OPS, with
+    one warning per process saying why. Never raises for a missing library.
+    `VSPEC_OPS_LIB=none` asks for the torch implementation."""
+    if os.environ.get(ENV) == "none":
+        return _fall_back(f"{ENV}=none")
+    try:
+        compiled = load_compiled()
+    except (OpsLibraryMissing, OSError, RuntimeError) as exc:
+        return _fall_back(f"the compiled library is unavailable: {exc}")
+    key = DEVICE_KEYS.get(device_type or "cpu")
+    if key is not None and not all(
+            torch._C._dispatch_has_kernel_for_dispatch_key(name, key) for name in FAKES):
+        return _fall_back(f"{_loaded} has no {device_type} kernel for every op "
+                          f"(a build without that backend)")
+    return compiled
+
+
+def _fall_back(reason: str) -> "TorchOps":
+    global _fallback
+    if _fallback is None:
+        logger.warning("vspec ops: running the torch implementation (%s)", reason)
+    _fallback = reason
+    return TORCH_OPS
+
+
+def backend() -> str:
+    """Which implementation `load` gave last: `compiled <path>`, `torch
+    fallback: <why>`, or `not loaded` before it ran."""
+    if _fallback is not None:
+        return f"torch fallback: {_fallback}"
+    return f"compiled {_loaded}" if _loaded is not None else "not loaded"
+
+
 def loaded_from() -> Path | None:
-    """The library `load` loaded, None before it ran."""
+    """The library `load` loaded, None before it ran or when it did not load."""
     return _loaded
+
+
+class TorchOps:
+    """csrc/ops.h's definitions in torch (tensor ops on the inputs' device,
+    no host sync), with the fakes' argument checks: what `load` gives when
+    the compiled library does not load. Same call surface as torch.ops.vspec."""
+
+    name = "torch"
+
+    def commit_accepted(self, sampled: torch.Tensor, discard: torch.Tensor,
+                        backup: torch.Tensor, vocab_size: int
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+        _fake_commit_accepted(sampled, discard, backup, vocab_size)
+        valid = (sampled >= 0) & (sampled < vocab_size)
+        run = valid.to(torch.int32).cumprod(dim=1).sum(dim=1, dtype=torch.int32)
+        num_valid = torch.where(discard, torch.zeros_like(run), run)
+        last = (num_valid.long() - 1).clamp(min=0).unsqueeze(1)
+        chosen = sampled.gather(1, last).squeeze(1)
+        next_token = torch.where(num_valid > 0, chosen, backup)
+        return num_valid, next_token.to(torch.int32)
+
+    def tree_commit(self, path: torch.Tensor, target_tokens: torch.Tensor,
+                    slots: torch.Tensor, seq_lens: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        _fake_tree_commit(path, target_tokens, slots, seq_lens)
+        batch, depth = path.shape
+        nodes = target_tokens.shape[1]
+        ok = torch.zeros_like(path, dtype=torch.bool)
+        ok[:, 0] = path[:, 0] == 0
+        if depth > 1:
+            ok[:, 1:] = (path[:, 1:] > path[:, :-1]) & (path[:, 1:] < nodes)
+        run = ok.to(torch.int32).cumprod(dim=1)
+        length = run.sum(dim=1, dtype=torch.int32)
+        new_seq_lens = seq_lens + length
+        index = path.long().clamp(min=0, max=nodes - 1)
+        last = index.gather(1, (length.long() - 1).clamp(min=0).unsqueeze(1))
+        bonus = target_tokens.gather(1, last).squeeze(1)
+        next_token = torch.where(length > 0, bonus, torch.full_like(bonus, -1))
+        position = torch.arange(depth, device=path.device).expand(batch, depth)
+        moves = run.bool() & (path.long() != position)
+        src = slots.gather(1, index)
+        dst = slots.gather(1, position.clamp(max=nodes - 1))
+        minus = torch.full_like(src, -1)
+        return (new_seq_lens.to(torch.int32), next_token.to(torch.int32),
+                torch.where(moves, src, minus), torch.where(moves, dst, minus))
+
+
+TORCH_OPS = TorchOps()
 
 
 # Dispatch key -> what runs there (csrc/ops.h lists the backends).
@@ -88,19 +191,28 @@ BACKENDS = {"CPU": "cpu", "CUDA": "cuda (ATen composite)",
 
 def status() -> dict[str, Any]:
     """What `vllm-vspec doctor` reports: the library this process loads (or
-    why it cannot), and for each op the backends it has a kernel for. A
-    library that is found but fails to load (e.g. a CANN build whose NPU
-    runtime is missing: OSError) or lacks an op this package has a fake for
-    (a stale build: RuntimeError) is reported with that error, not raised."""
+    why it cannot), the backend vspec's proposers then run (`backend`: the
+    compiled ops, or the torch fallback and why), and for each op the
+    backends it has a kernel for. A library that is found but fails to load
+    (e.g. a CANN build whose NPU runtime is missing: OSError) or lacks an op
+    this package has a fake for (a stale build: RuntimeError) is reported
+    with that error, not raised."""
+    fallback = "torch fallback: {}"
     try:
-        load()
+        load_compiled()
     except OpsLibraryMissing as exc:
-        return {"library": None, "loaded": False, "error": str(exc), "ops": {}}
+        return {"library": None, "loaded": False, "error": str(exc), "ops": {},
+                "backend": fallback.format("the compiled library is unavailable")}
     except (OSError, RuntimeError) as exc:
         found = next((p for p in library_candidates() if p.is_file()), None)
-        return {"library": str(found), "loaded": False, "error": f"{exc}", "ops": {}}
+        return {"library": str(found), "loaded": False, "error": f"{exc}", "ops": {},
+                "backend": fallback.format("the compiled library does not load")}
     names = sorted(n for n in torch._C._dispatch_get_all_op_names() if n.startswith("vspec::"))
-    return {"library": str(_loaded), "loaded": True, "error": None,
+    backend = f"compiled {_loaded}"
+    npu = all(torch._C._dispatch_has_kernel_for_dispatch_key(n, "PrivateUse1") for n in FAKES)
+    if not npu and importlib.util.find_spec("torch_npu") is not None:
+        backend += "; on npu: torch fallback (the library has no AscendC kernels)"
+    return {"library": str(_loaded), "loaded": True, "error": None, "backend": backend,
             "ops": {n.removeprefix("vspec::"): [
                 label for key, label in BACKENDS.items()
                 if torch._C._dispatch_has_kernel_for_dispatch_key(n, key)] for n in names}}

@@ -36,11 +36,12 @@ def backup_tokens(buffer: Any, requests: dict, input_batch: Any) -> torch.Tensor
 class CommitOpMixin:
     """Mixed into vspec's vLLM proposers (proposers.py) before the host class."""
 
-    # extends SpecDecodeBaseProposer.__init__: loads the ops library at
-    # start-up, so a missing one stops the engine with the command to build it.
+    # extends SpecDecodeBaseProposer.__init__: loads the ops at start-up: the
+    # compiled library, else the torch implementation with one warning
+    # (kernels/ops.py load) naming why.
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.vspec_ops = ops.load()
+        self.vspec_ops = ops.load(torch.device(self.device).type)
 
     # extends SpecDecodeBaseProposer.prepare_next_token_ids_padded (vLLM 0.32):
     # the same two results, from vspec's commit op instead of the host kernel.

@@ -2,20 +2,40 @@
 gamma, or K when padding keeps the target's full decode ACL graph (not yet
 run on NPU). Elsewhere (CPU, CUDA) always the step's gamma.
 
-Why pad: vLLM-Ascend 0.23 replays the target's full decode graph only for a
-uniform decode step, every request scheduling exactly 1 + K tokens
-(worker/model_runner_v1.py lines 2953-2958); a step with gamma < K falls back
-to the piecewise or eager path. Padding each request's drafts with K - gamma
-invalid drafts (-1, vLLM's placeholder id) keeps the step uniform. Outputs
-stay exact: the runner feeds a -1 input to the model as token 0
-(_sanitize_placeholder_input_ids_for_forward, lines 1508-1523) after the
-verifier's draft ids were gathered with the -1 kept (lines 1599-1600), and -1
-never equals a target token, so the verifier rejects it (and everything after
-it). vLLM 0.32's own scheduler pads partial drafts the same way to keep its
-full CUDA graphs (vllm/v1/core/sched/scheduler.py, "Pad new decode requests
-to uniform spec decoding size"). The draft model still drafts only gamma
-tokens; the target verifies K - gamma more positions a request, which is why
-padding stops where no graph is kept (a batch over the capture range).
+Why pad, as read from vLLM-Ascend 0.23.0.post1's sources (statically; none
+of this has run on an NPU): the runner replays the target's full decode
+graph only for a uniform decode step, every request scheduling exactly
+1 + K tokens (worker/model_runner_v1.py lines 2953-2958); a step with
+gamma < K takes the mixed-batch path (piecewise graphs under
+FULL_AND_PIECEWISE, eager under FULL_DECODE_ONLY). Padding each request's
+drafts with K - gamma invalid drafts (-1, vLLM's placeholder id) keeps the
+step uniform, so the target costs what stock vLLM-Ascend's fixed-K verify
+costs, never more. Why outputs should stay exact: the runner gathers the
+verifier's draft ids with the -1 kept (lines 1599-1600), feeds a -1 input
+to the model as token 0 (_sanitize_placeholder_input_ids_for_forward, lines
+1508-1523), and -1 never equals a target token, so the verifier rejects it
+(and everything after it). That chain is read, not tested on the NPU path
+(the CPU engine tests run vLLM 0.32, whose own scheduler pads partial drafts
+the same way: vllm/v1/core/sched/scheduler.py, "Pad new decode requests to
+uniform spec decoding size"). The draft model still drafts only gamma
+tokens; the target verifies K - gamma more positions a request, so padding
+stops where no graph is kept (a batch over the capture range).
+
+A graph per verify width (1 + g) would remove that cost; it is not built:
+vLLM's dispatcher pads token counts width-blind and derives `num_reqs` from
+one `uniform_decode_query_len` (vllm/v1/cudagraph_dispatcher.py
+`_create_padded_batch_descriptor`), and the target's graph parameters are
+keyed by token count only (acl_graph.py `_graph_params`; attention_v1.py
+lines 544-569 zip one list per token count), so two widths' graphs at one
+token count would share one list (docs/ascend.md, "ACL graphs").
+
+Where it is decided: here, in the scheduler, from the engine core's copy of
+the compilation config. The worker's copy is final only after
+NPUModelRunner._check_and_update_cudagraph_mode (model_runner_v1.py line
+5061 can downgrade FULL modes), and vLLM 0.23 returns nothing of it to the
+engine core; the NPU proposer warns on its first step when the worker's
+final mode has no full decode graph (vllm_ascend/vspec/proposers.py), since
+padding then keeps no graph (it still costs no more than stock's 1 + K).
 
 Who pads: the scheduler (VSpecScheduler), which knows each step's gamma and
 batch: under sync scheduling it keeps the first `verified` drafts of each

@@ -1,0 +1,121 @@
+"""The draft model's captured graph parameters, keyed by (gamma, token count)
+(not yet run on NPU).
+
+vLLM-Ascend 0.23.0.post1 keeps what each captured attention call needs for
+its replay update in one process-wide `GraphParams` per model kind
+(compilation/acl_graph.py lines 292-297; the draft's `_draft_graph_params`,
+line 325, created by `set_draft_graph_params` from model_runner_v1.py line 5099), with
+four dicts keyed by token count only: at capture, `full_graph_fia` appends its
+event, parameters and task handle to `attn_params[num_tokens]` (and
+`events`, `handles`; attention/attention_v1.py lines 924, 955, 982), and
+before a replay `update_graph_params` zips `attn_params[num_tokens]` with the
+step's per-draft-step metadata, repeating the metadata keys to cover every
+captured entry (lines 544-553 and 690-698). One captured graph per gamma at
+the same token count would append to the same lists: replaying gamma g would
+update every gamma's tasks with g's metadata cycled over them, so g's own
+tasks get the wrong draft step's sequence lengths unless g's entries happen
+to start at a multiple of g's period (tests/test_ascend_graphs.py shows it
+with the host's own code).
+
+`PerGammaGraphParams` is the host's own `GraphParams` dataclass whose four
+dicts are `PerGamma` views: an int key reads and writes the store of the gamma
+the proposer is drafting (`gamma_of()`, set by VSpecProposerMixin._drafting
+around every capture, replay and update), so each gamma's capture appends to,
+and its replay update reads, only its own lists. Outside a drafting pass
+(gamma None: profiling and warm-up dummy runs, which draft K) it is K's store;
+iteration there (the host's sleep-mode reset, device_allocator/
+sleep_mem_optimized.py lines 86-95, which needs `dataclasses.fields` of a
+GraphParams and `MutableMapping` values) yields `(gamma, num_tokens)` keys,
+which index that gamma's store, so a reset clears every gamma's lists.
+
+It is installed once, before the first draft capture (the host creates the
+store just before capture, model_runner_v1.py lines 5094-5099), by replacing
+the module global the host's getters read (`get_draft_graph_params`,
+acl_graph.py lines 346-347; the capture's `weak_ref_workspaces` reads it at
+line 219): never swapped per step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import MutableMapping
+from typing import Any, Callable, Iterator
+
+
+class PerGamma(MutableMapping):
+    """{num_tokens: value} of the active gamma; {(gamma, num_tokens): value}
+    when iterated or indexed with a pair."""
+
+    def __init__(self, gamma_of: Callable[[], int], initial: dict, gammas: list[int]):
+        self._gamma_of = gamma_of
+        self.stores: dict[int, dict] = {
+            g: {n: ([] if isinstance(v, list) else v) for n, v in initial.items()}
+            for g in gammas}
+
+    def _split(self, key: Any) -> tuple[dict, Any]:
+        if isinstance(key, tuple):
+            gamma, key = key
+            return self.stores[gamma], key
+        return self.stores[self._gamma_of()], key
+
+    def __getitem__(self, key: Any) -> Any:
+        store, n = self._split(key)
+        return store[n]
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        store, n = self._split(key)
+        store[n] = value
+
+    def __delitem__(self, key: Any) -> None:
+        store, n = self._split(key)
+        del store[n]
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        store, n = self._split(key)
+        return store.get(n, default)
+
+    def __contains__(self, key: object) -> bool:
+        store, n = self._split(key)
+        return n in store
+
+    def __iter__(self) -> Iterator[Any]:
+        # Inside a drafting pass (the host's weak_ref_workspaces after a
+        # capture, acl_graph.py lines 219 and 261-266): the active gamma's token counts.
+        # Outside one: every (gamma, num_tokens) pair.
+        if self._gamma_of.active() is not None:  # type: ignore[attr-defined]
+            return iter(list(self.stores[self._gamma_of()]))
+        return iter([(g, n) for g, store in self.stores.items() for n in store])
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+class ActiveGamma:
+    """The proposer's drafting gamma: `active()` while a pass runs (None
+    outside), calling it gives the store to use (K outside a pass)."""
+
+    def __init__(self, proposer: Any):
+        self._proposer = proposer
+
+    def active(self) -> int | None:
+        return self._proposer._vspec_active_gamma
+
+    def __call__(self) -> int:
+        gamma = self.active()
+        return self._proposer.max_num_speculative_tokens if gamma is None else gamma
+
+
+def install(acl_graph: Any, proposer: Any) -> Any:
+    """Key the host's draft graph parameters by the proposer's gamma (once;
+    a store already keyed, or none yet, is left as it is). Returns the store."""
+    current = getattr(acl_graph, "_draft_graph_params", None)
+    if current is None or isinstance(current.attn_params, PerGamma):
+        return current
+    gamma_of = ActiveGamma(proposer)
+    gammas = list(range(1, proposer.max_num_speculative_tokens + 1))
+    keyed = acl_graph.GraphParams(
+        PerGamma(gamma_of, current.events, gammas),
+        PerGamma(gamma_of, current.workspaces, gammas),
+        PerGamma(gamma_of, current.handles, gammas),
+        PerGamma(gamma_of, current.attn_params, gammas))
+    acl_graph._draft_graph_params = keyed
+    return keyed

@@ -1,0 +1,66 @@
+"""The Ascend graph defaults in the simulator (issue 24 item f): on the
+bundled Ascend latency profile, vspec's online policy with the new defaults
+(the draft model's graph per gamma, verify padded to 1 + K inside the
+capture range) against stock vLLM-Ascend at fixed K, and against the old
+defaults (eager draft). A cost model with stated assumptions
+(sim/ascend_defaults.py), not an NPU measurement.
+
+What it shows, on every workload of ascend_defaults.workloads() and for
+graph_factor 2 and 4 (a graph pass's fixed cost 1/2 or 1/4 of eager):
+- the new defaults lose at most 1.5% to stock fixed K, and gain where a
+  smaller gamma pays (a batch past the padding range, a bursty load; level
+  or ahead on shifting acceptance): the online policy's exploration is what
+  it costs on a
+  steady load whose best arm is K, since with the verify padded every
+  gamma < K saves only draft passes;
+- the old defaults lose 10-40% to stock wherever the verify is padded;
+- a step at gamma g < K costs less than stock's step at K under the new
+  defaults, and more than it under the old ones at batch 16 and above.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_vspec.sim import ascend_defaults as ad
+
+
+@pytest.fixture(scope="module", params=[4.0, 2.0], ids=["graph4x", "graph2x"])
+def result(request):
+    return ad.compare_defaults(graph_factor=request.param)
+
+
+def test_new_defaults_keep_up_with_stock_fixed_k_everywhere(result):
+    for workload, by in result["tok_s"].items():
+        assert by[ad.NEW] >= 0.985 * by[ad.STOCK], (workload, by)
+
+
+def test_new_defaults_gain_where_a_smaller_gamma_pays(result):
+    for workload in ("steady-b128", "bursty-b2-b128"):
+        by = result["tok_s"][workload]
+        assert by[ad.NEW] > by[ad.STOCK], (workload, by)
+    by = result["tok_s"]["phase-b16"]   # level at graph_factor 4, ahead at 2
+    assert by[ad.NEW] >= 0.995 * by[ad.STOCK], by
+
+
+def test_old_defaults_lose_to_stock_and_to_the_new_defaults(result):
+    for workload, by in result["tok_s"].items():
+        assert by[ad.OLD] < by[ad.NEW], (workload, by)
+        if workload != "steady-b128":   # past the padding range at K = 4
+            assert by[ad.OLD] < 0.9 * by[ad.STOCK], (workload, by)
+
+
+def test_step_costs_per_default(result):
+    k = result["k"]
+    for batch, row in result["step_ms"].items():
+        stock, old, new, _ = row.values()
+        assert stock[:k] == [None] * k
+        assert all(new[g] <= stock[k] for g in range(k + 1)), (batch, row)
+        if batch >= 16:
+            assert all(old[g] > new[g] for g in range(k + 1)), (batch, row)
+
+
+def test_the_markdown_tables_name_every_contender(result):
+    text = ad.markdown(result)
+    assert "| steady-b1 |" in text and "gamma 4" in text
+    assert f"graph_factor {result['graph_factor']}" in text
