@@ -698,3 +698,77 @@ def test_ngram_variants_are_selectable_in_a_dry_run(bench_inputs, capsys):
                      "ngram-fixed-1,ngram-online"]) == 0
     cmds = _variant_commands(capsys.readouterr().out)
     assert list(cmds) == ["target", "ngram-fixed-1", "ngram-online"]
+
+
+# ------------------------------------------------------------ overhead set (issue 29)
+def _spec_of(cmd: list[str]) -> dict:
+    return json.loads(cmd[cmd.index("--speculative-config") + 1])
+
+
+def _vspec_of(cmd: list[str]) -> dict:
+    vspec = json.loads(cmd[cmd.index("--additional-config") + 1])["vspec"]
+    vspec.pop("trace_path", None)
+    return vspec
+
+
+def test_overhead_set_pairs_every_vspec_server_with_the_stock_one_it_stands_in_for(
+        bench_inputs, tmp_path, capsys):
+    from vllm_vspec.bench import overhead
+    eagle = tmp_path / "eagle"
+    eagle.mkdir()
+    cli.main(["bench", "--dry-run", *bench_inputs, "--eagle", str(eagle), "--variants", "overhead"])
+    out = capsys.readouterr().out
+    cmds = _variant_commands(out)
+    assert list(cmds) == ["target", "fixed-0", "fixed-1", "vspec-fixed-1", "fixed-2",
+                          "vspec-fixed-2", "fixed-3", "vspec-fixed-3", "eagle-fixed-0",
+                          "eagle-fixed-1", "eagle-vspec-fixed-1", "eagle-fixed-2",
+                          "eagle-vspec-fixed-2", "eagle-fixed-3", "eagle-vspec-fixed-3"]
+    for g in (1, 2, 3):
+        for prefix, method in (("", "draft_model"), ("eagle-", "eagle")):
+            stock = _spec_of(cmds[f"{prefix}fixed-{g}"])
+            vspec = _spec_of(cmds[f"{prefix}vspec-fixed-{g}"])
+            assert stock["method"] == vspec["method"] == method
+            assert stock["num_speculative_tokens"] == g
+            # The defaults' vspec server (K = MAX_GAMMA) held at gamma g.
+            assert vspec["num_speculative_tokens"] == 4
+            assert _vspec_of(cmds[f"{prefix}vspec-fixed-{g}"]) == {
+                "policy": "fixed", "fixed_gamma": g, "min_gamma": 0}
+            assert "--scheduler-cls" not in cmds[f"{prefix}fixed-{g}"]
+    # Its workloads default to the steady loads at concurrency 1 and 32.
+    workloads = out.split("## workloads")[1]
+    assert "steady-c1-code" in workloads and "steady-c32-prose" in workloads
+    assert "bursty" not in workloads
+    assert [p.label for p in overhead.pairs(cmds)][:2] == ["fixed-0 / target",
+                                                           "vspec-fixed-1 / fixed-1"]
+
+
+def test_overhead_set_without_an_eagle_head_pairs_the_draft_model_only(bench_inputs, capsys):
+    cli.main(["bench", "--dry-run", *bench_inputs, "--variants", "overhead",
+              "--workloads", "steady-c32-code"])
+    cmds = _variant_commands(capsys.readouterr().out)
+    assert not any(n.startswith("eagle-") for n in cmds)
+    assert len(cmds) == 8
+
+
+def test_overhead_ratios_are_vspec_over_stock_medians_per_workload_and_pair():
+    from vllm_vspec.bench import overhead, report
+    runs = []
+    for repeat, (t, f0, s1, v1) in enumerate([(100, 99, 120, 118), (110, 100, 110, 111),
+                                              (90, 95, 130, 131)]):
+        runs += [_run("w", "target", "target", [10], 10 / t),
+                 _run("w", "fixed-0", "vspec-fixed", [10], 10 / f0),
+                 _run("w", "fixed-1", "fixed", [10], 10 / s1),
+                 _run("w", "vspec-fixed-1", "vspec-fixed", [10], 10 / v1)]
+        for r in runs[-4:]:
+            r.repeat = repeat
+    got = {(r["vspec"], r["stock"]): r for r in overhead.ratios(report.rows(runs))}
+    # Medians over the three rounds: target 100, fixed-0 99, fixed-1 120, vspec-fixed-1 118.
+    assert got[("fixed-0", "target")]["ratio"] == pytest.approx(0.99)
+    assert got[("fixed-0", "target")]["meets_target"]
+    assert got[("vspec-fixed-1", "fixed-1")]["ratio"] == pytest.approx(118 / 120)
+    assert not got[("vspec-fixed-1", "fixed-1")]["meets_target"]
+    assert got[("fixed-0", "target")]["rounds"] == 3
+    text = overhead.ratio_table(report.rows(runs))
+    assert "| w | fixed-0 / target | 100.0 | 99.0 | 0.990x | yes |" in text
+    assert "| w | vspec-fixed-1 / fixed-1 | 120.0 | 118.0 | 0.983x | NO |" in text
+    assert overhead.ratio_table(report.rows(runs[:1])) == ""     # no pair: nothing printed

@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from vllm_vspec.bench import protocols, runner, variants, workloads
+from vllm_vspec.bench import overhead, protocols, runner, variants, workloads
 from vllm_vspec.bench.loadgen import completion_body
 from vllm_vspec.bench.server import SERVED_MODEL_NAME, ServerSpec
 from vllm_vspec.cli import HelpFormatter
@@ -69,7 +69,11 @@ def add_parser(subparsers) -> None:
                    help="define a workload of your own, its phases in order (repeatable), "
                         "e.g. mixed=1:csv:8,32:code:64,1:prose:8")
     g.add_argument("--variants", default=",".join(variants.DEFAULT_VARIANTS),
-                   help="comma-separated variant names or 'all' (target-only always runs)")
+                   help="comma-separated variant names, 'all', or 'overhead' (every vspec "
+                        "server beside the stock one it stands in for: target vs fixed-0, "
+                        "fixed-g vs vspec-fixed-g, g = 1..3, draft model and EAGLE, with each "
+                        "pair's ratio; its workloads default to steady-c1-* and steady-c32-*); "
+                        "target-only always runs")
     g.add_argument("--workloads", default=None,
                    help="comma-separated workload names or 'all' (unset: the --workload "
                         "ones if any are defined, else every built-in one)")
@@ -158,7 +162,11 @@ def build_plan(args: argparse.Namespace) -> runner.Plan:
     profiles = ({"draft_model": args.latency_profile}
                 if drafters["draft_model"] and args.latency_profile.exists() else {})
     available = variants.all_variants(drafters, args.static_table, profiles)
-    names = list(available) if args.variants == "all" else _csv(args.variants)
+    # The overhead set (bench/overhead.py): its vspec fixed-g servers, and
+    # `--variants overhead` for all of its pairs.
+    available.update({v.name: v for v in overhead.vspec_fixed_variants(drafters)})
+    names = (list(available) if args.variants == "all"
+             else overhead.expand(_csv(args.variants), available))
     unknown = [n for n in names if n not in available]
     if unknown:
         raise SystemExit(_unknown_variants(unknown, available, args))
@@ -175,7 +183,9 @@ def build_plan(args: argparse.Namespace) -> runner.Plan:
         except ValueError as e:
             raise SystemExit(f"--workload: {e}") from None
         defined[w.name] = all_workloads[w.name] = w
-    if args.workloads is None:
+    if args.workloads is None and not defined and overhead.SET_NAME in _csv(args.variants):
+        wnames = overhead.default_workloads(all_workloads)   # steady, concurrency 1 and 32
+    elif args.workloads is None:
         wnames = list(defined or all_workloads)
     else:
         wnames = list(all_workloads) if args.workloads == "all" else _csv(args.workloads)
@@ -237,9 +247,16 @@ def _serving_main(args: argparse.Namespace) -> int:
         server, so an interrupted bench keeps what it measured); returns the
         table rows and the phase-bound lines."""
         table_rows, bounds = report.rows(runs), report.phase_bounds(runs)
-        results.write_text(json.dumps(report.results_json(
-            runs, _meta(plan, started, failures), table_rows, bounds), indent=2) + "\n")
+        data = report.results_json(runs, _meta(plan, started, failures), table_rows, bounds)
+        pairs = overhead.ratios(table_rows)
+        if pairs:
+            data["overhead_pairs"] = pairs
+        results.write_text(json.dumps(data, indent=2) + "\n")
         lines = report.bound_lines(bounds)
+        if pairs:
+            lines.append(f"overhead pairs: vspec / the stock server it stands in for (ratio of "
+                         f"median tokens/s over rounds; target >= {overhead.TARGET_RATIO:.2f}x)"
+                         "\n\n" + overhead.ratio_table(table_rows))
         robustness = report.robustness_table(table_rows, report.acceptance_per_position(runs))
         if robustness.count("\n") > 1:   # a header only: no adaptive variant ran
             lines.append("per workload: acceptance, best fixed gamma, adaptive variants\n\n"

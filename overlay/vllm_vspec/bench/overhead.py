@@ -1,0 +1,131 @@
+"""The overhead variant set (`vllm-vspec bench --variants overhead`, issue 29).
+
+Turning vspec on must cost nothing by itself: a vspec server held at gamma g
+must run as fast as the stock server it stands in for. The set serves, side
+by side in the same rounds, each vspec server and its stock counterpart:
+
+- target-only (stock) vs vspec `fixed-0` (gamma 0 every step, K = MAX_GAMMA);
+- stock `fixed-g` (num_speculative_tokens g) vs vspec `vspec-fixed-g` (the
+  vspec server of the defaults, K = MAX_GAMMA, policy `fixed` at gamma g),
+  g = 1..OVERHEAD_GAMMAS, for the draft model and, when its head exists,
+  for EAGLE (`eagle-fixed-g` vs `eagle-vspec-fixed-g`; EAGLE's gamma-0 pair
+  is `target` vs `eagle-fixed-0`);
+
+and reports each pair's ratio (vspec / stock, of the medians over rounds)
+per workload. The default workloads of the set are steady concurrency 1 and
+32 (`steady-c1-*`, `steady-c32-*`). Pure functions: unit-tested without a
+server (tests/test_bench.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from vllm_vspec.bench.variants import MAX_GAMMA, METHOD_PREFIXES, Variant
+
+# The name `--variants` takes for the whole set.
+SET_NAME = "overhead"
+# Fixed gammas paired with stock draft_model / EAGLE servers of the same K.
+OVERHEAD_GAMMAS = 3
+# A pair within this ratio counts as costing nothing (the issue's target).
+TARGET_RATIO = 0.99
+
+
+@dataclass(frozen=True)
+class Pair:
+    stock: str   # variant name of the stock server
+    vspec: str   # variant name of the vspec server standing in for it
+
+    @property
+    def label(self) -> str:
+        return f"{self.vspec} / {self.stock}"
+
+
+def _spec(method: str, model: Path, k: int) -> dict:
+    return {"method": method, "model": str(model), "num_speculative_tokens": k}
+
+
+def vspec_fixed_variants(drafters: dict[str, Path | None]) -> list[Variant]:
+    """vspec servers at a fixed gamma 1..OVERHEAD_GAMMAS for every available
+    drafter: the defaults' server (K = MAX_GAMMA) with policy `fixed`.
+    Family "vspec-fixed": never a "best fixed" choice of the report."""
+    out = []
+    for method, model in drafters.items():
+        if model is None:
+            continue
+        prefix = METHOD_PREFIXES[method]
+        out += [Variant(f"{prefix}vspec-fixed-{g}", "vspec-fixed",
+                        _spec(method, model, MAX_GAMMA),
+                        vspec={"policy": "fixed", "fixed_gamma": g, "min_gamma": 0}, gamma=g)
+                for g in range(1, OVERHEAD_GAMMAS + 1)]
+    return out
+
+
+def pairs(available: Iterable[str]) -> list[Pair]:
+    """The set's (stock, vspec) pairs whose two variants both exist."""
+    names = set(available)
+    out = []
+    for prefix in METHOD_PREFIXES.values():
+        candidates = [Pair("target", f"{prefix}fixed-0")]
+        candidates += [Pair(f"{prefix}fixed-{g}", f"{prefix}vspec-fixed-{g}")
+                       for g in range(1, OVERHEAD_GAMMAS + 1)]
+        out += [p for p in candidates if p.stock in names and p.vspec in names]
+    return out
+
+
+def variant_names(available: Iterable[str]) -> list[str]:
+    """Every variant of the set that exists here, each once, stock first
+    within a pair (so the rounds interleave each pair's two servers)."""
+    return list(dict.fromkeys(n for p in pairs(available) for n in (p.stock, p.vspec)))
+
+
+def expand(names: list[str], available: Iterable[str]) -> list[str]:
+    """`--variants` names with SET_NAME replaced by the set's variants."""
+    out: list[str] = []
+    for n in names:
+        out += variant_names(available) if n == SET_NAME else [n]
+    return list(dict.fromkeys(out))
+
+
+def default_workloads(workload_names: Iterable[str]) -> list[str]:
+    """The set's workloads among those built: steady at concurrency 1 and 32."""
+    return [w for w in workload_names if w.startswith(("steady-c1-", "steady-c32-"))]
+
+
+def ratios(table_rows) -> list[dict]:
+    """Per workload and pair: both servers' median tokens/s, the ratio
+    vspec / stock and whether it meets TARGET_RATIO. `table_rows` are
+    report.Row (median tokens/s over rounds per workload and variant)."""
+    speed: dict[tuple[str, str], float] = {}
+    rounds: dict[tuple[str, str], int] = {}
+    for r in table_rows:
+        speed[(r.workload, r.variant)] = r.tokens_per_s
+        rounds[(r.workload, r.variant)] = len(r.rounds_tokens_per_s) or 1
+    out = []
+    for workload in dict.fromkeys(r.workload for r in table_rows):
+        present = [v for (w, v) in speed if w == workload]
+        for p in pairs(present):
+            stock, vspec = speed[(workload, p.stock)], speed[(workload, p.vspec)]
+            ratio = vspec / stock if stock > 0 else None
+            out.append({"workload": workload, "stock": p.stock, "vspec": p.vspec,
+                        "stock_tok_s": stock, "vspec_tok_s": vspec, "ratio": ratio,
+                        "rounds": min(rounds[(workload, p.stock)], rounds[(workload, p.vspec)]),
+                        "meets_target": ratio is not None and ratio >= TARGET_RATIO - 1e-9})
+    return out
+
+
+def ratio_table(table_rows) -> str:
+    """The pairs as GitHub markdown (empty when no pair ran)."""
+    got = ratios(table_rows)
+    if not got:
+        return ""
+    lines = ["| workload | pair (vspec / stock) | stock tok/s | vspec tok/s | ratio | "
+             f">= {TARGET_RATIO:.2f}x |", "|---|---|---:|---:|---:|:-:|"]
+    for r in got:
+        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.3f}x"
+        lines.append(f"| {r['workload']} | {r['vspec']} / {r['stock']} | "
+                     f"{r['stock_tok_s']:.1f} | {r['vspec_tok_s']:.1f} | {ratio} | "
+                     f"{'yes' if r['meets_target'] else 'NO'} |")
+    return "\n".join(lines) + "\n"
