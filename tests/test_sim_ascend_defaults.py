@@ -64,3 +64,17 @@ def test_the_markdown_tables_name_every_contender(result):
     text = ad.markdown(result)
     assert "| steady-b1 |" in text and "gamma 4" in text
     assert f"graph_factor {result['graph_factor']}" in text
+
+
+def test_the_sim_command_prints_and_writes_the_comparison(tmp_path, capsys):
+    import json
+
+    from vllm_vspec import cli
+
+    rc = cli.main(["sim", "--ascend-defaults", "--profile", ad.DEFAULT_PROFILE, "--scale",
+                   "0.05", "--out", str(tmp_path)])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "| steady-b1 |" in out and "new / stock" in out
+    saved = json.loads((tmp_path / "ascend_defaults.json").read_text())
+    assert set(saved["tok_s"]["steady-b1"]) == {c.name for c in ad.CONTENDERS}

@@ -54,6 +54,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         "then a catch-up pass when drafting resumes (vspec's vLLM runner "
                         "with a draft model)")
     p.add_argument("--out", default="results/sim", help="directory for sim.json and sim.png")
+    p.add_argument("--ascend-defaults", action="store_true",
+                   help="instead: stock vLLM-Ascend at fixed K against the online policy "
+                        "under vspec's old and new Ascend graph defaults, with their per-step "
+                        "costs (sim/ascend_defaults.py; docs/ascend.md, 'What each default "
+                        "costs'); writes ascend_defaults.json")
+    p.add_argument("--graph-factor", type=float, default=4.0,
+                   help="--ascend-defaults: a graphed draft pass's fixed cost is the "
+                        "profile's divided by this (an assumption)")
+    p.add_argument("--capture-tokens", type=int, default=512,
+                   help="--ascend-defaults: the target's largest captured decode graph, in "
+                        "tokens (padding to 1 + K applies up to it)")
     p.set_defaults(func=_main)
 
 
@@ -87,6 +98,8 @@ def _main(args: argparse.Namespace) -> int:
         raise SystemExit(f"--vspec={args.vspec!r} is not allowed: a JSON object of vspec "
                          "settings")
     VSpecConfig.from_dict(vspec)  # VSpecConfigError names the key
+    if args.ascend_defaults:
+        return _ascend_defaults(args)
     try:
         table = json.loads(args.table) if args.table else None
     except json.JSONDecodeError as exc:
@@ -133,4 +146,20 @@ def _main(args: argparse.Namespace) -> int:
         "ratios": ratios(results), "controller_overhead_us_b16": overhead}, indent=1))
     plot(results, out / "sim.png")
     print(f"wrote {out / 'sim.json'} and {out / 'sim.png'}")
+    return 0
+
+
+def _ascend_defaults(args: argparse.Namespace) -> int:
+    from vllm_vspec.sim import ascend_defaults
+
+    if args.graph_factor < 1 or args.capture_tokens < 1:
+        raise SystemExit(f"--graph-factor={args.graph_factor} / --capture-tokens="
+                         f"{args.capture_tokens}: need a factor >= 1 and tokens >= 1")
+    result = ascend_defaults.compare_defaults(args.profile, args.max_gamma, args.graph_factor,
+                                              args.capture_tokens, args.scale, args.seed)
+    print(ascend_defaults.markdown(result))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "ascend_defaults.json").write_text(json.dumps(result, indent=1))
+    print(f"wrote {out / 'ascend_defaults.json'}")
     return 0

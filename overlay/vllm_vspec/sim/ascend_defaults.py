@@ -1,5 +1,6 @@
 """What each Ascend graph default costs, simulated (`vllm-vspec sim
---ascend-defaults`; issue 24): stock vLLM-Ascend at fixed K against vspec's
+--ascend-defaults --profile profiles/ascend-910b-qwen25-14b-draft.json`, or
+`python -m vllm_vspec.sim.ascend_defaults`; issue 24): stock vLLM-Ascend at fixed K against vspec's
 online policy under the old and the new defaults, on an Ascend latency
 profile. A cost model, not a measurement: nothing here ran on an NPU.
 
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence
 
 from vllm_vspec.config import VSpecConfig
@@ -41,6 +43,7 @@ from vllm_vspec.sim.simulator import (SimClock, SimResult, Workload, bursty, pha
                                       simulate, steady)
 
 DEFAULT_PROFILE = "profiles/ascend-910b-qwen25-14b-draft.json"
+REPO = Path(__file__).resolve().parents[3]
 # vLLM-Ascend's capture sizes stop at max_cudagraph_capture_size; 512 tokens
 # is an assumed value for the table (set yours with --capture-tokens).
 CAPTURE_TOKENS = 512
@@ -126,7 +129,10 @@ def compare_defaults(profile_path: str = DEFAULT_PROFILE, k: int = 4,
                      scale: float = 1.0, seed: int = 0,
                      workload_list: Sequence[Workload] | None = None) -> dict:
     """{workload: {contender: tokens/s}} plus the per-step cost table."""
-    base = load_profile(profile_path)
+    path = Path(profile_path)
+    if not path.is_file() and (REPO / profile_path).is_file():   # a checkout, run elsewhere
+        path = REPO / profile_path
+    base = load_profile(path)
     out: dict = {"profile": profile_path, "k": k, "graph_factor": graph_factor,
                  "capture_tokens": capture_tokens, "tok_s": {}}
     for wl in workload_list or workloads(scale):
