@@ -22,8 +22,9 @@ Invariants:
   flashcomm1 eager-compile workaround the way its __init__ would have
   (llm_base_proposer.py lines 236-239). The target's graphs are untouched.
 - What a verification step commits (valid token counts, next tokens) comes
-  from torch.ops.vspec.commit_accepted, the AscendC kernel, instead of the
-  host's chain of about ten torch ops.
+  from vspec's commit_accepted instead of the host's chain of about ten
+  torch ops: the AscendC kernel when the wheel's library has it, else the
+  op's torch implementation (kernels/ops.py load, one start-up warning).
 - A step returns K columns: its gamma drafts, then invalid drafts (-1), the
   layout vLLM 0.23's runner requires (vllm_vspec/hosts/vllm/
   verify_width.py); the scheduler decides how many of them the next step

@@ -29,13 +29,18 @@ keyed by token count only (acl_graph.py `_graph_params`; attention_v1.py
 lines 544-569 zip one list per token count), so two widths' graphs at one
 token count would share one list (docs/ascend.md, "ACL graphs").
 
-Where it is decided: here, in the scheduler, from the engine core's copy of
-the compilation config. The worker's copy is final only after
+Where it is decided: here, when the scheduler is built, from the engine
+core's vllm_config. The worker's compilation config is final only after
 NPUModelRunner._check_and_update_cudagraph_mode (model_runner_v1.py line
-5061 can downgrade FULL modes), and vLLM 0.23 returns nothing of it to the
-engine core; the NPU proposer warns on its first step when the worker's
-final mode has no full decode graph (vllm_ascend/vspec/proposers.py), since
-padding then keeps no graph (it still costs no more than stock's 1 + K).
+5061 can downgrade FULL modes). With one worker (uniproc executor, TP 1) the
+worker holds the engine core's own vllm_config object
+(vllm/v1/executor/uniproc_executor.py line 51) and the scheduler is built
+after the workers captured (vllm/v1/engine/core.py lines 131-136), so this
+reads the final mode (read, not run); with TP > 1 each worker has a copy and
+vLLM 0.23 returns nothing of it to the engine core. The NPU proposer warns
+on its first step when its worker's final mode has no full decode graph
+(vllm_ascend/vspec/proposers.py): padding then keeps no graph (it still
+costs no more than stock's 1 + K).
 
 Who pads: the scheduler (VSpecScheduler), which knows each step's gamma and
 batch: under sync scheduling it keeps the first `verified` drafts of each

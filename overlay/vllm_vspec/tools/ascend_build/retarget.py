@@ -1,5 +1,7 @@
 """`make overlay HOST=`: re-target the overlay to another vLLM-Ascend revision,
-and prove the result before anything is written.
+and check the result (patches apply, ABI check, byte-compile, wheel build)
+before anything is written. The checks are static: nothing of the new tree
+runs, so a revision that passes them is not shown to work on an NPU.
 
 Stages (each prints one progress line):
   fetch    HOST is a version (its sdist is found through the index and kept
