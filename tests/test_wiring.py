@@ -290,3 +290,13 @@ def test_ngram_gamma0_auto_is_lazy_on_vspecs_worker_and_sync_on_vllms():
     # Explicit lazy on vLLM's worker: the runner that skips is vspec's.
     with pytest.raises(VSpecConfigError, match=r"vspec\.gamma0_mode='lazy'.*--worker-cls"):
         wiring.resolve(engine_config(method="ngram", vspec={"gamma0_mode": "lazy"}))
+
+
+def test_suffix_is_refused_with_vspec_on_and_runs_stock_with_it_off():
+    # vLLM 0.32's suffix proposer asserts every step drafts K.
+    for worker in ("auto", CPU_WORKER):
+        with pytest.raises(VSpecConfigError, match=r"vspec\.enabled=True .*method suffix") as err:
+            wiring.resolve(engine_config(method="suffix", worker_cls=worker, vspec={}))
+        assert err.value.key == "enabled"
+    assert wiring.resolve(engine_config(method="suffix", vspec={"enabled": False})) is None
+    assert [k for m, k, _, _ in wiring.METHOD_REFUSALS if m == "suffix"] == ["enabled"]

@@ -192,6 +192,19 @@ METHOD_REFUSALS: tuple[tuple[str, str, Any, str], ...] = (
 )
 
 
+# vLLM 0.32's SuffixDecodingProposer.propose asserts that every step drafts
+# K (`num_speculative_tokens == self.num_speculative_tokens`): the first step
+# vspec asks for less would stop the engine. Refused until vspec has a
+# suffix proposer of its own (it would also have to feed the suffix cache
+# at gamma 0: `sync` only).
+METHOD_REFUSALS += (
+    ("suffix", "enabled", lambda c: c.enabled,
+     "false with method suffix (vLLM 0.32's suffix proposer asserts that every step "
+     "drafts num_speculative_tokens, so a per-step gamma would stop the engine); set "
+     "--additional-config '{\"vspec\": {\"enabled\": false}}' for a fixed K"),
+)
+
+
 def _check_method(cfg: VSpecConfig, method: str) -> None:
     for refused_method, key, on, why in METHOD_REFUSALS:
         if method == refused_method and on(cfg):

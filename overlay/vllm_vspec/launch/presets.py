@@ -531,9 +531,10 @@ METHOD_ROWS = (
      "step; `sync` on vLLM's worker (it searches, asked for 0 tokens)",
      "lossy rules on vspec's worker (they read only the target's logits and the draft ids; "
      "not engine-tested with ngram)", ""),
-    ("suffix", "not supported: vLLM 0.32's SuffixDecodingProposer asserts that every step "
-     "drafts K (`num_speculative_tokens == K`), and its arctic-inference dependency is not "
-     "installed by `make install`", "", "", ""),
+    ("suffix", "not supported (refused at start-up with vspec on; `enabled: false` runs "
+     "vLLM's fixed K): vLLM 0.32's SuffixDecodingProposer asserts that every step drafts K, "
+     "and its dependency arctic-inference 0.1.1 (sdist only) is not installed by "
+     "`make install`", "", "", ""),
     ("eagle3", "not yet supported (issue 26)", "", "", ""),
     ("mtp", "not yet supported (issue 26)", "", "", ""),
 )
