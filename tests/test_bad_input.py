@@ -178,3 +178,47 @@ def test_the_engine_resolver_checks_files_before_any_model_loads():
 
     with pytest.raises(VSpecConfigError, match="vspec.trace_path"):
         wiring.resolve(engine_config(vspec={"trace_path": UNWRITABLE}))
+
+
+# ------------------------------------------------------------- cli.main itself
+def test_cli_main_turns_a_message_exit_into_one_line_and_2_and_keeps_exit_codes(
+        monkeypatch, capsys):
+    from vllm_vspec import cli
+
+    def fake(command_error):
+        def add_parser(sub):
+            p = sub.add_parser("sim")
+            p.set_defaults(func=lambda args: (_ for _ in ()).throw(command_error))
+        return add_parser
+
+    import vllm_vspec.commands.sim as sim_cmd
+    monkeypatch.setattr(sim_cmd, "add_parser", fake(SystemExit("--x=1 is not allowed: y")))
+    assert cli.main(["sim"]) == 2
+    assert capsys.readouterr().err == "vllm-vspec sim: --x=1 is not allowed: y\n"
+    monkeypatch.setattr(sim_cmd, "add_parser", fake(SystemExit(3)))
+    with pytest.raises(SystemExit) as err:
+        cli.main(["sim"])
+    assert err.value.code == 3
+    # A bug is not a user error: its traceback stays.
+    monkeypatch.setattr(sim_cmd, "add_parser", fake(KeyError("bug")))
+    with pytest.raises(KeyError):
+        cli.main(["sim"])
+    # VSPEC_TRACEBACK=1 shows a user error's traceback too.
+    monkeypatch.setattr(sim_cmd, "add_parser", fake(VSpecConfigError("policy", 1, "z")))
+    monkeypatch.setenv("VSPEC_TRACEBACK", "1")
+    with pytest.raises(VSpecConfigError):
+        cli.main(["sim"])
+
+
+def test_redirected_bench_progress_prints_one_flushed_line_per_phase(capsys):
+    from vllm_vspec.commands.bench import _LineProgress
+
+    lines = _LineProgress(total=6, started=0.0)
+    for what in ("target / steady", "target / steady", "target / bursty",
+                 "online / steady", "online / steady", "online / bursty"):
+        lines.advance(what)
+    lines.variant_done([], {})
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 6, out   # start, four phases, one server done
+    assert "target / bursty: running (3/6 requests done)" in out[2]
+    assert "server done (6/6 requests" in out[-1]
