@@ -4,7 +4,8 @@ sim/simulator.py, its table, plot and named workloads sim/report.py).
 Compares fixed gamma 0..K, vLLM's static batch-size table, the online and
 profile policies and the per-step oracle on the same synthetic or recorded
 workloads and latency profile, prints a table of tokens/s and ratios, and
-writes sim.json and sim.png.
+writes sim.json and sim.png. With --verify-budget it compares per-request
+verify budgets instead (issue 28: sim/budget_sim.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from vllm_vspec.config import VSpecConfig
 from vllm_vspec.core.latency import ProfileError, load_profile
+from vllm_vspec.sim import budget_sim
 from vllm_vspec.sim.report import WORKLOADS, plot, table_text
 from vllm_vspec.sim.simulator import (DRAFT_RATES, GAMMA0_MODES, Rates, compare,
                                       controller_overhead_us, from_trace, ratios)
@@ -65,6 +67,25 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--capture-tokens", type=int, default=512,
                    help="--ascend-defaults: the target's largest captured decode graph, in "
                         "tokens (padding to 1 + K applies up to it)")
+    p.add_argument("--verify-budget", action="store_true",
+                   help="compare per-request verify budgets instead (issue 28, "
+                        "sim/budget_sim.py): batch-uniform online, every fixed gamma, the "
+                        "budget policy (calibrated draft probabilities, online step-cost "
+                        "model: core/budget) and the per-request oracle (true acceptance, "
+                        "true latency), on requests of heterogeneous acceptance (hetero-bB: "
+                        "levels uniform in [0.1, 0.95]) and a control with every request at "
+                        "0.8 (uniform-bB), at each of --batches; gamma 0 is sync; writes "
+                        "verify_budget.json. --workloads, --trace, --rates, --tree-rates, "
+                        "--table, --max-width and --gamma0-mode do not apply")
+    p.add_argument("--batches", default="1,2,4,8,16,32,64,128,256",
+                   help="with --verify-budget: comma list of batch sizes (concurrency)")
+    p.add_argument("--signal", choices=sorted(budget_sim.SIGNALS), default="overconfident-noisy",
+                   help="with --verify-budget: the drafter's probability q of a slot of true "
+                        "acceptance pi: exact (q = pi), noisy (+ N(0, 0.15)), overconfident "
+                        "(pi**0.4), overconfident-noisy (both), poor (+ N(0, 0.4))")
+    p.add_argument("--token-spread", type=float, default=0.0,
+                   help="with --verify-budget: logit spread of a slot's acceptance around its "
+                        "request's (0: the oracle knows every slot's acceptance)")
     p.set_defaults(func=_main)
 
 
@@ -98,6 +119,8 @@ def _main(args: argparse.Namespace) -> int:
         raise SystemExit(f"--vspec={args.vspec!r} is not allowed: a JSON object of vspec "
                          "settings")
     VSpecConfig.from_dict(vspec)  # VSpecConfigError names the key
+    if args.verify_budget:
+        return _verify_budget(args, vspec)
     if args.ascend_defaults:
         return _ascend_defaults(args)
     try:
@@ -162,4 +185,31 @@ def _ascend_defaults(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "ascend_defaults.json").write_text(json.dumps(result, indent=1))
     print(f"wrote {out / 'ascend_defaults.json'}")
+    return 0
+
+
+def _verify_budget(args: argparse.Namespace, vspec: dict) -> int:
+    try:
+        batches = [int(b) for b in args.batches.split(",")]
+    except ValueError:
+        batches = []
+    if not batches or min(batches) < 1:
+        raise SystemExit(f"--batches={args.batches!r}: need comma-separated integers >= 1")
+    if args.token_spread < 0:
+        raise SystemExit(f"--token-spread={args.token_spread}: need a value >= 0")
+    workloads = []
+    for b in batches:
+        tokens = max(1, int(budget_sim.default_tokens(b) * args.scale))
+        workloads += [budget_sim.hetero(b, args.signal, tokens, args.token_spread),
+                      budget_sim.uniform_levels(b, signal=args.signal, tokens=tokens)]
+    rows = budget_sim.summary(budget_sim.compare(workloads, args.profile, args.max_gamma, vspec,
+                                                 args.seed, args.noise))
+    print(f"profile: {args.profile}; signal: {args.signal}; token spread: {args.token_spread}")
+    print(budget_sim.table_text(rows))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "verify_budget.json").write_text(json.dumps({
+        "profile": args.profile, "max_gamma": args.max_gamma, "seed": args.seed,
+        "signal": args.signal, "token_spread": args.token_spread, "rows": rows}, indent=1))
+    print(f"wrote {out / 'verify_budget.json'}")
     return 0

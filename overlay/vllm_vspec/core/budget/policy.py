@@ -1,0 +1,227 @@
+"""VerifyBudgetPolicy: per-request verify budgets from draft confidence.
+
+Timing (as in controller.py): the drafts PROPOSED in step n are VERIFIED in
+step n+1. So at the scheduling of step n+1 the host holds, per request, the
+draft of step n with the drafter's probability of each drafted token (a
+DraftRow), and one call decides two things:
+- the admitted prefix of every request's draft (admission.py), i.e. the
+  tokens the target verifies in this step, and
+- the draft depth of this step (the draft passes it runs; what the next
+  step will be able to admit from).
+
+Rule of one step with B rows, cost model T (cost_model.py) of the bucket:
+1. Calibrate each row (calibration.py) and take survival scores.
+2. Depth: for every depth D in 0..max_depth (within the token budget),
+   the value of a steady step at D is max_n (B + top-n survival) /
+   T(B + n, passes(D)), with the rows cut or extended to D (extended
+   geometrically at the request's own mean conditional acceptance; a
+   request with no draft now uses its last known one, else the batch's,
+   else 1.0, optimistic so that a new request gets drafted and measured).
+   D is the argmax (ties: the smaller D).
+3. Budget: n = argmax over n of (B + top-n survival of the ACTUAL rows) /
+   T(B + n, passes(D)); the top-n slots are admitted.
+`passes(D)` is D, or 1 at D = 0 when the host still runs the drafter on a
+depth-0 step (gamma0_mode sync).
+
+Cold start (the cost model has no ready bucket): a sweep of draft depth
+max_depth..0, `cold_start_steps` steps each, admitting in turn all and the
+best half of the drafted slots, so that verified tokens and draft passes
+vary independently and the model becomes ready. Probe: after
+`probe_interval` steps in a row at depth 0 (nothing drafted, so nothing is
+learned) one step drafts depth 1.
+
+Strict acceptance stays lossless: only prefixes are ever verified.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Callable, Hashable, Mapping, Sequence
+
+from vllm_vspec.core.budget.admission import admit, best_budget, ranked, survival
+from vllm_vspec.core.budget.calibration import ConfidenceCalibrator
+from vllm_vspec.core.budget.cost_model import StepCost, StepCostModel
+from vllm_vspec.core.steps import bucket_of
+
+
+@dataclass(frozen=True)
+class BudgetSettings:
+    """Settings of the verify-budget policy (not yet vspec keys: the engine
+    integration will add them to config.py as `verify_budget_*`)."""
+
+    cost_window: int = 512
+    """Steps (per bucket) the cost model's fit describes (forgetting 1 - 1/window)."""
+    cost_min_samples: int = 8
+    """Samples before a bucket's cost model stands on its own."""
+    cost_prior_samples: float = 16.0
+    """Weight, in samples, of the nearest ready bucket's coefficients in a new bucket's fit."""
+    outlier_factor: float = 3.0
+    """A step this many times slower or faster than predicted is not fitted."""
+    calibration_bins: int = 10
+    """Equal-width bins of the draft probability."""
+    calibration_prior: float = 8.0
+    """Weight, in judged slots, of the draft probability itself in a bin's estimate."""
+    calibration_window: int = 8192
+    """Judged slots the calibration describes (forgetting 1 - 1/window)."""
+    cold_start_steps: int = 2
+    """Steps per draft depth of the cold-start sweep."""
+    probe_interval: int = 64
+    """Steps in a row at depth 0 before one step drafts depth 1 to re-measure."""
+    gamma0_runs_drafter: bool = True
+    """The host runs one draft pass on a depth-0 step (gamma0_mode sync)."""
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, object]) -> "BudgetSettings":
+        known = {f.name: f for f in fields(cls)}
+        for key, value in raw.items():
+            if key not in known:
+                raise ValueError(f"verify budget setting {key}={value!r} is not allowed: "
+                                 f"unknown key; known keys: {', '.join(known)}")
+        out = cls(**raw)
+        for key in ("cost_window", "cost_min_samples", "calibration_bins",
+                    "calibration_window", "cold_start_steps", "probe_interval"):
+            if getattr(out, key) < 1:
+                raise ValueError(f"verify budget setting {key}={getattr(out, key)!r} is not "
+                                 "allowed: need an integer >= 1")
+        return out
+
+
+@dataclass(frozen=True)
+class DraftRow:
+    """One request's draft as the host carries it to the scheduler."""
+
+    request_id: Hashable
+    probs: tuple[float, ...]       # the drafter's probability of each drafted token, in order
+
+
+@dataclass(frozen=True)
+class BudgetPlan:
+    admitted: tuple[int, ...]      # per row: leading draft slots verified this step
+    depth: int                     # draft passes this step runs (drafts verified next step)
+    bucket: int
+    reason: str                    # cold-start / probe / budget
+    expected_tokens: float         # B + admitted survival (calibrated), this step
+    predicted_ms: float | None     # the cost model's T for this step (None in cold start)
+
+    @property
+    def budget(self) -> int:
+        return sum(self.admitted)
+
+
+def extended(scores: Sequence[float], rate: float, depth: int) -> list[float]:
+    """A survival row cut or extended to `depth` slots; beyond its own
+    slots each further one multiplies by `rate`."""
+    out = list(scores[:depth])
+    last = out[-1] if out else 1.0
+    while len(out) < depth:
+        last *= rate
+        out.append(last)
+    return out
+
+
+def choose(scores: Sequence[Sequence[float]], predicted: Sequence[Sequence[float]],
+           max_depth: int, cost: Callable[[int, int], float]) -> tuple[int, int, float]:
+    """(depth, budget, value) by steps 2-3 of the module rule. `scores`: the
+    survival rows of the drafts at hand; `predicted`: per row, a survival
+    row at least `max_depth` long for the drafts of the next step;
+    `cost(n, D)`: the step time with n admitted slots at draft depth D."""
+    b = len(scores)
+    best_d, best_value = 0, -1.0
+    for d in range(max_depth + 1):
+        ext = sorted((s for row in predicted for s in row[:d]), reverse=True)
+        _, value = best_budget(ext, b, lambda n, d=d: cost(n, d))
+        if value > best_value:
+            best_d, best_value = d, value
+    actual = [s for s, _, _ in ranked(scores)]
+    n, value = best_budget(actual, b, lambda n: cost(n, best_d))
+    return best_d, n, value
+
+
+class VerifyBudgetPolicy:
+    """See the module docstring. `max_depth`: the host's K (num_speculative_tokens)."""
+
+    def __init__(self, max_depth: int, settings: BudgetSettings | None = None):
+        if max_depth < 1:
+            raise ValueError(f"VerifyBudgetPolicy(max_depth={max_depth}): need K >= 1")
+        self.max_depth = max_depth
+        self.settings = s = settings or BudgetSettings()
+        self.cost = StepCostModel(s.cost_window, s.cost_min_samples, s.cost_prior_samples,
+                                  s.outlier_factor)
+        self.calibration = ConfidenceCalibrator(max_depth, s.calibration_bins,
+                                                s.calibration_prior, s.calibration_window)
+        self._rate: dict[Hashable, float] = {}   # request -> mean conditional acceptance
+        self._cold_steps = 0
+        self._zero_run = 0
+
+    def passes(self, depth: int) -> int:
+        return 1 if depth == 0 and self.settings.gamma0_runs_drafter else depth
+
+    def plan(self, rows: Sequence[DraftRow], max_num_batched_tokens: int | None = None
+             ) -> BudgetPlan:
+        b = len(rows)
+        bucket = bucket_of(b)
+        hi = self.max_depth if max_num_batched_tokens is None else max(0, min(
+            self.max_depth, max_num_batched_tokens // max(b, 1) - 1))
+        scores = [survival(self.calibration.row(r.probs)) for r in rows]
+        rates = self._rates(rows, scores)
+        model = self.cost.model(bucket)
+        if model is None:
+            return self._cold(rows, scores, bucket, hi)
+        cost = self._cost_fn(model, b)
+        predicted = [extended(row, r, hi) for row, r in zip(scores, rates)]
+        depth, n, _ = choose(scores, predicted, hi, cost)
+        reason = "budget"
+        if depth == 0:
+            self._zero_run += 1
+            if self._zero_run >= self.settings.probe_interval and hi >= 1:
+                depth, reason, self._zero_run = 1, "probe", 0
+        else:
+            self._zero_run = 0
+        admitted = admit(scores, n)
+        return BudgetPlan(tuple(admitted), depth, bucket, reason,
+                          b + sum(sum(row[:k]) for row, k in zip(scores, admitted)),
+                          cost(n, depth))
+
+    def _cost_fn(self, model: StepCost, b: int) -> Callable[[int, int], float]:
+        return lambda n, d: model(b + n, self.passes(d))
+
+    def _rates(self, rows: Sequence[DraftRow], scores: Sequence[Sequence[float]]) -> list[float]:
+        """Per row, its mean conditional acceptance (geometric), remembered
+        per request while it stays in the batch (see the module rule)."""
+        rate = {}
+        for row, s in zip(rows, scores):
+            if s:
+                rate[row.request_id] = s[-1] ** (1.0 / len(s)) if s[-1] > 0 else 0.0
+            elif row.request_id in self._rate:
+                rate[row.request_id] = self._rate[row.request_id]
+        fallback = sum(rate.values()) / len(rate) if rate else 1.0
+        self._rate = rate
+        return [rate.get(row.request_id, fallback) for row in rows]
+
+    def _cold(self, rows, scores, bucket: int, hi: int) -> BudgetPlan:
+        i = self._cold_steps
+        self._cold_steps += 1
+        sweep = hi + 1
+        depth = hi - (i // self.settings.cold_start_steps) % sweep
+        drafted = sum(len(r.probs) for r in rows)
+        n = drafted if i % 2 == 0 else drafted // 2
+        admitted = admit(scores, n)
+        return BudgetPlan(tuple(admitted), depth, bucket, "cold-start",
+                          len(rows) + sum(sum(row[:k]) for row, k in zip(scores, admitted)),
+                          None)
+
+    def observe(self, plan: BudgetPlan, rows: Sequence[DraftRow], accepted: Sequence[int],
+                step_ms: float) -> None:
+        """The step's outcome: per row, accepted drafts among the admitted
+        ones, and the step's time (the controller's non-overlapping
+        interval, in ms)."""
+        if len(accepted) != len(rows) or len(rows) != len(plan.admitted):
+            raise ValueError(f"VerifyBudgetPolicy.observe: {len(rows)} rows, "
+                             f"{len(plan.admitted)} admitted, {len(accepted)} accepted: "
+                             "need one of each per request of the planned step")
+        self.calibration.update([r.probs for r in rows], plan.admitted, accepted)
+        self.cost.observe(plan.bucket, len(rows) + plan.budget, self.passes(plan.depth), step_ms)
+
+    def snapshot(self) -> dict:
+        return {"cost_model": self.cost.snapshot(),
+                "calibration": self.calibration.report().as_dict()}
