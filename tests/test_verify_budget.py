@@ -69,16 +69,16 @@ def test_ties_go_to_the_request_listed_first_then_the_earlier_position():
 def test_best_budget_is_the_argmax(scores, base, fixed, per_slot):
     ordered = sorted(scores, reverse=True)
     cost = lambda n: fixed + per_slot * n                       # noqa: E731
-    n, value = best_budget(ordered, base, cost)
+    n, value = best_budget(ordered, base, fixed, per_slot)
     values = [(base + sum(ordered[:k])) / cost(k) for k in range(len(ordered) + 1)]
     assert value == pytest.approx(max(values)) and values[n] == pytest.approx(max(values))
 
 
 def test_best_budget_ties_keep_the_smaller_budget():
-    free = lambda n: 10.0                                       # noqa: E731
-    assert best_budget([0.0, 0.0], 4, free) == (0, 0.4)         # worthless slots: none
-    assert best_budget([1.0, 0.0], 4, free) == (1, 0.5)
-    assert best_budget([1.0, 1.0], 4, free, max_budget=1) == (1, 0.5)
+    assert best_budget([0.0, 0.0], 4, 10.0, 0.0) == (0, 0.4)    # worthless slots: none
+    assert best_budget([1.0, 0.0], 4, 10.0, 0.0) == (1, 0.5)
+    assert best_budget([1.0, 1.0], 4, 10.0, 0.0, max_budget=1) == (1, 0.5)
+    assert best_budget([0.5], 4, 8.0, 1.0) == (0, 0.5)          # 4.5 / 9 ms = 4 / 8 ms: a tie
 
 
 # ------------------------------------------------------------------ cost model
@@ -203,11 +203,11 @@ def test_budget_beats_every_uniform_gamma_when_acceptance_is_heterogeneous():
     # Ascend-figure target's per-token cost at batch 8 with cheap drafts.
     good, bad = [0.95, 0.9, 0.9, 0.85], [0.2, 0.1, 0.1, 0.1]
     rows = [survival(good if i % 2 == 0 else bad) for i in range(8)]
-    cost = lambda n, d: 40.0 + 0.25 * (8 + n) + 3.0 * d          # noqa: E731
-    depth, n, value = choose(rows, rows, 4, cost)
-    uniform = max((8 + sum(sum(r[:g]) for r in rows)) / cost(8 * g, g) for g in range(5))
+    fixed = lambda d: 40.0 + 0.25 * 8 + 3.0 * d                 # noqa: E731
+    depth, admitted, value = choose(rows, rows, 4, fixed, 0.25)
+    uniform = max((8 + sum(sum(r[:g]) for r in rows)) / (fixed(g) + 0.25 * 8 * g)
+                  for g in range(5))
     assert value > uniform * 1.02
-    admitted = admit(rows, n)
     assert depth >= 3 and all(admitted[i] == depth for i in range(0, 8, 2))
     assert all(admitted[i] <= 1 for i in range(1, 8, 2))        # at most the 0.2 slot
     assert extended([0.5], 0.5, 3) == [0.5, 0.25, 0.125]

@@ -42,7 +42,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from vllm_vspec.config import VSpecConfig
-from vllm_vspec.core.budget.admission import admit, survival
+from vllm_vspec.core.budget.admission import survival
 from vllm_vspec.core.budget.policy import (BudgetPlan, BudgetSettings, DraftRow,
                                            VerifyBudgetPolicy, choose)
 from vllm_vspec.core.controller import GammaController
@@ -166,9 +166,10 @@ class RequestOracle(Contender):
         scores = [survival(r[:k]) for r, k in zip(true_rates, pending)]
         predicted = [survival(r[:self.max_depth]) for r in true_rates]
         hi = max(0, min(self.max_depth, batch.max_num_batched_tokens // max(b, 1) - 1))
-        depth, n, _ = choose(scores, predicted, hi,
-                             lambda n, d: step_ms(self.profile, b + n, d, b, ctx))
-        return admit(scores, n), depth
+        depth, admitted, _ = choose(scores, predicted, hi,
+                                    lambda d: step_ms(self.profile, b, d, b, ctx),
+                                    self.profile.target.beta)   # the target is linear in tokens
+        return admitted, depth
 
     def observe(self, accepted, committed, step_ms):
         """The oracle does not learn."""

@@ -41,33 +41,46 @@ def survival(acceptance: Sequence[float]) -> list[float]:
 
 
 def ranked(scores: Sequence[Sequence[float]]) -> list[tuple[float, int, int]]:
-    """Every slot as (score, request index, position), best first (module rules)."""
-    slots = [(s, r, j) for r, row in enumerate(scores) for j, s in enumerate(row)]
-    slots.sort(key=lambda t: (-t[0], t[1], t[2]))
+    """Every slot as (-score, request index, position), best first: plain
+    tuple order is the ranking rule of the module docstring."""
+    slots = [(-s, r, j) for r, row in enumerate(scores) for j, s in enumerate(row)]
+    slots.sort()
     return slots
+
+
+def admitted_counts(ranking: Sequence[tuple[float, int, int]], num_rows: int,
+                    budget: int) -> list[int]:
+    """Per request, its slots among the first `budget` of `ranking`."""
+    admitted = [0] * num_rows
+    for _, r, _ in ranking[:max(budget, 0)]:
+        admitted[r] += 1
+    return admitted
 
 
 def admit(scores: Sequence[Sequence[float]], budget: int) -> list[int]:
     """Per request, how many leading slots are admitted when the top
     `budget` survival scores win (budget clipped to [0, number of slots])."""
-    admitted = [0] * len(scores)
-    for _, r, _ in ranked(scores)[:max(budget, 0)]:
-        admitted[r] += 1
-    return admitted
+    return admitted_counts(ranked(scores), len(scores), budget)
 
 
-def best_budget(sorted_scores: Sequence[float], base: float, cost_ms: Callable[[int], float],
-                max_budget: int | None = None) -> tuple[int, float]:
+def best_budget(sorted_scores: Sequence[float], base: float, fixed_ms: float,
+                per_slot_ms: float, max_budget: int | None = None) -> tuple[int, float]:
     """(n, value): the n in 0..max_budget (default: every slot) maximising
-    (base + sum(sorted_scores[:n])) / cost_ms(n), and that value (expected
-    tokens per ms). `sorted_scores` best first; `base` the tokens committed
-    without drafts (the batch size). Ties keep the smaller n."""
+    V(n) = (base + sum(sorted_scores[:n])) / (fixed_ms + per_slot_ms * n),
+    the expected tokens per ms, and V(n). `sorted_scores` best first,
+    `base` the tokens committed without drafts (the batch size),
+    per_slot_ms >= 0. V(n) is the mediant of V(n-1) and s_n / per_slot_ms,
+    so it rises exactly while s_n > per_slot_ms * V(n-1); scores falling,
+    once a slot does not raise it no later one does: the scan stops there
+    (ties keep the smaller n)."""
     limit = len(sorted_scores) if max_budget is None else min(max_budget, len(sorted_scores))
-    best_n, best = 0, base / max(cost_ms(0), 1e-9)
-    gained = base
+    gained, cost = base, max(fixed_ms, 1e-9)
+    best_n, best = 0, gained / cost
     for n in range(1, limit + 1):
-        gained += sorted_scores[n - 1]
-        value = gained / max(cost_ms(n), 1e-9)
-        if value > best:
-            best_n, best = n, value
+        s = sorted_scores[n - 1]
+        if s <= per_slot_ms * best:
+            break
+        gained += s
+        cost += per_slot_ms
+        best_n, best = n, gained / cost
     return best_n, best

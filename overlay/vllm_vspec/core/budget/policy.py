@@ -38,9 +38,10 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Callable, Hashable, Mapping, Sequence
 
-from vllm_vspec.core.budget.admission import admit, best_budget, ranked, survival
+from vllm_vspec.core.budget.admission import (admit, admitted_counts, best_budget, ranked,
+                                              survival)
 from vllm_vspec.core.budget.calibration import ConfidenceCalibrator
-from vllm_vspec.core.budget.cost_model import StepCost, StepCostModel
+from vllm_vspec.core.budget.cost_model import StepCostModel
 from vllm_vspec.core.steps import bucket_of
 
 
@@ -120,21 +121,23 @@ def extended(scores: Sequence[float], rate: float, depth: int) -> list[float]:
 
 
 def choose(scores: Sequence[Sequence[float]], predicted: Sequence[Sequence[float]],
-           max_depth: int, cost: Callable[[int, int], float]) -> tuple[int, int, float]:
-    """(depth, budget, value) by steps 2-3 of the module rule. `scores`: the
-    survival rows of the drafts at hand; `predicted`: per row, a survival
-    row at least `max_depth` long for the drafts of the next step;
-    `cost(n, D)`: the step time with n admitted slots at draft depth D."""
+           max_depth: int, fixed_ms: Callable[[int], float], per_slot_ms: float
+           ) -> tuple[int, list[int], float]:
+    """(depth, admitted per row, value) by steps 2-3 of the module rule.
+    `scores`: the survival rows of the drafts at hand; `predicted`: per
+    row, a survival row at least `max_depth` long for the drafts of the
+    next step; the step time with n admitted slots at draft depth D is
+    fixed_ms(D) + per_slot_ms * n."""
     b = len(scores)
     best_d, best_value = 0, -1.0
     for d in range(max_depth + 1):
         ext = sorted((s for row in predicted for s in row[:d]), reverse=True)
-        _, value = best_budget(ext, b, lambda n, d=d: cost(n, d))
+        _, value = best_budget(ext, b, fixed_ms(d), per_slot_ms)
         if value > best_value:
             best_d, best_value = d, value
-    actual = [s for s, _, _ in ranked(scores)]
-    n, value = best_budget(actual, b, lambda n: cost(n, best_d))
-    return best_d, n, value
+    ranking = ranked(scores)
+    n, value = best_budget([-t[0] for t in ranking], b, fixed_ms(best_d), per_slot_ms)
+    return best_d, admitted_counts(ranking, b, n), value
 
 
 class VerifyBudgetPolicy:
@@ -167,9 +170,10 @@ class VerifyBudgetPolicy:
         model = self.cost.model(bucket)
         if model is None:
             return self._cold(rows, scores, bucket, hi)
-        cost = self._cost_fn(model, b)
         predicted = [extended(row, r, hi) for row, r in zip(scores, rates)]
-        depth, n, _ = choose(scores, predicted, hi, cost)
+        fixed = lambda d: model(b, self.passes(d))                 # noqa: E731
+        depth, admitted, _ = choose(scores, predicted, hi, fixed, model.per_token_ms)
+        n = sum(admitted)
         reason = "budget"
         if depth == 0:
             self._zero_run += 1
@@ -177,13 +181,9 @@ class VerifyBudgetPolicy:
                 depth, reason, self._zero_run = 1, "probe", 0
         else:
             self._zero_run = 0
-        admitted = admit(scores, n)
         return BudgetPlan(tuple(admitted), depth, bucket, reason,
                           b + sum(sum(row[:k]) for row, k in zip(scores, admitted)),
-                          cost(n, depth))
-
-    def _cost_fn(self, model: StepCost, b: int) -> Callable[[int, int], float]:
-        return lambda n, d: model(b + n, self.passes(d))
+                          fixed(depth) + model.per_token_ms * n)
 
     def _rates(self, rows: Sequence[DraftRow], scores: Sequence[Sequence[float]]) -> list[float]:
         """Per row, its mean conditional acceptance (geometric), remembered
