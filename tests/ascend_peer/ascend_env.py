@@ -190,7 +190,7 @@ def tree_stamp(pin: common.Pin, build_info: str) -> str:
     h = hashlib.sha256()
     for patch in common.read_series(pin.patch_dir):
         h.update(patch.name.encode() + b"\0" + patch.read_bytes())
-    for src, rel in common.overlay_files():
+    for src, rel in common.overlay_files(patch_dir=pin.patch_dir):
         h.update(rel.encode() + b"\0" + src.read_bytes())
     h.update(b"\0pyproject\0" + (REPO / "pyproject.toml").read_bytes())  # our entry points
     return json.dumps({"sdist": pin.sha256, "build_info": build_info,
@@ -218,7 +218,7 @@ def ensure_trees(pin: common.Pin, build_info: str, root: Path) -> dict[str, Path
         common.git(overlaid, "init", "--quiet")
         common.apply_series(overlaid, patches)
         shutil.rmtree(overlaid / ".git")
-        common.copy_overlay(overlaid)
+        common.copy_overlay(overlaid, pin.patch_dir)
         write_dist_info(overlaid, wheel, with_ours=True)
         (overlaid / ".ascend-peer-stamp").write_text(want)
     return {"stock": stock, "overlaid": overlaid}

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import email.parser
+import platform
 import re
 import shutil
 from dataclasses import dataclass, field
@@ -155,10 +156,16 @@ def apply_or_leave(tree: Path, patch: Path) -> PatchReport:
 # ------------------------------------------------------------------- checks
 def vllm_source_for(pin: Pin, vllm: str, cache: Path) -> tuple[Path, str, str]:
     """(wheel, file name, SHA-256) of the vLLM sources a pin on `vllm` runs on:
-    the current pin's when the vLLM is the same, else the index's."""
+    the current pin's when the vLLM is the same, else the index's: the wheel
+    for this machine's architecture where there is one (every wheel carries
+    the same Python, but the Ascend peer suite installs it), else any."""
     if vllm == pin.vllm:
         return fetch_vllm_source(pin, cache), pin.vllm_source, pin.vllm_source_sha256
-    listed = release_file(VLLM_SOURCE_PROJECT, vllm, r"{stem}-{version}-.*\.whl")
+    try:
+        listed = release_file(VLLM_SOURCE_PROJECT, vllm,
+                              r"{stem}-{version}-.*_" + re.escape(platform.machine()) + r"\.whl")
+    except BuildError:
+        listed = release_file(VLLM_SOURCE_PROJECT, vllm, r"{stem}-{version}-.*\.whl")
     wheel = fetch_verified(cache / "vllm-wheel", VLLM_SOURCE_PROJECT, listed.name, listed.sha256)
     return wheel, listed.name, listed.sha256
 
