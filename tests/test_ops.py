@@ -299,6 +299,16 @@ def test_an_unloadable_library_falls_back_to_torch(monkeypatch, tmp_path):
     assert "torch fallback" in ops.backend() and str(tmp_path) in ops.backend()
 
 
+def test_the_compiled_library_is_logged_once(vspec, monkeypatch, caplog):
+    monkeypatch.setattr(ops, "_fallback", None)
+    monkeypatch.setattr(ops, "_announced", False)
+    with caplog.at_level("INFO", logger="vllm.vllm_vspec.kernels.ops"):
+        ops.load(), ops.load()
+    lines = [r.getMessage() for r in caplog.records if r.name == "vllm.vllm_vspec.kernels.ops"]
+    assert lines == [f"vspec ops: the compiled library {ops.loaded_from()}"]
+    assert ops.backend() == f"compiled {ops.loaded_from()}"
+
+
 def test_a_library_without_the_devices_kernels_falls_back_for_that_device(vspec, monkeypatch):
     """The checkout's CPU build has no AscendC (PrivateUse1) kernels: an NPU
     caller gets the torch ops, a CPU caller the compiled ones."""

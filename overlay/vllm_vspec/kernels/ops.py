@@ -6,8 +6,8 @@ library (libvspec_ops.so, loaded once per process, with each op's fake
 (Meta) implementation registered), or, when the library is missing, fails
 to load, lacks an op (a stale build) or has no kernel for the device the
 caller runs on (`device_type`), `TORCH_OPS`: the same ops.h definitions in
-torch, logged once per process as a warning naming why. A kernel never
-costs availability (docs/ascend.md, "Custom ops"); `backend()` and
+torch, logged once per process as a warning naming why (the compiled
+library is logged once as INFO). A kernel never costs availability (docs/ascend.md, "Custom ops"); `backend()` and
 `vllm-vspec doctor` say which runs. `load_compiled()` is the strict form
 (raises), for the ops' own tests.
 
@@ -50,6 +50,7 @@ logger = logging.getLogger(f"vllm.{__name__}")
 
 _loaded: Path | None = None
 _fallback: str | None = None   # why the torch implementation runs (None: it does not)
+_announced = False             # the compiled library's start-up line was logged
 
 
 class OpsLibraryMissing(RuntimeError):
@@ -112,6 +113,10 @@ def load(device_type: str | None = None) -> Any:
             torch._C._dispatch_has_kernel_for_dispatch_key(name, key) for name in FAKES):
         return _fall_back(f"{_loaded} has no {device_type} kernel for every op "
                           f"(a build without that backend)")
+    global _announced
+    if not _announced:
+        _announced = True
+        logger.info("vspec ops: the compiled library %s", _loaded)
     return compiled
 
 
