@@ -23,8 +23,8 @@ stops where no graph is kept (a batch over the capture range).
 
 A graph per verify width (1 + g) would remove that cost; it is not built:
 vLLM's dispatcher pads token counts width-blind and derives `num_reqs` from
-one `uniform_decode_query_len` (vllm/v1/cudagraph_dispatcher.py
-`_create_padded_batch_descriptor`), and the target's graph parameters are
+one `uniform_decode_query_len` (vLLM 0.23 vllm/v1/cudagraph_dispatcher.py
+lines 136-149, `_create_padded_batch_descriptor`), and the target's graph parameters are
 keyed by token count only (acl_graph.py `_graph_params`; attention_v1.py
 lines 544-569 zip one list per token count), so two widths' graphs at one
 token count would share one list (docs/ascend.md, "ACL graphs").
