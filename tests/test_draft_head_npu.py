@@ -397,10 +397,17 @@ def test_traces_record_a_step_as_on_cpu(proposers, npu_host, weight, tmp_path):
 @pytest.mark.parametrize("key, value", [
     ("draft_lm_head_quantization", "w8a16"), ("draft_trace_path", "d.jsonl"),
     ("draft_active_vocab_ids", "ids.json")])
-def test_drafter_keys_run_on_vllm_ascends_worker_only_among_non_vspec_workers(key, value):
+def test_drafter_keys_run_on_vllm_ascends_worker_only_among_non_vspec_workers(key, value,
+                                                                              tmp_path):
     from conftest import engine_config
 
     from vllm_vspec.hosts import wiring
+
+    if key != "draft_lm_head_quantization":
+        # the config checks files before an engine starts: give it real ones
+        value = str(tmp_path / value)
+        if key == "draft_active_vocab_ids":
+            active_vocab.write_ids(value, [0, 1, 2], [0], 2048, 3, "test")
 
     assert getattr(wiring.resolve(_engine_config("eagle", 4, vspec={key: value})), key) == value
     stock = engine_config("eagle", 4, {key: value}, worker_cls="vllm.v1.worker.cpu_worker.CPUWorker")
