@@ -19,7 +19,7 @@ from vllm_vspec.core.budget.admission import admit, best_budget, ranked, surviva
 from vllm_vspec.core.budget.calibration import ConfidenceCalibrator
 from vllm_vspec.core.budget.cost_model import StepCost, StepCostModel, nonnegative_solution
 from vllm_vspec.core.budget.policy import (BudgetSettings, DraftRow, VerifyBudgetPolicy, choose,
-                                           extended)
+                                           smoothed)
 from vllm_vspec.sim import budget_sim
 
 REPO = Path(__file__).resolve().parents[1]
@@ -210,7 +210,14 @@ def test_budget_beats_every_uniform_gamma_when_acceptance_is_heterogeneous():
     assert value > uniform * 1.02
     assert depth >= 3 and all(admitted[i] == depth for i in range(0, 8, 2))
     assert all(admitted[i] <= 1 for i in range(1, 8, 2))        # at most the 0.2 slot
-    assert extended([0.5], 0.5, 3) == [0.5, 0.25, 0.125]
+
+
+def test_the_depth_choice_reads_each_requests_smoothed_acceptance():
+    assert smoothed(None, [0.5], 0.3, 3) == [0.5, 0.5, 0.5]             # repeats its last
+    assert smoothed([0.5, 0.5, 0.5], [1.0], 0.3, 3) == pytest.approx([0.65, 0.5, 0.5])
+    assert smoothed(None, [], 0.3, 2) == [1.0, 1.0]                      # optimistic, unmeasured
+    with pytest.raises(ValueError, match="request_smoothing"):
+        BudgetSettings.from_dict({"request_smoothing": 0.0})
 
 
 # ------------------------------------------------------------------ simulator

@@ -13,11 +13,14 @@ Rule of one step with B rows, cost model T (cost_model.py) of the bucket:
 1. Calibrate each row (calibration.py) and take survival scores.
 2. Depth: for every depth D in 0..max_depth (within the token budget),
    the value of a steady step at D is max_n (B + top-n survival) /
-   T(B + n, passes(D)), with the rows cut or extended to D (extended
-   geometrically at the request's own mean conditional acceptance; a
-   request with no draft now uses its last known one, else the batch's,
-   else 1.0, optimistic so that a new request gets drafted and measured).
-   D is the argmax (ties: the smaller D).
+   T(B + n, passes(D)), over PREDICTED rows of D slots: per request, the
+   survival of its smoothed calibrated acceptance per position (an EWMA
+   over its steps, weight `request_smoothing`; a position it never
+   reached repeats its last one; a request with none yet takes the batch
+   mean, else 1.0, optimistic so that a new request gets drafted and
+   measured). Not the current row itself: a slot's luck does not carry
+   over to the next draft, and the best D over noisy rows would be biased
+   upwards. D is the argmax (ties: the smaller D).
 3. Budget: n = argmax over n of (B + top-n survival of the ACTUAL rows) /
    T(B + n, passes(D)); the top-n slots are admitted.
 `passes(D)` is D, or 1 at D = 0 when the host still runs the drafter on a
@@ -68,6 +71,8 @@ class BudgetSettings:
     """Steps per draft depth of the cold-start sweep."""
     probe_interval: int = 64
     """Steps in a row at depth 0 before one step drafts depth 1 to re-measure."""
+    request_smoothing: float = 0.3
+    """Weight of a step's calibrated acceptance in a request's smoothed one (depth choice)."""
     gamma0_runs_drafter: bool = True
     """The host runs one draft pass on a depth-0 step (gamma0_mode sync)."""
 
@@ -79,6 +84,9 @@ class BudgetSettings:
                 raise ValueError(f"verify budget setting {key}={value!r} is not allowed: "
                                  f"unknown key; known keys: {', '.join(known)}")
         out = cls(**raw)
+        if not 0.0 < out.request_smoothing <= 1.0:
+            raise ValueError(f"verify budget setting request_smoothing={out.request_smoothing!r} "
+                             "is not allowed: need a weight in (0, 1]")
         for key in ("cost_window", "cost_min_samples", "calibration_bins",
                     "calibration_window", "cold_start_steps", "probe_interval"):
             if getattr(out, key) < 1:
@@ -109,14 +117,20 @@ class BudgetPlan:
         return sum(self.admitted)
 
 
-def extended(scores: Sequence[float], rate: float, depth: int) -> list[float]:
-    """A survival row cut or extended to `depth` slots; beyond its own
-    slots each further one multiplies by `rate`."""
-    out = list(scores[:depth])
-    last = out[-1] if out else 1.0
-    while len(out) < depth:
-        last *= rate
-        out.append(last)
+def smoothed(previous: Sequence[float] | None, acceptance: Sequence[float], weight: float,
+             depth: int) -> list[float]:
+    """A request's smoothed conditional acceptance per position, `depth`
+    long: positions of `acceptance` move `weight` of the way from
+    `previous` (or start there), the others keep `previous`, and positions
+    neither has repeat the last known one (1.0 with none)."""
+    out = []
+    for j in range(depth):
+        old = previous[j] if previous is not None and j < len(previous) else None
+        new = acceptance[j] if j < len(acceptance) else None
+        if new is not None:
+            out.append(new if old is None else old + weight * (new - old))
+        else:
+            out.append(old if old is not None else (out[-1] if out else 1.0))
     return out
 
 
@@ -152,7 +166,7 @@ class VerifyBudgetPolicy:
                                   s.outlier_factor)
         self.calibration = ConfidenceCalibrator(max_depth, s.calibration_bins,
                                                 s.calibration_prior, s.calibration_window)
-        self._rate: dict[Hashable, float] = {}   # request -> mean conditional acceptance
+        self._smoothed: dict[Hashable, list[float]] = {}   # request -> smoothed acceptance
         self._cold_steps = 0
         self._zero_run = 0
 
@@ -165,12 +179,12 @@ class VerifyBudgetPolicy:
         bucket = bucket_of(b)
         hi = self.max_depth if max_num_batched_tokens is None else max(0, min(
             self.max_depth, max_num_batched_tokens // max(b, 1) - 1))
-        scores = [survival(self.calibration.row(r.probs)) for r in rows]
-        rates = self._rates(rows, scores)
+        acceptance = [self.calibration.row(r.probs) for r in rows]
+        scores = [survival(a) for a in acceptance]
+        predicted = [survival(m) for m in self._smooth(rows, acceptance)]
         model = self.cost.model(bucket)
         if model is None:
             return self._cold(rows, scores, bucket, hi)
-        predicted = [extended(row, r, hi) for row, r in zip(scores, rates)]
         fixed = lambda d: model(b, self.passes(d))                 # noqa: E731
         depth, admitted, _ = choose(scores, predicted, hi, fixed, model.per_token_ms)
         n = sum(admitted)
@@ -185,18 +199,22 @@ class VerifyBudgetPolicy:
                           b + sum(sum(row[:k]) for row, k in zip(scores, admitted)),
                           fixed(depth) + model.per_token_ms * n)
 
-    def _rates(self, rows: Sequence[DraftRow], scores: Sequence[Sequence[float]]) -> list[float]:
-        """Per row, its mean conditional acceptance (geometric), remembered
-        per request while it stays in the batch (see the module rule)."""
-        rate = {}
-        for row, s in zip(rows, scores):
-            if s:
-                rate[row.request_id] = s[-1] ** (1.0 / len(s)) if s[-1] > 0 else 0.0
-            elif row.request_id in self._rate:
-                rate[row.request_id] = self._rate[row.request_id]
-        fallback = sum(rate.values()) / len(rate) if rate else 1.0
-        self._rate = rate
-        return [rate.get(row.request_id, fallback) for row in rows]
+    def _smooth(self, rows: Sequence[DraftRow], acceptance: Sequence[Sequence[float]]
+                ) -> list[list[float]]:
+        """Per row, its request's smoothed acceptance (step 2 of the module
+        rule), kept per request while it stays in the batch."""
+        k, w = self.max_depth, self.settings.request_smoothing
+        known = {}
+        for row, a in zip(rows, acceptance):
+            before = self._smoothed.get(row.request_id)
+            if a or before is not None:
+                known[row.request_id] = smoothed(before, a, w, k)
+        if known:
+            mean = [sum(m[j] for m in known.values()) / len(known) for j in range(k)]
+        else:
+            mean = [1.0] * k
+        self._smoothed = known
+        return [known.get(row.request_id, mean) for row in rows]
 
     def _cold(self, rows, scores, bucket: int, hi: int) -> BudgetPlan:
         i = self._cold_steps
