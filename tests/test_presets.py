@@ -330,6 +330,12 @@ def test_several_user_additional_configs_merge_later_keys_winning():
         "--seed", "1", '--additional-config={"vspec": {"fixed_gamma": 2}, "a": 2}'])
     assert merged == {"vspec": {"policy": "fixed", "fixed_gamma": 2}, "a": 2}
     assert rest == ["--seed", "1"]
+    # vLLM's dotted form replaces the whole flag in vLLM's own parser: merged too.
+    merged, rest = presets.take_additional_config([
+        "--additional-config", '{"vspec": {"policy": "fixed"}}',
+        "--additional-config.vspec.fixed_gamma", "2", "--additional-config.vspec.trace_path=t"])
+    assert merged == {"vspec": {"policy": "fixed", "fixed_gamma": 2, "trace_path": "t"}}
+    assert rest == []
 
 
 def test_the_launcher_drains_on_sigterm_by_default(capsys, vllm_serve_parser):

@@ -379,26 +379,38 @@ ADDITIONAL_CONFIG_FLAGS = ("--additional-config", "--additional_config")
 
 def take_additional_config(args: list[str]) -> tuple[dict[str, Any], list[str]]:
     """The `--additional-config` JSON objects among `args` (`FLAG VALUE` or
-    `FLAG=VALUE`; merged in order, a later one's keys winning, as vLLM keeps
-    the last) and the other arguments in order. PresetError on a value that
-    is not a JSON object."""
+    `FLAG=VALUE`, and vLLM's dotted `--additional-config.vspec.KEY VALUE`;
+    merged in order, a later one's keys winning, vspec tables key by key)
+    and the other arguments in order: given to vLLM as they are, a second
+    such flag would replace the rendered one. PresetError on a value that is
+    not a JSON object."""
     merged: dict[str, Any] = {}
     rest: list[str] = []
     i = 0
     while i < len(args):
         flag, sep, value = args[i].partition("=")
         i += 1
-        if flag not in ADDITIONAL_CONFIG_FLAGS:
+        base, dot, path = flag.partition(".")
+        if base not in ADDITIONAL_CONFIG_FLAGS:
             rest.append(args[i - 1])
             continue
         if not sep:
             if i >= len(args):
-                raise PresetError("--additional-config", None, "a JSON object after the flag")
+                raise PresetError(flag, None, "a value after the flag")
             value, i = args[i], i + 1
-        try:
-            parsed = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise PresetError("--additional-config", value, f"a JSON object ({exc})") from None
+        if dot:  # vLLM's dotted form, `--additional-config.vspec.min_gamma 1`
+            try:
+                item = json.loads(value)
+            except json.JSONDecodeError:
+                item = value
+            parsed: Any = item
+            for key in reversed(path.split(".")):
+                parsed = {key: parsed}
+        else:
+            try:
+                parsed = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise PresetError("--additional-config", value, f"a JSON object ({exc})") from None
         if not isinstance(parsed, dict):
             raise PresetError("--additional-config", value, "a JSON object")
         for key, item in parsed.items():
