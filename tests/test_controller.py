@@ -68,6 +68,14 @@ def test_max_gamma_defaults_to_num_speculative_tokens():
     assert ctl.decide(BatchState(1, BUDGET)).gamma == 3
 
 
+def test_before_the_first_decision_the_fixed_policy_is_in_force():
+    # A prefill step keeps the gamma in force; before any decision that was
+    # max_gamma, so under fixed gamma 0 the first decode step verified 1 + K.
+    assert fixed(0).gamma == 0
+    assert fixed(2).gamma == 2
+    assert controller(policy="online", min_gamma=0).gamma == 4   # its sweep starts there
+
+
 def test_the_gamma_in_force_is_the_last_decision():
     ctl = controller(policy="cycle", min_gamma=0)   # decides 4, 0, 3, 1, 2, ...
     assert ctl.gamma == 4                           # before any decision: max_gamma
@@ -244,7 +252,9 @@ def test_tree_arms_are_named_gamma_x_width_in_the_summary_and_traced_with_width(
     path = tmp_path / "trace.jsonl"
     ctl = GammaController(VSpecConfig(policy="fixed", fixed_gamma=2, trace_path=str(path)), 4,
                           clock=Clock(), max_width=2)
-    assert (ctl.gamma, ctl.width) == (4, 1)          # before any decision
+    # Before any decision: the fixed policy's own arm (issue 29: a prefill
+    # step drafts what the policy asks for, not max_gamma).
+    assert (ctl.gamma, ctl.width) == (2, 2)
     for i in range(3):
         run_step(ctl, i, i + 1)
     assert (ctl.gamma, ctl.width) == (2, 2)

@@ -95,6 +95,10 @@ class GammaController:
         self.clock = clock
         self.space = make_space(min_width, max_width, num_speculative_tokens)
         self.policy = make_policy(self.config, self.space)
+        opening = getattr(self.policy, "opening", lambda: None)()
+        self._opening = ((self.config.max_gamma, 1) if opening is None else
+                         (min(self.space.gamma(opening), self.config.max_gamma),
+                          self.space.width(opening)))
         self._pending: deque[_Pending] = deque()
         self._last_decision: Decision | None = None
         # When the host last processed a step's output while requests
@@ -119,15 +123,21 @@ class GammaController:
 
     @property
     def gamma(self) -> int:
-        """The gamma in force: the last decision (max_gamma before the
-        first). A host step the controller does not decide (a prefill step)
-        keeps it."""
-        return self.config.max_gamma if self._last_decision is None else self._last_decision.gamma
+        """The gamma in force: the last decision; before the first, the
+        policy's opening arm (`fixed`: its gamma), else max_gamma (where
+        `online` and `cycle` start). A host step the controller does not
+        decide (a prefill step) keeps it, so the drafts a prefill step
+        proposes are the ones the policy would ask for: under `fixed` gamma
+        0 the first decode step verifies nothing (issue 29: it verified
+        1 + K per request)."""
+        if self._last_decision is not None:
+            return self._last_decision.gamma
+        return self._opening[0]
 
     @property
     def width(self) -> int:
-        """The tree width in force (1 before the first decision)."""
-        return 1 if self._last_decision is None else self._last_decision.width
+        """The tree width in force (the opening arm's before the first decision)."""
+        return self._opening[1] if self._last_decision is None else self._last_decision.width
 
     # ------------------------------------------------------------ per step
     def decide(self, batch: BatchState, host_overhead_s: float = 0.0) -> Decision:

@@ -50,9 +50,23 @@ class DraftLag:
         [start, end) of each request (start: its num_computed_tokens when
         the step began)."""
         bs = self.block_size
-        for req_id, start, end, blocks in zip(req_ids, starts, ends, block_rows):
-            self._mark(req_id, start)
-            self._stale_blocks.update(int(b) for b in blocks[start // bs:(end - 1) // bs + 1])
+        first = self._first_missed
+        for req_id, start in zip(req_ids, starts):
+            # Only the first skipped position counts; later skips leave it.
+            if req_id not in first or start < first[req_id]:
+                first[req_id] = start
+        if not len(starts):
+            return
+        # Vectorised (this runs every gamma-0 step): a decode step's tokens
+        # lie in one or two blocks of each row.
+        lo = np.asarray(starts) // bs
+        hi = (np.asarray(ends) - 1) // bs
+        rows = np.arange(len(lo))
+        stale = [block_rows[rows, lo]]
+        for extra in range(1, int((hi - lo).max()) + 1):
+            take = lo + extra <= hi
+            stale.append(block_rows[rows[take], (lo + extra)[take]])
+        self._stale_blocks.update(np.concatenate(stale).tolist())
 
     def from_cache(self, req_id: str, num_cached: int, blocks: Sequence[int]) -> None:
         """A request starts from `num_cached` prefix-cached tokens (new, or

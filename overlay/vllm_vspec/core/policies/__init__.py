@@ -5,6 +5,8 @@ around it (feasible range, bucket, reward, stability, summary, trace).
 
     decide(batch, bucket, lo, hi, previous) -> (arm, reason)   # lo <= gamma <= hi
     observe(outcome: StepOutcome) -> None
+    opening() -> arm | None          # optional: the arm in force before the
+                                     # first decision (default max_gamma)
 
 An arm is one of the policy's arm space (arms.py): a gamma at width 1 (the
 default), a (gamma, width) tree otherwise; `space.arms(batch, lo, hi)` are

@@ -22,5 +22,10 @@ class FixedPolicy:
             return nearest(self.space, self.gamma, arms), "infeasible"
         return self.gamma, "fixed"
 
+    def opening(self) -> Arm:
+        """The arm in force before the first decision (a prefill step's
+        drafts): this policy's one arm."""
+        return self.gamma
+
     def observe(self, outcome) -> None:
         """Nothing to learn."""

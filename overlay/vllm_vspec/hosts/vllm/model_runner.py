@@ -19,6 +19,7 @@ Workers in worker.py build these runners; select one with vLLM's
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 import numpy as np
@@ -27,6 +28,7 @@ from vllm.utils.torch_utils import async_tensor_h2d
 from vllm.v1.outputs import DraftTokenIds
 from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+from vllm.v1.worker.utils import AttentionGroup
 
 from vllm_vspec.kernels.acceptance import AcceptanceRule
 from vllm_vspec.hosts.vllm.proposers import PROPOSERS, proposer_features, vspec_proposer
@@ -65,6 +67,27 @@ class VSpecRunnerMixin:
             self.drafter = vspec_proposer(self.drafter, self.vllm_config, self.device, self,
                                           cfg, catch_up=self._catch_up)
             self._entropy_stop = cfg.entropy_stop
+
+    # extends GPUModelRunner.initialize_metadata_builders: the runner's own
+    # attention group of the drafter's layers builds no metadata per step.
+    # vLLM 0.32 gives the draft layers a group of their own in the runner
+    # (initialize_attn_backend, gpu_model_runner.py:6696-6791: the key
+    # splits on num_heads_q) and _build_attention_metadata builds it every
+    # step (gpu_model_runner.py:2447-2503, 2556), but nothing reads it: the
+    # drafter builds each pass's metadata with its own groups
+    # (llm_base_proposer.py:1709-1767, `draft_attn_groups`), as vspec's
+    # catch-up and tree passes do (drafter_batch.run_pass). At gamma 0 that
+    # build was the one attention-metadata cost a target-only step lacks.
+    def initialize_metadata_builders(self, kv_cache_config, kernel_block_sizes) -> None:
+        super().initialize_metadata_builders(kv_cache_config, kernel_block_sizes)
+        names = getattr(getattr(self, "drafter", None), "_draft_attn_layer_names", None)
+        if not names or self.vspec_config is None:
+            return
+        for groups in self.attn_groups:
+            for i, group in enumerate(groups):
+                if group.layer_names and set(group.layer_names) <= names:
+                    groups[i] = UnreadDraftGroup(**{f.name: getattr(group, f.name)
+                                                    for f in dataclasses.fields(group)})
 
     # extends GPUModelRunner._sample: tells the lossy rule how many tokens each
     # request had generated before this step's drafts.
@@ -128,7 +151,17 @@ class VSpecRunnerMixin:
 
     # extends GPUModelRunner.take_draft_token_ids: cuts each request's draft at
     # its entropy stop before the scheduler schedules it.
+    # Also: a step that drafted nothing (gamma 0) hands the scheduler
+    # nothing, as a target-only engine does: the host would hand it an empty
+    # list per request (gpu_model_runner.py:4627-4632, 4670-4684) for
+    # Scheduler.update_draft_token_ids to loop over (scheduler.py:2550-2568),
+    # and the scheduler cleared every request's drafts when it scheduled
+    # them (scheduler.py:861-876), so nothing is lost.
     def take_draft_token_ids(self) -> DraftTokenIds | None:
+        drafts = self._draft_token_ids
+        if torch.is_tensor(drafts) and drafts.shape[-1] == 0 and not self._pending_tree_steps():
+            self._draft_token_req_ids = None
+            return None
         out = super().take_draft_token_ids()
         if not self._entropy_stop:
             return out
@@ -139,6 +172,22 @@ class VSpecRunnerMixin:
         # proposed for; the drafts are on the host already, so is this.
         keep = lengths.tolist()
         return DraftTokenIds(out.req_ids, [d[:k] for d, k in zip(out.draft_token_ids, keep)])
+
+
+    def _pending_tree_steps(self) -> bool:
+        return bool(getattr(self, "_pending_trees", None))
+
+
+class UnreadDraftGroup(AttentionGroup):
+    """The runner's attention group of the drafter's layers: no per-step
+    metadata (VSpecRunnerMixin.initialize_metadata_builders). The layers'
+    entries in the target's forward context are None, so a reader fails
+    loudly instead of reading a stale build. CUDA graph capture still
+    builds through the host's own path (build_metadata_for_cudagraph_capture)."""
+
+    # overrides AttentionGroup.build_metadata (vllm/v1/worker/utils.py:341).
+    def build_metadata(self, *args, **kwargs):
+        return None
 
 
 class _NoDrafts(NamedTuple):

@@ -248,8 +248,15 @@ class VSpecAsyncScheduler(VSpecScheduler, AsyncScheduler):
 def _has_prefill(so: SchedulerOutput) -> bool:
     """True when some request in the step processes more than its one new
     token plus its drafts (a new, resumed or chunked prompt)."""
+    # Every request schedules at least its new token and its drafts
+    # (vLLM's Scheduler.schedule keeps only the drafts within the tokens it
+    # scheduled: vllm/v1/core/sched/scheduler.py:861-876), so the totals
+    # match exactly when no request does more: an O(requests with drafts)
+    # test instead of a loop over the batch every step (28 -> 1 us at batch
+    # 32, issue 29).
     spec = so.scheduled_spec_decode_tokens
-    return any(n > 1 + len(spec.get(r, ())) for r, n in so.num_scheduled_tokens.items())
+    return so.total_num_scheduled_tokens > len(so.num_scheduled_tokens) + sum(
+        len(s) for s in spec.values())
 
 
 def _feedback(so: SchedulerOutput, out: ModelRunnerOutput) -> StepFeedback:
