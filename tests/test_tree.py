@@ -23,6 +23,23 @@ from vllm_vspec.kernels.acceptance import AcceptanceRule, accept_mask
 SETTINGS = settings(max_examples=60, deadline=None)
 
 
+
+# References the tests check the engine's pieces against (not shipped: the
+# engine builds its masks with tree.tree_mask and needs no depth table).
+def node_depths(gamma: int, width: int) -> torch.Tensor:
+    """int64 [N]: depth of each node of the depth-major layout."""
+    return torch.cat([torch.zeros(1, dtype=torch.int64),
+                      torch.arange(1, gamma + 1).repeat_interleave(width)])
+
+
+def attention_mask(parents: torch.Tensor, prefix_lens: torch.Tensor) -> list[torch.Tensor]:
+    """Per request b, bool [N, prefix_lens[b] + N]: the tree nodes' queries
+    against the request's keys (committed prefix, then the N nodes at
+    slots seq_len + i). What the tree attention backend applies."""
+    inside = tree.tree_mask(parents)
+    return [torch.cat([torch.ones(inside.shape[1], int(p), dtype=torch.bool), m], dim=1)
+            for m, p in zip(inside, prefix_lens.tolist())]
+
 def small_logits(draw, shape) -> torch.Tensor:
     """Float logits with small integer values: many exact ties."""
     count = 1
@@ -124,8 +141,8 @@ def test_the_core_module_imports_no_vllm():
 # ------------------------------------------------------------ shape
 def test_layout_is_depth_major_with_width_nodes_per_depth():
     assert tree.num_nodes(3, 2) == 7
-    assert tree.node_depths(3, 2).tolist() == [0, 1, 1, 2, 2, 3, 3]
-    assert tree.node_depths(2, 1).tolist() == [0, 1, 2]
+    assert node_depths(3, 2).tolist() == [0, 1, 1, 2, 2, 3, 3]
+    assert node_depths(2, 1).tolist() == [0, 1, 2]
 
 
 # ------------------------------------------------------------ drafting
@@ -229,7 +246,7 @@ def test_tree_mask_is_ancestor_or_self(case):
 
 def test_attention_mask_sees_the_whole_prefix_and_the_ancestors_only():
     parents = torch.tensor([[tree.NO_NODE, 0, 0, 1, 2]])   # width 2, gamma 2
-    (mask,) = tree.attention_mask(parents, torch.tensor([3]))
+    (mask,) = attention_mask(parents, torch.tensor([3]))
     assert mask.shape == (5, 8)
     assert mask[:, :3].all()
     assert mask[:, 3:].int().tolist() == [[1, 0, 0, 0, 0],
@@ -247,7 +264,7 @@ def test_tree_attention_of_a_node_is_causal_attention_over_its_root_path(case, p
     _, parents, _ = case
     n = parents.shape[1]
     gen = torch.Generator().manual_seed(seed)
-    for b, (mask, row) in enumerate(zip(tree.attention_mask(parents, torch.full((len(parents),),
+    for b, (mask, row) in enumerate(zip(attention_mask(parents, torch.full((len(parents),),
                                                                               prefix)),
                                         parents.tolist())):
         q, k, v = (torch.randn(prefix + n, 2, 8, generator=gen, dtype=torch.float64)
@@ -414,7 +431,7 @@ def test_cpu_kv_cache_keeps_keys_transposed_per_block_and_head(block_size):
 def test_masked_attention_over_the_read_cache_equals_the_host_kernel_on_a_chain():
     """The tree backend's plan (docs/eagle-tree.md 4.1) on a width-1 tree, where
     the host's causal CPU kernel is the oracle: keys and values read back from
-    the paged cache plus SDPA under `tree.attention_mask` (GQA included) give
+    the paged cache plus SDPA under `attention_mask` (GQA included) give
     the kernel's output for every query row. The reader is the tree
     backend's (tree_attention.read_paged_kv)."""
     from vllm import _custom_ops as host_ops
@@ -452,7 +469,7 @@ def test_masked_attention_over_the_read_cache_equals_the_host_kernel_on_a_chain(
         alibi_slopes=None, sliding_window=-1, block_table=block_table, softcap=0.0,
         scheduler_metadata=metadata, s_aux=None)
     chain = torch.cat([torch.tensor([tree.NO_NODE]), torch.arange(gamma)]).expand(2, n)
-    masks = tree.attention_mask(chain, torch.tensor(prefixes))
+    masks = attention_mask(chain, torch.tensor(prefixes))
     for b, length in enumerate(seq_lens.tolist()):
         keys, values = read_paged_kv(cache, block_table[b], length)
         ours = torch.nn.functional.scaled_dot_product_attention(

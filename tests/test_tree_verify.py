@@ -22,7 +22,8 @@ from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
 
 from vllm_vspec.kernels import tree
 from vllm_vspec.kernels.acceptance import AcceptanceRule
-from vllm_vspec.hosts.vllm.tree.verify import PAD_TOKEN, TreeSpecDecodeMetadata, sample_tree
+from vllm_vspec.hosts.vllm.tree.verify import TreeSpecDecodeMetadata, sample_tree
+from vllm_vspec.kernels.acceptance import NO_TOKEN
 
 VOCAB = 8
 
@@ -43,7 +44,7 @@ def step(trees: list[tuple[list[int], list[int]] | None], argmax: list[list[int]
     cu_sampled = num_sampled.cumsum(0)
     rows = [b for b, t in enumerate(trees) if t is not None]
     width = max(len(trees[b][0]) for b in rows)
-    tokens = torch.full((len(rows), width), PAD_TOKEN)
+    tokens = torch.full((len(rows), width), NO_TOKEN)
     parents = torch.zeros((len(rows), width), dtype=torch.int64)
     for k, b in enumerate(rows):
         n = len(trees[b][0])
@@ -79,7 +80,7 @@ def test_a_mixed_step_emits_each_requests_accepted_path_then_the_targets_token()
 
 
 def test_padding_nodes_are_never_accepted():
-    # Request 1's tree is shorter: its padding hangs from the root with PAD_TOKEN.
+    # Request 1's tree is shorter: its padding hangs from the root with NO_TOKEN.
     metadata, logits = step([([0, 1, 2, 3], [tree.NO_NODE, 0, 1, 2]),
                              ([0, 1], [tree.NO_NODE, 0])],
                             [[1, 2, 3, 4], [1, 7]])
@@ -227,7 +228,7 @@ def host_metadata(num_draft: list[int]):
 def test_a_tree_step_places_nodes_at_their_depth_and_masks_only_real_trees():
     """Request r0 has a pending width-2 tree, r1 a linear draft (a chain), r2
     no drafts: r0's rows move to positions seq_len + depth, its mask goes to
-    the builder, and the metadata pads r1's chain with PAD_TOKEN nodes."""
+    the builder, and the metadata pads r1's chain with NO_TOKEN nodes."""
     from vllm_vspec.hosts.vllm.tree.verify import TreeVerifyMixin
 
     runner, builder = fake_runner([10, 20, 30], [5, 3, 1], [5, 1, 2, 3, 4, 7, 8, 9, 6])
@@ -239,7 +240,7 @@ def test_a_tree_step_places_nodes_at_their_depth_and_masks_only_real_trees():
     assert builder._tree.rows == (0,)
     assert torch.equal(builder._tree.masks[0], tree.tree_mask(pending["r0"][1].unsqueeze(0))[0])
     assert got.rows == (0, 1)
-    assert got.tokens.tolist() == [[5, 1, 2, 3, 4], [7, 8, 9, PAD_TOKEN, PAD_TOKEN]]
+    assert got.tokens.tolist() == [[5, 1, 2, 3, 4], [7, 8, 9, NO_TOKEN, NO_TOKEN]]
     assert got.parents.tolist() == [[-1, 0, 0, 1, 2], [-1, 0, 1, 0, 0]]
     assert got.seq_lens.tolist() == [10, 20]
     assert got.slots[0].tolist() == [[10, 11, 12, 13, 14], [120, 121, 122, -1, -1]]

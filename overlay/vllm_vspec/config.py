@@ -504,10 +504,6 @@ def _field_types() -> dict[str, Any]:
     return typing.get_type_hints(VSpecConfig)
 
 
-def field_defaults() -> dict[str, Any]:
-    return {f.name: f.default for f in dataclasses.fields(VSpecConfig)}
-
-
 # --------------------------------------------------------------- validation
 def _coerce(key: str, value: Any, tp: Any) -> Any:
     """Accept what JSON/TOML/CLI can express; reject everything else by name."""
@@ -627,5 +623,5 @@ def _check_choice(key: str, v: Any, choices: tuple[str, ...]) -> None:
         raise VSpecConfigError(key, v, "one of " + ", ".join(map(repr, choices)))
 
 
-__all__ = ["VSpecConfig", "VSpecConfigError", "field_docs", "field_defaults",
+__all__ = ["VSpecConfig", "VSpecConfigError", "field_docs",
            "POLICIES", "ACCEPTANCE_RULES", "MAX_VERIFY_WIDTH"]

@@ -28,10 +28,10 @@ import torch
 from vllm.logger import init_logger
 from vllm_ascend.vspec.model_tap import ModelTap
 
+from vllm_vspec.kernels.acceptance import NO_TOKEN
 from vllm_vspec.kernels.entropy import EntropyStop
 from vllm_vspec.config import VSpecConfig
 
-INVALID_DRAFT_ID = -1
 
 # Under "vllm.": vLLM configures only its own logger tree.
 logger = init_logger(f"vllm.{__name__}")
@@ -71,9 +71,9 @@ class EntropyTap(ModelTap):
 
     def cut(self, draft: torch.Tensor) -> torch.Tensor:
         """draft: [batch, gamma] token ids; positions at or after each row's
-        stop position become INVALID_DRAFT_ID."""
+        stop position become NO_TOKEN."""
         batch, gamma = draft.shape
         keep = self.stop.lengths(self.entropy[:gamma, :batch].T)
         positions = torch.arange(gamma, device=draft.device).unsqueeze(0)
         return torch.where(positions < keep.unsqueeze(1).to(draft.device), draft,
-                           torch.full_like(draft, INVALID_DRAFT_ID))
+                           torch.full_like(draft, NO_TOKEN))

@@ -90,10 +90,6 @@ class PositionAcceptance:
             out.append(prev)
         return out
 
-    def expected_tokens(self, k: int) -> float:
-        """E(k): expected committed tokens per request when k drafts are verified."""
-        return expected_tokens(self.rates(), k)
-
     def snapshot(self) -> dict:
         return {"rates": [round(r, 4) for r in self.rates()], "trials": list(self._trials)}
 

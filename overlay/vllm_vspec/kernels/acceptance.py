@@ -41,6 +41,12 @@ from typing import Callable
 
 import torch
 
+# The one "no token" value of a draft or token slot: vLLM's PLACEHOLDER_TOKEN_ID.
+# Never a target argmax nor a sampled token, so every verifier rejects it: a
+# slot padded with it (a verify width above gamma, an entropy-stopped draft,
+# a tree's padding nodes) can never be accepted.
+NO_TOKEN = -1
+
 
 @dataclass(frozen=True)
 class AcceptanceRule:
@@ -186,5 +192,5 @@ def apply_to_greedy_rows(rule: AcceptanceRule, target_logits: torch.Tensor,
     return promote_accepted(target_logits, draft_token_ids, accept)
 
 
-__all__ = ["AcceptanceRule", "accept_mask", "apply_to_greedy_rows", "draft_positions",
+__all__ = ["NO_TOKEN", "AcceptanceRule", "accept_mask", "apply_to_greedy_rows", "draft_positions",
            "promote_accepted", "GREEDY_TEMPERATURE"]

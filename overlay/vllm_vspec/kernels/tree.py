@@ -35,9 +35,9 @@ from typing import Callable
 
 import torch
 
-from vllm_vspec.kernels.acceptance import AcceptanceRule, accept_mask
+from vllm_vspec.kernels.acceptance import NO_TOKEN, AcceptanceRule, accept_mask
 
-NO_NODE = -1   # parent of the root; padding in paths and token rows
+NO_NODE = -1   # parent of the root; padding in paths (token rows use NO_TOKEN)
 
 
 @dataclass(frozen=True)
@@ -61,12 +61,6 @@ class DraftTree:
 def num_nodes(gamma: int, width: int) -> int:
     """Nodes of a (gamma, width) tree, root included: what the target verifies."""
     return 1 + gamma * width
-
-
-def node_depths(gamma: int, width: int) -> torch.Tensor:
-    """int64 [N]: depth of each node of the depth-major layout."""
-    return torch.cat([torch.zeros(1, dtype=torch.int64),
-                      torch.arange(1, gamma + 1).repeat_interleave(width)])
 
 
 def expand_beam(scores: torch.Tensor, logits: torch.Tensor, width: int
@@ -155,15 +149,6 @@ def tree_mask(parents: torch.Tensor) -> torch.Tensor:
     return mask
 
 
-def attention_mask(parents: torch.Tensor, prefix_lens: torch.Tensor) -> list[torch.Tensor]:
-    """Per request b, bool [N, prefix_lens[b] + N]: the tree nodes' queries
-    against the request's keys (committed prefix, then the N nodes at
-    slots seq_len + i). What the tree attention backend applies."""
-    inside = tree_mask(parents)
-    return [torch.cat([torch.ones(inside.shape[1], int(p), dtype=torch.bool), m], dim=1)
-            for m, p in zip(inside, prefix_lens.tolist())]
-
-
 @dataclass(frozen=True)
 class Acceptance:
     """Strict greedy acceptance of a batch of trees.
@@ -173,7 +158,7 @@ class Acceptance:
     length   int64 [B]: L, nodes on the path, root included (>= 1).
     output   int64 [B, D]: the tokens this step emits, in order: the accepted
              draft tokens, then the target's token after the last accepted
-             node (bonus or recovered); NO_NODE after. L tokens per row, the
+             node (bonus or recovered); NO_TOKEN after. L tokens per row, the
              layout of vLLM's rejection-sampler output."""
 
     path: torch.Tensor
@@ -236,10 +221,10 @@ def accept_paths(matches: torch.Tensor, tokens: torch.Tensor, parents: torch.Ten
     path = torch.full((batch, width + 1), NO_NODE, dtype=torch.int64)
     path.scatter_(1, torch.where(on_path, depth, width), torch.arange(n).expand(batch, n))
     path = path[:, :width]
-    output = torch.full((batch, width), NO_NODE, dtype=torch.int64)
+    output = torch.full((batch, width), NO_TOKEN, dtype=torch.int64)
     steps = torch.arange(width).expand(batch, width)
     drafts = tokens.gather(1, path[:, 1:].clamp(min=0))
-    output[:, :-1] = torch.where(steps[:, 1:] < length.unsqueeze(1), drafts, NO_NODE)
+    output[:, :-1] = torch.where(steps[:, 1:] < length.unsqueeze(1), drafts, NO_TOKEN)
     bonus = target_tokens.gather(1, last.unsqueeze(1)).squeeze(1)
     output.scatter_(1, (length - 1).unsqueeze(1), bonus.unsqueeze(1).to(output.dtype))
     return Acceptance(path, length, output)
@@ -260,6 +245,6 @@ def tree_commit_args(acceptance: Acceptance, target_tokens: torch.Tensor,
             slot_mapping.to(torch.int64).reshape(batch, n), seq_lens.to(torch.int32))
 
 
-__all__ = ["Acceptance", "DraftTree", "NO_NODE", "accept_paths", "attention_mask",
-           "expand_beam", "greedy_accept", "grow_tree", "node_depths", "num_nodes",
+__all__ = ["Acceptance", "DraftTree", "NO_NODE", "accept_paths",
+           "expand_beam", "greedy_accept", "grow_tree", "num_nodes",
            "rule_matches", "tree_commit_args", "tree_mask"]

@@ -65,8 +65,8 @@ import torch
 from vllm.config import CUDAGraphMode
 
 from vllm_vspec.config import VSpecConfig
+from vllm_vspec.kernels.acceptance import NO_TOKEN
 
-INVALID_DRAFT = -1  # vLLM's PLACEHOLDER_TOKEN_ID: rejected by every verifier
 
 
 @dataclass(frozen=True)
@@ -102,9 +102,9 @@ class VerifyWidth:
 
 
 def pad_drafts(draft: torch.Tensor, gamma: int, columns: int) -> torch.Tensor:
-    """The first gamma columns of `draft`, then INVALID_DRAFT up to `columns`."""
+    """The first gamma columns of `draft`, then NO_TOKEN up to `columns`."""
     if columns == gamma:
         return draft[:, :gamma]
-    out = draft.new_full((draft.shape[0], columns), INVALID_DRAFT)
+    out = draft.new_full((draft.shape[0], columns), NO_TOKEN)
     out[:, :gamma] = draft[:, :gamma]
     return out

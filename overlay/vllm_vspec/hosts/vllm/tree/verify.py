@@ -47,12 +47,10 @@ from vllm.v1.sample.sampler import _SAMPLING_EPS
 from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
 
 from vllm_vspec.kernels import ops, tree
-from vllm_vspec.kernels.acceptance import AcceptanceRule
+from vllm_vspec.kernels.acceptance import NO_TOKEN, AcceptanceRule
 from vllm_vspec.hosts.vllm.proposers import pure_greedy
 from vllm_vspec.hosts.vllm.rejection_sampler import tokens_generated
 from vllm_vspec.hosts.vllm.tree.attention import TreeQueries, move_slots, tree_builders
-
-PAD_TOKEN = -2   # token of padding nodes: never a target argmax, so never accepted
 
 
 class TreeDrafter(Protocol):
@@ -76,7 +74,7 @@ class TreeDrafter(Protocol):
 class TreeSpecDecodeMetadata(SpecDecodeMetadata):
     """The host's spec-decode metadata plus the step's trees. Every request
     with drafts is a tree (a linear draft is a chain); rows are in batch
-    order and padded to the largest tree with PAD_TOKEN nodes hanging from
+    order and padded to the largest tree with NO_TOKEN nodes hanging from
     the root.
 
     rows       batch rows with drafts, [R]
@@ -184,7 +182,7 @@ class TreeVerifyMixin:
         starts = self.query_start_loc.np
         acceptance = metadata.acceptance
         for k, row in enumerate(metadata.rows):
-            n = int((metadata.tokens[k] != PAD_TOKEN).sum())
+            n = int((metadata.tokens[k] != NO_TOKEN).sum())
             length = int(acceptance.length[k])
             path = acceptance.path[k, :length]
             rest = torch.ones(n, dtype=torch.bool)
@@ -237,7 +235,7 @@ class TreeVerifyMixin:
                 parents = torch.arange(-1, n - 1)
             per_row.append((row, tokens, parents))
         width = max(len(t) for _, t, _ in per_row)
-        tokens = torch.full((len(rows), width), PAD_TOKEN, dtype=torch.int64)
+        tokens = torch.full((len(rows), width), NO_TOKEN, dtype=torch.int64)
         parents = torch.zeros((len(rows), width), dtype=torch.int64)
         masks, tree_rows = [], []
         for k, (row, t, p) in enumerate(per_row):
@@ -258,7 +256,7 @@ class TreeVerifyMixin:
             for builder in builders:
                 builder.set_tree(queries)
         query_rows = torch.tensor([starts[row] for row in rows]).unsqueeze(1) + torch.arange(width)
-        valid = tokens != PAD_TOKEN
+        valid = tokens != NO_TOKEN
         slots = tuple(torch.where(valid, table.slot_mapping.cpu[query_rows.clamp(
             max=int(starts[batch.num_reqs]) - 1)].long(), -1)
             for table in batch.block_table.block_tables)
@@ -288,7 +286,7 @@ class TreeVerifyMixin:
         target_layers = self._target_attention_layers
         context = self.compilation_config.static_forward_context
         for group, slots in zip(self.kv_cache_config.kv_cache_groups, metadata.slots):
-            target = torch.full_like(metadata.tokens, PAD_TOKEN, dtype=torch.int32)
+            target = torch.full_like(metadata.tokens, NO_TOKEN, dtype=torch.int32)
             _, _, src, dst = ops.load().tree_commit(*tree.tree_commit_args(
                 acceptance, target, slots.flatten(), metadata.seq_lens))
             moves = src >= 0
@@ -342,16 +340,16 @@ def sample_tree(sampler, logits: torch.Tensor, metadata: TreeSpecDecodeMetadata,
     first = metadata.bonus_logits_indices[rows].long() - torch.tensor(
         metadata.num_draft_tokens, device=logits.device)[rows]
     node_rows = (first.unsqueeze(1) + torch.arange(metadata.tokens.shape[1], device=logits.device))
-    valid = metadata.tokens != PAD_TOKEN
+    valid = metadata.tokens != NO_TOKEN
     argmax = logits.argmax(dim=-1)
     node_rows = node_rows.clamp(max=logits.shape[0] - 1)
-    target = torch.where(valid, argmax[node_rows], PAD_TOKEN)
+    target = torch.where(valid, argmax[node_rows], NO_TOKEN)
     if rule is None or rule.lossless:
         acceptance = tree.greedy_accept(metadata.tokens, metadata.parents, target)
     else:
         if generated is None:
             generated = torch.zeros(len(rows), dtype=torch.int64)
-        # PAD_TOKEN nodes are negative ids: accept_mask never accepts them.
+        # NO_TOKEN nodes are negative ids: accept_mask never accepts them.
         matches = tree.rule_matches(rule, logits[node_rows], metadata.tokens, metadata.parents,
                                     generated)
         acceptance = tree.accept_paths(matches, metadata.tokens, metadata.parents, target)
@@ -361,5 +359,5 @@ def sample_tree(sampler, logits: torch.Tensor, metadata: TreeSpecDecodeMetadata,
     return SamplerOutput(sampled_token_ids=out, logprobs_tensors=None)
 
 
-__all__ = ["PAD_TOKEN", "TreeDrafter", "TreeSpecDecodeMetadata", "TreeVerifyMixin",
+__all__ = ["TreeDrafter", "TreeSpecDecodeMetadata", "TreeVerifyMixin",
            "request_allows_tree", "sample_tree", "trees_allowed"]
