@@ -20,6 +20,7 @@ from vllm_vspec.core.budget.calibration import ConfidenceCalibrator
 from vllm_vspec.core.budget.cost_model import StepCost, StepCostModel, nonnegative_solution
 from vllm_vspec.core.budget.policy import (BudgetSettings, DraftRow, VerifyBudgetPolicy, choose,
                                            smoothed)
+from vllm_vspec.core.steps import bucket_of
 from vllm_vspec.sim import budget_sim
 
 REPO = Path(__file__).resolve().parents[1]
@@ -252,3 +253,37 @@ def test_sim_command_runs_the_verify_budget_comparison(tmp_path, capsys):
     assert {r["workload"] for r in rows} == {"hetero-b4", "uniform-b4"}
     assert cli_main(["sim", "--profile", ASCEND, "--verify-budget", "--batches", "0"]) == 2
     assert "--batches='0': need comma-separated integers >= 1" in capsys.readouterr().err
+
+
+def warmed(true: StepCost, batch: int = 8, steps: int = 60) -> VerifyBudgetPolicy:
+    """A policy past its cold start on steps that cost `true`."""
+    policy, rng = VerifyBudgetPolicy(4), random.Random(1)
+    rows = [DraftRow(i, ()) for i in range(batch)]
+    for _ in range(steps):
+        plan = policy.plan(rows)
+        policy.observe(plan, rows, [rng.randint(0, k) for k in plan.admitted],
+                       true(batch + plan.budget, policy.passes(plan.depth)))
+        rows = [DraftRow(i, tuple(rng.random() for _ in range(plan.depth))) for i in range(batch)]
+    assert policy.cost.ready(bucket_of(batch))
+    return policy
+
+
+WARM = warmed(TRUE)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.lists(st.sampled_from([0.05, 0.3, 0.5, 0.9, 0.99]), max_size=4),
+                min_size=8, max_size=8))
+def test_a_plan_admits_the_top_budget_of_its_own_calibrated_survival(probs):
+    rows = [DraftRow(i, tuple(p)) for i, p in enumerate(probs)]
+    plan = WARM.plan(rows)
+    scores = [survival(WARM.calibration.row(r.probs)) for r in rows]
+    assert list(plan.admitted) == admit(scores, plan.budget)
+    assert all(k <= len(r.probs) for k, r in zip(plan.admitted, rows))
+    assert 0 <= plan.depth <= 4 and plan.reason in ("budget", "probe")
+
+
+def test_when_verifying_does_not_pay_the_plan_is_a_target_only_step():
+    policy = warmed(StepCost(40.0, 50.0, 200.0))     # a slot costs more than a step's worth
+    plan = policy.plan([DraftRow(i, (0.9, 0.9, 0.9, 0.9)) for i in range(8)])
+    assert plan.admitted == (0,) * 8 and plan.budget == 0 and plan.depth == 0
