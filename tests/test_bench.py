@@ -772,3 +772,27 @@ def test_overhead_ratios_are_vspec_over_stock_medians_per_workload_and_pair():
     assert "| w | fixed-0 / target | 100.0 | 99.0 | 0.990x | yes |" in text
     assert "| w | vspec-fixed-1 / fixed-1 | 120.0 | 118.0 | 0.983x | NO |" in text
     assert overhead.ratio_table(report.rows(runs[:1])) == ""     # no pair: nothing printed
+
+
+def test_step_profile_compare_lists_functions_whose_call_counts_differ(tmp_path):
+    import cProfile
+
+    from vllm_vspec.bench import step_profile
+
+    def extra():
+        return 1
+
+    def step(n_extra):
+        return sum(extra() for _ in range(n_extra))
+
+    paths = []
+    for n in (0, 3):
+        prof = cProfile.Profile()
+        prof.enable()
+        step(n)
+        prof.disable()
+        paths.append(tmp_path / f"{n}.prof")
+        prof.dump_stats(str(paths[-1]))
+    lines = step_profile.compare(*paths)
+    assert any(":extra  calls 0 -> 3 " in line for line in lines), lines
+    assert not any(":step  calls" in line for line in lines), lines    # called once in both

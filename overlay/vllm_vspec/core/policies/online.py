@@ -32,7 +32,11 @@ another host load and request mix than the current arm's many recent ones,
 and on a busy host a few slow samples otherwise kept an arm out of reach
 for good. The arm above is also probed if it could win were the one draft
 position the current gamma cannot see always accepted (a phase change may
-have moved that position's acceptance).
+have moved that position's acceptance). Every one of these probes waits for
+the arm's own probe interval, which backs off: an arm that keeps losing
+clearly (beyond the noise of the two windows) is probed at 2x, 4x, ...
+online_probe_interval, until the acceptance or the bucket's batch size
+moves (BACKOFF_* below; issue 29: probes must pay for themselves).
 
 Arms a bucket has not measured are estimated, not assumed to be +inf, once
 two of its arms are measured: step time is close to linear in gamma (gamma

@@ -1,0 +1,130 @@
+"""Where a step's time goes: cProfile one in-process engine, then compare two.
+
+    python -m vllm_vspec.bench.step_profile run target --batch 32 --requests 32 \\
+        --out results/prof/target-b32.prof
+    python -m vllm_vspec.bench.step_profile run vspec-0 --batch 32 --requests 32 \\
+        --out results/prof/vspec0-b32.prof
+    python -m vllm_vspec.bench.step_profile compare results/prof/target-b32.prof \\
+        results/prof/vspec0-b32.prof
+
+`run` builds one engine in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0,
+float32, greedy, `ignore_eos`, the bundled deep target), warms it up, runs
+the requests twice unprofiled (printing tokens/s), then once under cProfile
+and writes the stats. Engines: `target` (target-only), `stock-K` (stock
+draft_model, num_speculative_tokens K), `vspec-G` (a vspec draft_model
+engine on vspec's worker, policy fixed at gamma G, K = 4 as in the bench's
+vspec-fixed-G unless --k is given). Run it under the engine lock on a
+shared host.
+
+`compare A B` lists the functions whose CALL COUNTS differ between the two
+profiles (what B does that A does not, or more often), largest cumulative
+difference first. Call counts are exact whatever the host's load; the
+times are cProfile's (inflated for small Python calls, and noisy on a
+shared host): read them as where the extra calls are, not as a speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+
+def _variant(name: str, k: int | None):
+    from vllm_vspec.tools import engine_runs as er
+
+    if name == "target":
+        return er.Variant("target"), {}
+    kind, _, value = name.rpartition("-")
+    if kind == "stock":
+        return er.draft_model_variant(er.DEFAULT_DRAFT, int(value)), {}
+    if kind == "vspec":
+        g = int(value)
+        from vllm_vspec.hosts.vllm.worker import CPU_WORKER_CLS, GPU_WORKER_CLS
+        from vllm.platforms import current_platform
+
+        worker = CPU_WORKER_CLS if current_platform.is_cpu() else GPU_WORKER_CLS
+        return (er.vspec_variant(name, er.DEFAULT_DRAFT, k or 4,
+                                 policy="fixed", fixed_gamma=g, min_gamma=0),
+                {"worker_cls": worker})
+    raise SystemExit(f"engine {name!r} is not known: target, stock-K or vspec-G")
+
+
+def run(args: argparse.Namespace) -> int:
+    import cProfile
+
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    from vllm_vspec.tools import engine_runs as er
+
+    pool = er.load_prompts(er.DEFAULT_PROMPT_FILES)
+    prompts = er.prompts_for_batch(pool, args.batch, args.requests)
+    variant, overrides = _variant(args.engine, args.k)
+    llm = er.build_llm(er.DEFAULT_TARGET, variant, "float32", args.batch, **overrides)
+    try:
+        er.run_batches(llm, prompts[:2], 2, 8)   # warm-up
+        speeds = [er.run_batches(llm, prompts, args.batch, args.max_tokens).tokens_per_second
+                  for _ in range(2)]
+        prof = cProfile.Profile()
+        prof.enable()
+        er.run_batches(llm, prompts, args.batch, args.max_tokens)
+        prof.disable()
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        prof.dump_stats(str(args.out))
+    finally:
+        er.shutdown_llm(llm)
+    print(f"{args.engine} batch {args.batch}: {', '.join(f'{s:.1f}' for s in speeds)} tok/s "
+          f"(unprofiled); profile -> {args.out}")
+    return 0
+
+
+def _load(path: Path) -> dict[tuple[str, int, str], tuple[int, float, float]]:
+    import pstats
+
+    out = {}
+    for (f, line, name), (_cc, calls, tt, ct, _callers) in pstats.Stats(str(path)).stats.items():
+        short = f.split("site-packages/")[-1].split("overlay/")[-1]
+        out[(short, line, name)] = (calls, tt, ct)
+    return out
+
+
+def compare(a: Path, b: Path, limit: int = 60) -> list[str]:
+    """Lines for the functions whose call counts differ between profiles."""
+    pa, pb = _load(a), _load(b)
+    rows = []
+    for key in pa.keys() | pb.keys():
+        na, _, ca = pa.get(key, (0, 0.0, 0.0))
+        nb, _, cb = pb.get(key, (0, 0.0, 0.0))
+        if na != nb:
+            rows.append((cb - ca, key, na, nb, ca, cb))
+    rows.sort(key=lambda r: -abs(r[0]))
+    return [f"{d:+9.4f} s  {f}:{line}:{name}  calls {na} -> {nb}  cum {ca:.4f} -> {cb:.4f} s"
+            for d, (f, line, name), na, nb, ca, cb in rows[:limit]]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m vllm_vspec.bench.step_profile",
+                                description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="profile one engine")
+    r.add_argument("engine", help="target, stock-K or vspec-G")
+    r.add_argument("--batch", type=int, default=32)
+    r.add_argument("--requests", type=int, default=32)
+    r.add_argument("--max-tokens", type=int, default=64)
+    r.add_argument("--k", type=int, default=None,
+                   help="num_speculative_tokens of a vspec engine (default 4)")
+    r.add_argument("--out", type=Path, required=True)
+    c = sub.add_parser("compare", help="call-count differences of two profiles")
+    c.add_argument("a", type=Path)
+    c.add_argument("b", type=Path)
+    c.add_argument("--limit", type=int, default=60)
+    args = p.parse_args(argv)
+    if args.cmd == "run":
+        return run(args)
+    print("\n".join(compare(args.a, args.b, args.limit)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
