@@ -20,11 +20,18 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping
 
-POLICIES = ("online", "profile", "fixed", "cycle")
-ACCEPTANCE_RULES = ("strict", "relaxed_topk", "margin")
-GAMMA0_MODES = ("auto", "sync", "lazy", "sticky")
-WARMUP_RETURNS = ("best", "incumbent")
-LM_HEAD_QUANTIZATIONS = ("none", "w8a16", "w8a8")
+# Each choice is listed once, as the Literal type of its field; the tuples the
+# validation, --help and the docs read are derived from it.
+Policy = Literal["online", "profile", "fixed", "cycle"]
+AcceptanceRuleName = Literal["strict", "relaxed_topk", "margin"]
+Gamma0Mode = Literal["auto", "sync", "lazy", "sticky"]
+WarmupReturn = Literal["best", "incumbent"]
+LmHeadQuantization = Literal["none", "w8a16", "w8a8"]
+POLICIES = typing.get_args(Policy)
+ACCEPTANCE_RULES = typing.get_args(AcceptanceRuleName)
+GAMMA0_MODES = typing.get_args(Gamma0Mode)
+WARMUP_RETURNS = typing.get_args(WarmupReturn)
+LM_HEAD_QUANTIZATIONS = typing.get_args(LmHeadQuantization)
 
 # Seed options deliberately not offered, with the reason from_dict gives.
 NOT_OFFERED = {
@@ -83,7 +90,7 @@ class VSpecConfig:
     that does not set it gets its environment's default: true, unless
     `vllm-vspec manage disable` stored false there."""
 
-    policy: Literal["online", "profile", "fixed", "cycle"] = "online"
+    policy: Policy = "online"
     """How gamma is chosen each step. `online`: a UCB bandit over gamma arms per
     batch-size bucket, rewarded by measured committed tokens per second; needs
     no calibration. `profile`: goodput argmax from an offline latency profile
@@ -153,7 +160,7 @@ class VSpecConfig:
     upwards from min_gamma when the measured buckets are smaller; it stops
     past the best arm) before UCB takes over."""
 
-    online_warmup_return: Literal["best", "incumbent"] = "best"
+    online_warmup_return: WarmupReturn = "best"
     """`online` policy: after warm-up, start from the best measured arm
     (`best`) or return to the arm used before warm-up (`incumbent`)."""
 
@@ -167,7 +174,7 @@ class VSpecConfig:
     profile_path: str | None = None
     """`profile` policy: path of a latency profile JSON (see profiles/)."""
 
-    gamma0_mode: Literal["auto", "sync", "lazy", "sticky"] = "auto"
+    gamma0_mode: Gamma0Mode = "auto"
     """What a gamma-0 (target-only) step does to the drafter when `min_gamma`
     is 0. `sync`: the drafter still reads the step's new tokens (drafting
     nothing), so its KV cache stays aligned; a gamma-0 step then costs about
@@ -215,7 +222,7 @@ class VSpecConfig:
     entropy_scale: float = ranged(1.0, 0.0, lo_open=True)
     """Entropy stop: scale s applied to the entropy."""
 
-    acceptance: Literal["strict", "relaxed_topk", "margin"] = "strict"
+    acceptance: AcceptanceRuleName = "strict"
     """Greedy acceptance rule. `strict`: accept a draft token iff it is the
     target's argmax (lossless). `relaxed_topk` and `margin` are LOSSY: outputs
     may differ from target-only decoding. Sampled requests (temperature > 0)
@@ -261,7 +268,7 @@ class VSpecConfig:
     """Use the first N ids of `draft_active_vocab_ids` (special tokens come
     first, then ids by falling frequency). 0: every id in the file."""
 
-    draft_lm_head_quantization: Literal["none", "w8a16", "w8a8"] = "none"
+    draft_lm_head_quantization: LmHeadQuantization = "none"
     """The drafter's greedy LM head in int8: `w8a16` int8 weights with float
     activations, `w8a8` int8 weights and activations (per-token scales, int32
     accumulation). Symmetric scales per vocabulary row and per block of
