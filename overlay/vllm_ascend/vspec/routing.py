@@ -84,8 +84,8 @@ def proposer_cls_for(method: str, vllm_config: Any) -> type | None:
 def rejection_sampler_factory(vllm_config: Any, default: type,
                               runner: Any = None) -> Callable[[Any], Any]:
     """What the NPU runner calls with its sampler to build the rejection
-    sampler: ours, bound to the settings and to the runner (0.23.0.post1's
-    patch 0003 passes `self`: the sampler counts each request's generated
+    sampler: ours, bound to the settings and to the runner (both hosts'
+    patch 0003 pass `self`: the sampler counts each request's generated
     tokens from the runner's input batch), when a lossy acceptance rule is configured; the
     host's for strict greedy acceptance, which it already implements exactly
     (entropy-stop cuts arrive as invalid draft ids, which every sampler
@@ -93,8 +93,8 @@ def rejection_sampler_factory(vllm_config: Any, default: type,
     settings = vspec_settings(vllm_config)
     if settings is None or settings.lossless:
         return default
-    # Only a runner that was passed: a host's patch 0003 that passes none
-    # (0.30.0rc2's) keeps its sampler's own signature.
+    # Only a runner that was passed: a patch 0003 that passes none keeps its
+    # sampler's own signature.
     bound = {"settings": settings} if runner is None else {"settings": settings, "runner": runner}
     return functools.partial(_load(SAMPLER), **bound)
 
