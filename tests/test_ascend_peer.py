@@ -162,14 +162,19 @@ def test_difference_patterns_are_fnmatch_node_ids():
             assert fnmatch.translate(p)
 
 
+DEFAULT_HOST = tomllib.loads((HERE.parent / "patches" / "hosts.toml").read_text())["default"]
+
+
 @pytest.mark.peer
-@pytest.mark.parametrize("host", sorted(SUITE["host"]))
-def test_vllm_ascends_own_unit_tests_match_on_the_stock_and_the_overlaid_tree(host):
-    """What `make ascend-peer-test HOST=<host>` runs: the pin's tests/ut on
+def test_vllm_ascends_own_unit_tests_match_on_the_stock_and_the_overlaid_tree():
+    """What `make ascend-peer-test` runs for the default pin: its tests/ut on
     both trees, compared test by test (prepares the trees and the isolated
     venv under .cache/ascend-peer on first use). Exit 1: an unlisted
     difference or an overlaid run that never reached vspec's classes; exit
-    2: the trees, the venv or pytest itself failed."""
+    2: the trees, the venv or pytest itself failed. Other pins run with
+    `make ascend-peer-test HOST=...` (0.30.0rc2's 8,259 tests a tree take
+    about 17 minutes here: too long for every `make test`)."""
+    host = DEFAULT_HOST
     import os
     import subprocess
 
