@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import DRAFT, EAGLE, assert_same_tokens, close_llm, greedy, make_llm, runner_of
+from conftest import (DRAFT, EAGLE, assert_same_tokens, close_llm, counter, greedy, make_llm,
+                      runner_of)
 from vllm_vspec.hosts.vllm.worker import CPU_WORKER_CLS
 from vllm_vspec.core.trace import read_trace
 
@@ -97,3 +98,69 @@ def test_steps_without_drafts_skip_the_rejection_sampler(cycling):
     assert calls.plain_calls >= without_drafts + 1, (
         f"{name}: {calls.plain_calls} plain sampler calls for {without_drafts} decode "
         f"steps without drafts and a prefill step")
+
+
+class ForwardCalls:
+    """Counts forward calls of the target model (and the tokens each one
+    processed), the draft model, and both samplers of a runner."""
+
+    def __init__(self, runner) -> None:
+        self.target_tokens: list[int] = []
+        self.draft_calls = 0
+        self.rejection_calls = 0
+        self.sampler_calls = 0
+
+        def target(_m, args, kwargs):
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            self.target_tokens.append(int(ids.shape[0]))
+
+        def bump(name):
+            return lambda *_: setattr(self, name, getattr(self, name) + 1)
+
+        self._handles = [
+            runner.model.register_forward_pre_hook(target, with_kwargs=True),
+            runner.drafter.model.register_forward_pre_hook(bump("draft_calls")),
+            runner.rejection_sampler.register_forward_pre_hook(bump("rejection_calls")),
+            runner.sampler.register_forward_pre_hook(bump("sampler_calls")),
+        ]
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+
+
+def test_fixed_gamma_0_with_a_draft_model_runs_the_forward_passes_of_target_only(
+        reference, prompts):
+    """Issue 29: a vspec server held at gamma 0 does what a target-only
+    server does: no draft-model forward, no rejection sampler, and the
+    target forwards process exactly target-only's tokens (each prompt once,
+    then one token per request per step: the first decode step after the
+    prefill verifies no drafts, which it did when the prefill step drafted
+    max_gamma); outputs exact."""
+    spec = {"method": "draft_model", "model": str(DRAFT), "num_speculative_tokens": K}
+    llm = make_llm(speculative_config=spec, worker_cls=CPU_WORKER_CLS,
+                   vspec={"policy": "fixed", "fixed_gamma": 0, "min_gamma": 0},
+                   disable_log_stats=False)    # the prompt-token counters
+    try:
+        runner = runner_of(llm)
+        assert runner._gamma0_mode == "lazy"
+        before = {n: counter(llm, n) for n in ("vllm:prompt_tokens",
+                                               "vllm:prefix_cache_hits")}
+        calls = ForwardCalls(runner)
+        outputs = greedy(llm, prompts)
+        calls.remove()
+        prompt_tokens = counter(llm, "vllm:prompt_tokens") - before["vllm:prompt_tokens"]
+        cached = counter(llm, "vllm:prefix_cache_hits") - before["vllm:prefix_cache_hits"]
+    finally:
+        close_llm(llm)
+    assert_same_tokens(outputs, reference, "fixed gamma 0 with a draft model")
+    assert calls.draft_calls == 0, f"{calls.draft_calls} draft-model forwards at gamma 0"
+    assert calls.rejection_calls == 0, f"{calls.rejection_calls} rejection-sampler calls"
+    assert calls.sampler_calls == len(calls.target_tokens), "one plain sample per forward"
+    # Target-only's tokens: every uncached prompt token once, then each
+    # request's remaining max_tokens - 1 tokens one per step.
+    want = prompt_tokens - cached + sum(len(o) - 1 for o in outputs)
+    assert sum(calls.target_tokens) == want, (
+        f"target forwards processed {sum(calls.target_tokens)} tokens, target-only "
+        f"processes {want} (prompt {prompt_tokens}, cached {cached}); per forward: "
+        f"{calls.target_tokens[:8]}...")
