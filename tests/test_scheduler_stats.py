@@ -107,9 +107,11 @@ def test_per_step_records_count_what_each_step_verified(vspec, gammas, runner_dr
     request, steps, stats = _run(scheduler, accept,
                                  None if runner_drafts == "asked" else lambda asked: K)
     asked = [s[0] for s in steps]
-    # The prefill step keeps the gamma in force (K before any decision); the
+    # The prefill step keeps the gamma in force: before any decision, the
+    # policy's opening arm (fixed: its own gamma; cycle starts at K); the
     # decode steps ask for the policy's gammas.
-    assert asked == [K] + gammas
+    opening = vspec["fixed_gamma"] if vspec["policy"] == "fixed" else K
+    assert asked == [opening] + gammas
     # Each step verifies what the step before it asked the runner to draft,
     # never more (a runner handing back K drafts after a gamma-g step).
     verified = [s[1] for s in steps[1:]]
