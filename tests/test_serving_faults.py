@@ -1,0 +1,335 @@
+"""A vspec server under mixed load, client faults and SIGTERM (issue 25).
+
+One vspec server started the way a user starts it (`vllm-vspec serve
+--preset tiny-draft`, the launcher's defaults, so its shutdown timeout) and
+one target-only server (bench/server.py), started side by side. Then:
+
+1. load: 64 concurrent mixed requests (completions and chat, streaming and
+   not, sampled, logprobs, stop strings, n=2, an over-long prompt) on both:
+   every temperature-0 answer of the vspec server equals the target-only
+   server's, the over-long prompt gets a clean 400 from both, and the vspec
+   server's `vspec:committed_tokens_total` grew by the completion tokens its
+   clients were told (usage), plus at most K a request that a stop string
+   cut inside a multi-token step (the frontend drops those after the stop);
+2. faults: streaming clients hang up mid-answer beside complete requests;
+   those still equal target-only, and later requests too;
+3. SIGTERM with requests in flight (last: it stops the server): every
+   request got a complete answer or ended with a clean finish_reason, the
+   process exited within the drain window, the log has the `vspec summary`
+   line, and no traceback.
+
+Loopback only, bounded loops (every wait has a deadline).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+
+from conftest import DRAFT, TARGET, load_prompts
+from vllm_vspec.bench.scrape import parse_metrics
+from vllm_vspec.bench.server import SERVED_MODEL_NAME, Server, ServerSpec, free_port, serve_argv
+from vllm_vspec.launch import presets
+
+pytestmark = pytest.mark.engine
+
+PRESET = "tiny-draft"
+VSPEC_MODEL = "tiny-draft"       # the preset's served_model_name
+MAX_TOKENS = 24
+CLEAN_FINISH = {"stop", "length", "abort"}
+SIGTERM_TOKENS = 300
+
+
+def _start_both(tmp_path) -> tuple[Server, Server]:
+    vport, tport = free_port(), free_port()
+    vspec = Server([sys.executable, "-m", "vllm_vspec.cli", "serve", "--preset", PRESET,
+                    "--port", str(vport), "--", "--host", "127.0.0.1"],
+                   vport, tmp_path / "vspec.log", startup_timeout_s=600)
+    preset = presets.load(presets.preset_path(PRESET))
+    spec = ServerSpec(model=TARGET, max_model_len=preset.launch.max_model_len,
+                      max_num_seqs=preset.launch.max_num_seqs,
+                      kv_cache_memory_bytes=preset.launch.kv_cache_memory_bytes,
+                      enforce_eager=True)
+    target = Server(serve_argv(spec, [], tport), tport, tmp_path / "target.log",
+                    startup_timeout_s=600)
+    errors: list[BaseException] = []
+
+    def enter(srv: Server) -> None:
+        try:
+            srv.__enter__()
+        except BaseException as e:  # noqa: BLE001 - re-raised below
+            errors.append(e)
+    threads = [threading.Thread(target=enter, args=(s,)) for s in (vspec, target)]
+    # The servers run as a user runs them, vLLM's engine core in its own
+    # process (conftest turns that off for the in-process engine tests); the
+    # drain on SIGTERM is that process's busy loop (vllm/v1/engine/core.py,
+    # EngineCore._handle_shutdown), which an in-process engine never runs.
+    previous = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        if previous is None:
+            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING")
+        else:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = previous
+    if errors:
+        vspec.stop()
+        target.stop()
+        raise errors[0]
+    return vspec, target
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    vspec, target = _start_both(tmp_path_factory.mktemp("faults"))
+    try:
+        yield vspec, target
+    finally:
+        vspec.stop()
+        target.stop()
+
+
+def _requests() -> list[dict]:
+    """64 requests: (kind, body, compare?) with temperature 0 unless sampled."""
+    prompts = (load_prompts("code", 24) + load_prompts("prose", 24)) * 2
+    out = []
+    for i in range(64):
+        p = prompts[i][:400]
+        body: dict = {"max_tokens": MAX_TOKENS, "temperature": 0.0}
+        kind = ("completions", "chat")[i % 2]
+        if kind == "completions":
+            body["prompt"] = p
+        else:
+            body["messages"] = [{"role": "user", "content": p}]
+        # Each feature on 8 requests: both kinds, streaming and not.
+        j = i // 2
+        stream, feature = j % 2 == 1, (j // 2) % 8
+        if stream:
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
+        if feature == 1:
+            body.update(temperature=0.8, seed=i)        # sampled: not compared
+        if feature == 2 and kind == "completions":
+            body["logprobs"] = 2
+        if feature == 2 and kind == "chat":
+            body.update(logprobs=True, top_logprobs=2)
+        if feature == 3:
+            body["stop"] = ["\n\n", " the "]
+        if feature == 4 and not stream:
+            body.update(n=2, temperature=0.7, seed=i)   # vLLM: n > 1 only when sampled
+        out.append({"kind": kind, "body": body, "exact": body["temperature"] == 0.0})
+    long_prompt = " ".join(["word"] * 4000)        # beyond max_model_len 512: a clean 400
+    out.append({"kind": "completions", "body": {"prompt": long_prompt, "max_tokens": 8,
+                                                "temperature": 0.0}, "exact": True})
+    return out
+
+
+async def _send(client: httpx.AsyncClient, model: str, req: dict,
+                hang_up_after: int | None = None) -> dict:
+    """{"status", "texts" (one per choice), "finish" (per choice), "tokens"
+    (usage.completion_tokens, 0 for an error), "logprobs"}. With
+    `hang_up_after` the client closes a stream after that many chunks."""
+    body = {**req["body"], "model": model}
+    path = "/v1/completions" if req["kind"] == "completions" else "/v1/chat/completions"
+    if not body.get("stream"):
+        r = await client.post(path, json=body)
+        if r.status_code != 200:
+            return {"status": r.status_code, "texts": [], "finish": [], "tokens": 0,
+                    "logprobs": None, "error": r.text}
+        data = r.json()
+        choices = sorted(data["choices"], key=lambda c: c["index"])
+        texts = [c["text"] if "text" in c else c["message"]["content"] for c in choices]
+        logprobs = [c.get("logprobs") for c in choices]
+        return {"status": 200, "texts": texts, "finish": [c["finish_reason"] for c in choices],
+                "tokens": data["usage"]["completion_tokens"], "logprobs": logprobs}
+    text, finish, tokens, chunks = "", None, 0, 0
+    async with client.stream("POST", path, json=body) as r:
+        if r.status_code != 200:
+            return {"status": r.status_code, "texts": [], "finish": [], "tokens": 0,
+                    "logprobs": None, "error": (await r.aread()).decode()}
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[len("data: "):])
+            if event.get("usage"):
+                tokens = event["usage"]["completion_tokens"]
+            for c in event.get("choices", []):
+                text += c.get("text") or (c.get("delta") or {}).get("content") or ""
+                finish = c.get("finish_reason") or finish
+            chunks += 1
+            if hang_up_after is not None and chunks >= hang_up_after:
+                return {"status": 200, "texts": [text], "finish": [None], "tokens": None,
+                        "logprobs": None, "hung_up": True}
+    return {"status": 200, "texts": [text], "finish": [finish], "tokens": tokens,
+            "logprobs": None}
+
+
+async def _send_all(base_url: str, model: str, reqs: list[dict],
+                    hang_ups: dict[int, int] | None = None) -> list[dict]:
+    limits = httpx.Limits(max_connections=len(reqs) + 8)
+    async with httpx.AsyncClient(base_url=base_url, timeout=300.0, limits=limits) as client:
+        return await asyncio.gather(*(_send(client, model, r, (hang_ups or {}).get(i))
+                                      for i, r in enumerate(reqs)))
+
+
+def _committed(base_url: str) -> float:
+    page = httpx.get(f"{base_url}/metrics", timeout=10.0).text
+    return sum(v for name, _, v in parse_metrics(page) if name == "vspec:committed_tokens_total")
+
+
+def _differences(reqs, got, want) -> list[str]:
+    out = []
+    for i, (r, g, w) in enumerate(zip(reqs, got, want)):
+        if g["status"] != w["status"]:
+            out.append(f"{i}: status {g['status']} vs target-only {w['status']}")
+        elif r["exact"] and (g["texts"], g["finish"]) != (w["texts"], w["finish"]):
+            out.append(f"{i} ({r['kind']}): {g['texts']!r} {g['finish']} vs "
+                       f"target-only {w['texts']!r} {w['finish']}")
+    return out
+
+
+def test_plain_vllm_serve_refuses_an_unwritable_trace_path_before_loading_the_model(tmp_path):
+    """The plain-vLLM route (no launcher): vspec's model runner resolves the
+    settings in its __init__, before vLLM loads any weights."""
+    from vllm_vspec.hosts import wiring
+
+    bad = "/proc/vspec-nosuch/trace.jsonl"
+    spec = ServerSpec(model=TARGET, max_model_len=256, max_num_seqs=4,
+                      kv_cache_memory_bytes=16 << 20, enforce_eager=True)
+    argv = serve_argv(spec, wiring.serve_argv(wiring.engine_args(
+        {"method": "draft_model", "model": str(DRAFT),
+         "num_speculative_tokens": 4}, {"trace_path": bad}, platform="cpu")), free_port())
+    started = time.monotonic()
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    took = time.monotonic() - started
+    log = out.stdout + out.stderr
+    assert out.returncode != 0, log[-3000:]
+    assert f"vspec.trace_path={bad!r} is not allowed" in log, log[-3000:]
+    assert "Starting to load model" not in log, log[-3000:]
+    print(f"plain vllm serve refused the setting after {took:.1f} s")
+
+
+def _log_has_no_traceback(server: Server) -> None:
+    log = server.log_path.read_text(errors="replace")
+    assert "Traceback" not in log, server.log_tail(60)
+
+
+def test_64_mixed_concurrent_requests_equal_target_only_and_the_metrics_count(servers):
+    vspec, target = servers
+    reqs = _requests()
+    before = _committed(vspec.base_url)
+    got = asyncio.run(_send_all(vspec.base_url, VSPEC_MODEL, reqs))
+    told = sum(g["tokens"] for g in got)
+    # The API server records a step's stats right after handing its outputs
+    # to the responses: poll (bounded) for the last step to be counted.
+    deadline = time.monotonic() + 10
+    while (after := _committed(vspec.base_url)) - before < told and time.monotonic() < deadline:
+        time.sleep(0.2)
+    want = asyncio.run(_send_all(target.base_url, SERVED_MODEL_NAME, reqs))
+    assert not _differences(reqs, got, want), "\n".join(_differences(reqs, got, want)[:8])
+    assert got[-1]["status"] == 400 and want[-1]["status"] == 400, got[-1]   # over-long
+    assert all(g["status"] == 200 for g in got[:-1])
+    assert all(f in CLEAN_FINISH for g in got[:-1] for f in g["finish"]), [g["finish"] for g in got]
+    # Top logprob tokens agree too (their values may differ in the last digits).
+    for r, g, w in zip(reqs, got, want):
+        if r["exact"] and g["logprobs"] and g["logprobs"][0]:
+            gl, wl = g["logprobs"][0], w["logprobs"][0]
+            key = "tokens" if "tokens" in gl else "content"
+            g_tok = gl[key] if key == "tokens" else [t["token"] for t in gl[key]]
+            w_tok = wl[key] if key == "tokens" else [t["token"] for t in wl[key]]
+            assert g_tok == w_tok
+    # Equal, but for stop strings: a step commits up to 1 + K tokens, and
+    # when a stop string ends within them vLLM's frontend drops the tokens
+    # after it from the answer (and its usage) though the engine committed
+    # them; a request can have at most K such tokens.
+    k = presets.load(presets.preset_path(PRESET)).launch.gamma
+    cut = sum(len(g["texts"]) for r, g in zip(reqs, got) if "stop" in r["body"])
+    assert told <= after - before <= told + k * cut, (after - before, told, cut)
+    _log_has_no_traceback(vspec)
+
+
+def test_clients_hanging_up_mid_stream_leave_every_other_answer_exact(servers):
+    vspec, target = servers
+    base = [r for r in _requests()[:-1] if r["exact"]][:24]
+    streaming = [{**r, "body": {**r["body"], "stream": True, "max_tokens": 64,
+                                "stream_options": {"include_usage": True}}} for r in base[:8]]
+    reqs = streaming + base[8:]
+    hang_ups = {i: 2 + i % 3 for i in range(len(streaming))}
+    got = asyncio.run(_send_all(vspec.base_url, VSPEC_MODEL, reqs, hang_ups))
+    assert all(g.get("hung_up") for g in got[:len(streaming)])
+    want = asyncio.run(_send_all(target.base_url, SERVED_MODEL_NAME, reqs[len(streaming):]))
+    rest = reqs[len(streaming):]
+    assert not _differences(rest, got[len(streaming):], want)
+    # The server is still whole: the same requests again, all exact.
+    again = asyncio.run(_send_all(vspec.base_url, VSPEC_MODEL, base))
+    want_all = asyncio.run(_send_all(target.base_url, SERVED_MODEL_NAME, base))
+    assert not _differences(base, again, want_all)
+    _log_has_no_traceback(vspec)
+
+
+# Last in this module: it stops the vspec server.
+def test_sigterm_with_requests_in_flight_drains_and_exits_with_the_summary(servers):
+    vspec, _ = servers
+    # Long enough that SIGTERM lands mid-answer: 32 requests (two batches of
+    # the preset's 16) of 300 tokens take several seconds on the tiny pair.
+    prompts = load_prompts("prose", 16) * 2
+    reqs = [{"kind": "completions", "exact": False,
+             "body": {"prompt": p[:200], "max_tokens": SIGTERM_TOKENS, "temperature": 0.0,
+                      "ignore_eos": True, "stream": True,
+                      "stream_options": {"include_usage": True}}} for p in prompts]
+
+    async def run() -> tuple[list[dict], float]:
+        # one connection per request plus room for the /metrics polls below
+        limits = httpx.Limits(max_connections=len(reqs) + 4)
+        async with httpx.AsyncClient(base_url=vspec.base_url, timeout=120.0,
+                                     limits=limits) as client:
+            tasks = [asyncio.create_task(_send(client, VSPEC_MODEL, r)) for r in reqs]
+            # Wait (bounded) until the engine runs requests, then SIGTERM the server.
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                page = (await client.get("/metrics")).text
+                running = sum(v for name, _, v in parse_metrics(page)
+                              if name == "vllm:num_requests_running")
+                if running >= 2:
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                pytest.fail("no request started within 60 s")
+            os.kill(vspec.proc.pid, signal.SIGTERM)
+            sent = time.monotonic()
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+            return results, sent
+
+    results, sent = asyncio.run(run())
+    timeout = presets.LaunchConfig.shutdown_timeout
+    try:
+        vspec.proc.wait(timeout=timeout + 30)
+    except Exception:  # noqa: BLE001 - reported as the failure it is
+        pytest.fail(f"the server did not exit within {timeout + 30} s of SIGTERM:\n"
+                    + vspec.log_tail(40))
+    exited_after = time.monotonic() - sent
+    broken = [r for r in results if isinstance(r, BaseException)]
+    assert not broken, f"requests without an answer: {broken[:3]}\n{vspec.log_tail(40)}"
+    for r in results:
+        assert r["status"] == 200 and r["finish"][0] in CLEAN_FINISH, r
+        if r["finish"][0] != "abort":      # complete: every token asked for
+            assert r["tokens"] == SIGTERM_TOKENS, r
+    log = vspec.log_path.read_text(errors="replace")
+    assert sum("vspec summary:" in line for line in log.splitlines()) == 1, vspec.log_tail(40)
+    assert "Traceback" not in log, vspec.log_tail(60)
+    assert exited_after < timeout + 30
+    print(f"SIGTERM -> exit {exited_after:.1f} s; finish reasons "
+          f"{sorted(r['finish'][0] for r in results)}")
