@@ -374,6 +374,7 @@ def test_committed_configuration_docs_are_up_to_date():
         "docs/configuration.md is stale: run "
         "`vllm-vspec serve --print-config-docs > docs/configuration.md`")
 
+
 # ----------------------------------------------------------- tiny-ngram
 def test_tiny_ngram_drafts_without_a_model_on_the_bundled_target(capsys, vllm_serve_parser):
     preset = presets.load(presets.preset_path("tiny-ngram"))
