@@ -774,6 +774,76 @@ def test_overhead_ratios_are_vspec_over_stock_medians_per_workload_and_pair():
     assert overhead.ratio_table(report.rows(runs[:1])) == ""     # no pair: nothing printed
 
 
+def test_paired_ratios_divide_runs_of_the_same_round_and_pair():
+    from vllm_vspec.bench import overhead
+    runs = []
+    # target runs in two pairs; each pair's ratio uses its own target runs.
+    for repeat, (t_a, f0, t_b, e0) in enumerate([(100, 99, 200, 150), (110, 110, 100, 90),
+                                                 (90, 99, 100, 80)]):
+        for pair, variant, speed in (("fixed-0 / target", "target", t_a),
+                                     ("fixed-0 / target", "fixed-0", f0),
+                                     ("eagle-fixed-0 / target", "target", t_b),
+                                     ("eagle-fixed-0 / target", "eagle-fixed-0", e0)):
+            r = _run("w", variant, "target" if variant == "target" else "vspec-fixed", [10],
+                     10 / speed)
+            r.repeat, r.pair = repeat, pair
+            runs.append(r)
+    got = {r["vspec"]: r for r in overhead.paired_ratios(runs)}
+    assert got["fixed-0"]["round_ratios"] == pytest.approx([0.99, 1.0, 1.1])
+    assert got["fixed-0"]["ratio"] == pytest.approx(1.0)
+    assert (got["fixed-0"]["low"], got["fixed-0"]["high"]) == pytest.approx((0.99, 1.1))
+    assert got["fixed-0"]["meets_target"]
+    assert got["eagle-fixed-0"]["round_ratios"] == pytest.approx([0.75, 0.9, 0.8])
+    assert not got["eagle-fixed-0"]["meets_target"]
+    text = overhead.paired_ratio_table(runs)
+    assert "| w | fixed-0 / target | 3 | 1.000x | 0.990x | 1.100x | yes |" in text
+    assert "| w | eagle-fixed-0 / target | 3 | 0.800x | 0.750x | 0.900x | NO |" in text
+    assert overhead.paired_ratio_table(runs[:1]) == ""   # a pair's one side: nothing printed
+
+
+def test_paired_rounds_keep_both_servers_up_and_swap_who_goes_first(monkeypatch, tmp_path):
+    from vllm_vspec.bench import overhead
+    events = []
+
+    class FakeServer:
+        def __init__(self, argv, port, log):
+            self.name = next(v for v in ("fixed-0", "target") if v in str(log).split(".")[0])
+            self.base_url = self.name
+
+        def __enter__(self):
+            events.append(("up", self.name))
+            return self
+
+        def __exit__(self, *exc):
+            events.append(("down", self.name))
+
+    async def fake_serve(plan, v, base_url, trace, on_progress):
+        events.append(("turn", base_url))
+        return [Run("w", v.name, v.family, [Completion("k", 0.0, 1.0, 10, "t")])], None
+
+    monkeypatch.setattr(runner, "Server", FakeServer)
+    monkeypatch.setattr(runner, "_serve_workloads", fake_serve)
+    monkeypatch.setattr(runner, "PAIR_SWITCH_S", 0.0)
+    chosen = [variants.Variant("target", "target"), variants.Variant("fixed-0", "vspec-fixed")]
+    plan = runner.Plan(ServerSpec(model=tmp_path), chosen, [], {}, (1, 1), tmp_path, repeats=3)
+    runs, _, failures = runner.run_paired(plan, overhead.pairs(["target", "fixed-0"]),
+                                          lambda what: None)
+    assert not failures
+    assert events == [("up", "target"), ("up", "fixed-0"),
+                      ("turn", "target"), ("turn", "fixed-0"),      # round 0: stock first
+                      ("turn", "fixed-0"), ("turn", "target"),      # round 1: vspec first
+                      ("turn", "target"), ("turn", "fixed-0"),
+                      ("down", "fixed-0"), ("down", "target")]
+    assert [(r.variant, r.repeat, r.pair) for r in runs][:2] == [
+        ("target", 0, "fixed-0 / target"), ("fixed-0", 0, "fixed-0 / target")]
+
+
+def test_paired_needs_an_overhead_pair_among_the_variants(bench_inputs, capsys):
+    assert cli.main(["bench", "--dry-run", *bench_inputs, "--variants", "fixed-1",
+                     "--paired"]) == 2
+    assert "--paired: --variants fixed-1 has no overhead pair" in capsys.readouterr().err
+
+
 def test_step_profile_compare_lists_functions_whose_call_counts_differ(tmp_path):
     import cProfile
 

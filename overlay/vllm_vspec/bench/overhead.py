@@ -12,13 +12,17 @@ by side in the same rounds, each vspec server and its stock counterpart:
   is `target` vs `eagle-fixed-0`);
 
 and reports each pair's ratio (vspec / stock, of the medians over rounds)
-per workload. The default workloads of the set are steady concurrency 1 and
+per workload. With `bench --paired` the two servers of a pair are up at
+once and take turns in every round (bench/runner.run_paired); the pair's
+ratio is then the median of its per-round ratios, and their spread shows
+whether a gap is beyond the round-to-round noise. The default workloads of the set are steady concurrency 1 and
 32 (`steady-c1-*`, `steady-c32-*`). Pure functions: unit-tested without a
 server (tests/test_bench.py).
 """
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
@@ -114,6 +118,51 @@ def ratios(table_rows) -> list[dict]:
                         "rounds": min(rounds[(workload, p.stock)], rounds[(workload, p.vspec)]),
                         "meets_target": ratio is not None and ratio >= TARGET_RATIO - 1e-9})
     return out
+
+
+def paired_ratios(runs) -> list[dict]:
+    """Per pair and workload of a paired run (`bench --paired`): the ratio
+    vspec / stock of each round (two runs seconds apart on the same two
+    servers), their median, lowest and highest, and whether the median
+    meets TARGET_RATIO. `runs` are report.Run with `pair` set; rounds where
+    either server made no tokens are left out."""
+    speed: dict[tuple[str, str, str, int], float] = {}
+    for r in runs:
+        if r.pair is not None:
+            speed[(r.pair, r.workload, r.variant, r.repeat)] = r.tokens_per_s
+    out = []
+    for label in dict.fromkeys(r.pair for r in runs if r.pair is not None):
+        vspec, stock = label.split(" / ")
+        for workload in dict.fromkeys(r.workload for r in runs if r.pair == label):
+            per_round = []
+            for repeat in sorted({k[3] for k in speed if k[:2] == (label, workload)}):
+                s = speed.get((label, workload, stock, repeat), 0.0)
+                v = speed.get((label, workload, vspec, repeat), 0.0)
+                if s > 0 and v > 0:
+                    per_round.append(v / s)
+            if not per_round:
+                continue
+            median = statistics.median(per_round)
+            out.append({"workload": workload, "stock": stock, "vspec": vspec,
+                        "round_ratios": per_round, "ratio": median,
+                        "low": min(per_round), "high": max(per_round),
+                        "rounds": len(per_round),
+                        "meets_target": median >= TARGET_RATIO - 1e-9})
+    return out
+
+
+def paired_ratio_table(runs) -> str:
+    """paired_ratios as GitHub markdown (empty when nothing was paired)."""
+    got = paired_ratios(runs)
+    if not got:
+        return ""
+    lines = ["| workload | pair (vspec / stock) | rounds | median ratio | lowest | highest | "
+             f">= {TARGET_RATIO:.2f}x |", "|---|---|---:|---:|---:|---:|:-:|"]
+    for r in got:
+        lines.append(f"| {r['workload']} | {r['vspec']} / {r['stock']} | {r['rounds']} | "
+                     f"{r['ratio']:.3f}x | {r['low']:.3f}x | {r['high']:.3f}x | "
+                     f"{'yes' if r['meets_target'] else 'NO'} |")
+    return "\n".join(lines) + "\n"
 
 
 def ratio_table(table_rows) -> str:

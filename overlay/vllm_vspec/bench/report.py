@@ -25,6 +25,8 @@ class Run:
     family: str  # Variant.family
     completions: list[Completion]
     repeat: int = 0  # round of `bench --repeats` (0-based)
+    # `bench --paired`: the overhead pair (its label) this run was served in
+    pair: str | None = None
     # (bucket, arm) -> steps; an arm is a gamma, or (depth, width) for a tree
     gamma_counts: Counter = field(default_factory=Counter)
     gamma_source: str | None = None  # "trace", "metrics" or None
@@ -297,7 +299,7 @@ def results_json(runs: list[Run], meta: dict, table_rows: list[Row],
         ref_text = {c.key: c.text for c in ref.completions} if ref else {}
         detail.append({
             "workload": r.workload, "variant": r.variant, "family": r.family,
-            "repeat": r.repeat,
+            "repeat": r.repeat, "pair": r.pair,
             "tokens": r.tokens, "wall_s": r.wall_s, "tokens_per_s": r.tokens_per_s,
             "errors": r.errors, "gamma_source": r.gamma_source,
             "controller_overhead": r.controller_overhead,

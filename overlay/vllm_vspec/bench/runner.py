@@ -2,12 +2,17 @@
 the same order on each, gamma/batch observations alongside. With repeats,
 the variants are served in rounds (v1, v2, ..., v1, v2, ...), so a slow
 spell of a shared machine lands on one round of every variant rather than on
-every round of one."""
+every round of one.
+
+Paired (`run_paired`, `bench --paired`): the two servers of an overhead
+pair are up at once and take turns within every round, so each round gives
+one ratio of two runs seconds apart; no server restarts between rounds."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from contextlib import ExitStack
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +22,7 @@ import httpx
 
 from vllm_vspec.bench import scrape
 from vllm_vspec.bench.loadgen import client_for, run_phase
+from vllm_vspec.bench.overhead import Pair
 from vllm_vspec.bench.plot import Timeline
 from vllm_vspec.bench.report import Run
 from vllm_vspec.bench.server import (SERVED_MODEL_NAME, Server, ServerError, ServerSpec,
@@ -24,6 +30,12 @@ from vllm_vspec.bench.server import (SERVED_MODEL_NAME, Server, ServerError, Ser
 from vllm_vspec.bench.variants import Variant
 from vllm_vspec.bench.workloads import Request, Workload
 from vllm_vspec.core.trace import overhead_share
+
+# Seconds between two servers' turns in a paired run: vLLM's engine core
+# keeps busy-polling its input queue for a second after its last step
+# (shm_broadcast's busy_loop_s), so without a pause the server that just
+# finished would take a core from the one that starts.
+PAIR_SWITCH_S = 2.0
 
 # Requests sent before measuring, so one-off start-up costs (first forward,
 # allocator growth) do not land on the first workload of a variant.
@@ -53,9 +65,12 @@ class Plan:
         return serve_argv(self.spec, v.serve_args(self.trace_path(v, repeat)), port)
 
     @property
+    def requests_per_variant(self) -> int:
+        return sum(len(p) for phases in self.requests.values() for p in phases)
+
+    @property
     def total_requests(self) -> int:
-        per_variant = sum(len(p) for phases in self.requests.values() for p in phases)
-        return per_variant * len(self.variants) * self.repeats
+        return self.requests_per_variant * len(self.variants) * self.repeats
 
 
 def run_plan(plan: Plan, on_progress: Callable[[str], None],
@@ -90,6 +105,51 @@ def run_plan(plan: Plan, on_progress: Callable[[str], None],
                 if repeat == 0:
                     timelines.append(tl)
             on_variant_done(runs, failures)
+    return runs, timelines, failures
+
+
+def run_paired(plan: Plan, pairs: list[Pair], on_progress: Callable[[str], None],
+               on_variant_done: Callable[[list[Run], dict[str, str]], None] = lambda r, f: None,
+               ) -> tuple[list[Run], list[Timeline], dict[str, str]]:
+    """Serve each pair's stock and vspec servers at once for `plan.repeats`
+    rounds; in each round both answer every workload in turn, the stock
+    server first in even rounds and the vspec server first in odd ones (a
+    drift within a round then favours neither). Runs carry their pair and
+    round, so `overhead.paired_ratios` divides runs of the same round. A
+    pair whose servers do not both come up is reported in the returned
+    {pair label: error}; the other pairs still run."""
+    by_name = {v.name: v for v in plan.variants}
+    runs: list[Run] = []
+    timelines: list[Timeline] = []
+    failures: dict[str, str] = {}
+    for pair in pairs:
+        both = (by_name[pair.stock], by_name[pair.vspec])
+        with ExitStack() as stack:
+            servers = {}
+            try:
+                for v in both:
+                    trace = plan.trace_path(v)
+                    if trace is not None:
+                        trace.parent.mkdir(parents=True, exist_ok=True)
+                        trace.unlink(missing_ok=True)
+                    port = free_port()
+                    log = plan.out_dir / "logs" / f"{v.name}.{pair.vspec}-pair.log"
+                    servers[v.name] = stack.enter_context(Server(plan.argv(v, port), port, log))
+            except ServerError as e:
+                failures[pair.label] = str(e)
+                on_variant_done(runs, failures)
+                continue
+            for repeat in range(plan.repeats):
+                for v in (both if repeat % 2 == 0 else both[::-1]):
+                    time.sleep(PAIR_SWITCH_S)
+                    v_runs, tl = asyncio.run(_serve_workloads(
+                        plan, v, servers[v.name].base_url, plan.trace_path(v), on_progress))
+                    for r in v_runs:
+                        r.repeat, r.pair = repeat, pair.label
+                    runs += v_runs
+                    if repeat == 0 and v is both[1]:
+                        timelines.append(tl)
+        on_variant_done(runs, failures)
     return runs, timelines, failures
 
 

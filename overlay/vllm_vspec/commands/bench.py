@@ -88,6 +88,12 @@ def add_parser(subparsers) -> None:
     g.add_argument("--repeats", type=int, default=1,
                    help="serve every variant this many times, in interleaved rounds; the "
                         "table shows the median tokens/s (and the range) over rounds")
+    g.add_argument("--paired", action="store_true",
+                   help="overhead pairs only (--variants overhead, or both servers of a pair "
+                        "named): start each pair's stock and vspec servers together and "
+                        "alternate their turns within every round, so each round gives one "
+                        "ratio of two runs seconds apart; the pair's ratio is their median, "
+                        "shown with the lowest and highest round")
     g.add_argument("--static-table", type=json.loads, default=variants.DEFAULT_STATIC_TABLE,
                    help="JSON [[batch_from, batch_to, K], ...] for the static-table variant")
     g.add_argument("--kv-cache-memory-bytes", type=int, default=ServerSpec.kv_cache_memory_bytes,
@@ -171,6 +177,10 @@ def build_plan(args: argparse.Namespace) -> runner.Plan:
     if unknown:
         raise SystemExit(_unknown_variants(unknown, available, args))
     chosen = variants.select(available, names)
+    if args.paired and not overhead.pairs(v.name for v in chosen):
+        raise SystemExit(f"--paired: --variants {args.variants} has no overhead pair (a stock "
+                         "server and the vspec server standing in for it, e.g. target,fixed-0); "
+                         f"use --variants {overhead.SET_NAME} or name both servers of a pair")
     available_families = workloads.families_in(args.prompts)
     built_over = available_families if args.families == "all" else _csv(args.families)
     all_workloads = workloads.build_workloads(args.low_concurrency, args.high_concurrency,
@@ -227,7 +237,7 @@ def _unknown_variants(unknown: list[str], available: dict, args: argparse.Namesp
 def _serving_main(args: argparse.Namespace) -> int:
     plan = build_plan(args)
     if args.dry_run:
-        _print_plan(plan)
+        _print_plan(plan, args.paired)
         return 0
     from rich.console import Console
     from rich.progress import Progress
@@ -248,12 +258,16 @@ def _serving_main(args: argparse.Namespace) -> int:
         table rows and the phase-bound lines."""
         table_rows, bounds = report.rows(runs), report.phase_bounds(runs)
         data = report.results_json(runs, _meta(plan, started, failures), table_rows, bounds)
-        pairs = overhead.ratios(table_rows)
+        pairs = overhead.paired_ratios(runs) if args.paired else overhead.ratios(table_rows)
         if pairs:
             data["overhead_pairs"] = pairs
         results.write_text(json.dumps(data, indent=2) + "\n")
         lines = report.bound_lines(bounds)
-        if pairs:
+        if pairs and args.paired:
+            lines.append(f"overhead pairs: vspec / the stock server it stands in for, both up at "
+                         f"once (median of per-round ratios; target >= "
+                         f"{overhead.TARGET_RATIO:.2f}x)\n\n" + overhead.paired_ratio_table(runs))
+        elif pairs:
             lines.append(f"overhead pairs: vspec / the stock server it stands in for (ratio of "
                          f"median tokens/s over rounds; target >= {overhead.TARGET_RATIO:.2f}x)"
                          "\n\n" + overhead.ratio_table(table_rows))
@@ -265,15 +279,26 @@ def _serving_main(args: argparse.Namespace) -> int:
             report.markdown_table(table_rows) + "\n" + "".join(f"\n{b}\n" for b in lines))
         return table_rows, lines
 
+    if args.paired:
+        pairs = overhead.pairs(v.name for v in plan.variants)
+        total = plan.requests_per_variant * 2 * len(pairs) * plan.repeats
+
+        def serve(advance, done):
+            return runner.run_paired(plan, pairs, advance, done)
+    else:
+        total = plan.total_requests
+
+        def serve(advance, done):
+            return runner.run_plan(plan, advance, done)
     if console.is_terminal:
         with Progress(console=console) as progress:
-            task = progress.add_task("bench", total=plan.total_requests)
-            runs, timelines, failures = runner.run_plan(
-                plan, lambda what: progress.update(task, advance=1, description=what), save)
+            task = progress.add_task("bench", total=total)
+            runs, timelines, failures = serve(
+                lambda what: progress.update(task, advance=1, description=what), save)
     else:  # redirected: rich draws no live bar there; one flushed line per phase
-        lines = _LineProgress(plan.total_requests, started)
-        runs, timelines, failures = runner.run_plan(
-            plan, lines.advance, lambda r, f: (lines.variant_done(r, f), save(r, f)))
+        lines = _LineProgress(total, started)
+        runs, timelines, failures = serve(
+            lines.advance, lambda r, f: (lines.variant_done(r, f), save(r, f)))
     table_rows, bound_lines = save(runs, failures)
     console.print(report.render_table(table_rows))
     for line in bound_lines:
@@ -323,10 +348,14 @@ def _meta(plan: runner.Plan, started: float, failures: dict[str, str]) -> dict:
             "failed_variants": failures}
 
 
-def _print_plan(plan: runner.Plan) -> None:
+def _print_plan(plan: runner.Plan, paired: bool = False) -> None:
     rounds = f" x {plan.repeats} rounds" if plan.repeats > 1 else ""
-    print(f"# {len(plan.variants)} servers{rounds}, one at a time; each answers "
-          f"{plan.total_requests // len(plan.variants)} requests "
+    if paired:
+        labels = [p.label for p in overhead.pairs(v.name for v in plan.variants)]
+        print(f"# {len(labels)} pairs{rounds}, the two servers of a pair up at once and "
+              f"taking turns each round: {'; '.join(labels)}")
+    print(f"# {len(plan.variants)} servers{rounds}, {'by pairs' if paired else 'one at a time'}; "
+          f"each answers {plan.requests_per_variant} requests a round "
           f"(+{runner.WARMUP_REQUESTS} warm-up), output {_length_text(plan.output_len)} tokens "
           "per request, temperature 0")
     for v in plan.variants:
