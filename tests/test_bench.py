@@ -830,12 +830,14 @@ def test_paired_rounds_keep_both_servers_up_and_swap_who_goes_first(monkeypatch,
                                           lambda what: None)
     assert not failures
     assert events == [("up", "target"), ("up", "fixed-0"),
+                      ("turn", "target"), ("turn", "fixed-0"),      # warm-up, not measured
                       ("turn", "target"), ("turn", "fixed-0"),      # round 0: stock first
                       ("turn", "fixed-0"), ("turn", "target"),      # round 1: vspec first
                       ("turn", "target"), ("turn", "fixed-0"),
                       ("down", "fixed-0"), ("down", "target")]
     assert [(r.variant, r.repeat, r.pair) for r in runs][:2] == [
         ("target", 0, "fixed-0 / target"), ("fixed-0", 0, "fixed-0 / target")]
+    assert len(runs) == 6                                          # the warm-up is not kept
 
 
 def test_paired_needs_an_overhead_pair_among_the_variants(bench_inputs, capsys):

@@ -111,8 +111,8 @@ def run_plan(plan: Plan, on_progress: Callable[[str], None],
 def run_paired(plan: Plan, pairs: list[Pair], on_progress: Callable[[str], None],
                on_variant_done: Callable[[list[Run], dict[str, str]], None] = lambda r, f: None,
                ) -> tuple[list[Run], list[Timeline], dict[str, str]]:
-    """Serve each pair's stock and vspec servers at once for `plan.repeats`
-    rounds; in each round both answer every workload in turn, the stock
+    """Serve each pair's stock and vspec servers at once for an unmeasured
+    warm-up round and then `plan.repeats` rounds; in each round both answer every workload in turn, the stock
     server first in even rounds and the vspec server first in odd ones (a
     drift within a round then favours neither). Runs carry their pair and
     round, so `overhead.paired_ratios` divides runs of the same round. A
@@ -139,6 +139,13 @@ def run_paired(plan: Plan, pairs: list[Pair], on_progress: Callable[[str], None]
                 failures[pair.label] = str(e)
                 on_variant_done(runs, failures)
                 continue
+            # An unmeasured round first: the first rounds after start-up ran
+            # up to 25% slower (allocator growth, the first batch-32 shapes),
+            # which the two warm-up requests of every turn do not cover.
+            for v in both:
+                time.sleep(PAIR_SWITCH_S)
+                asyncio.run(_serve_workloads(plan, v, servers[v.name].base_url,
+                                             plan.trace_path(v), on_progress))
             for repeat in range(plan.repeats):
                 for v in (both if repeat % 2 == 0 else both[::-1]):
                     time.sleep(PAIR_SWITCH_S)

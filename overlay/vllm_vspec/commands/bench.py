@@ -91,7 +91,8 @@ def add_parser(subparsers) -> None:
     g.add_argument("--paired", action="store_true",
                    help="overhead pairs only (--variants overhead, or both servers of a pair "
                         "named): start each pair's stock and vspec servers together and "
-                        "alternate their turns within every round, so each round gives one "
+                        "alternate their turns within every round (after one unmeasured "
+                        "warm-up round), so each round gives one "
                         "ratio of two runs seconds apart; the pair's ratio is their median, "
                         "shown with the lowest and highest round")
     g.add_argument("--static-table", type=json.loads, default=variants.DEFAULT_STATIC_TABLE,
@@ -281,7 +282,7 @@ def _serving_main(args: argparse.Namespace) -> int:
 
     if args.paired:
         pairs = overhead.pairs(v.name for v in plan.variants)
-        total = plan.requests_per_variant * 2 * len(pairs) * plan.repeats
+        total = plan.requests_per_variant * 2 * len(pairs) * (plan.repeats + 1)  # + warm-up
 
         def serve(advance, done):
             return runner.run_paired(plan, pairs, advance, done)
