@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
 from typing import Any, Mapping
 
 from vllm_vspec.core import install_state
@@ -37,6 +38,15 @@ WORKER_CLS: dict[str, str | None] = {
     "cuda": f"{_WORKERS}.VSpecGPUWorker",
     "npu": None,
 }
+
+# Platform -> the executor vspec selects when the engine core has a process
+# of its own (VLLM_ENABLE_V1_MULTIPROCESSING, the default), where the host
+# would run its multiprocess executor: vLLM-CPU always does
+# (platforms/cpu.py turns `uni` into `mp` there). It skips the host's
+# per-step draft round trip to the worker after a gamma-0 step
+# (executor.py). Elsewhere the host's own choice stands (single-GPU `uni`
+# takes drafts with a direct call; async scheduling never asks).
+EXECUTOR_CLS: dict[str, str] = {"cpu": "vllm_vspec.hosts.vllm.executor.VSpecMultiprocExecutor"}
 
 # vLLM device type -> the widest verify (1 + K tokens a request) the host's
 # attention takes with vspec on. Only Ascend has one (FIA verifies at most 16);
@@ -305,6 +315,9 @@ def engine_args(speculative_config: Mapping[str, Any] | None,
     worker = WORKER_CLS[resolve_platform(platform)]
     if with_worker and worker is not None:
         args["worker_cls"] = worker
+    executor = EXECUTOR_CLS.get(resolve_platform(platform))
+    if executor is not None and os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") == "1":
+        args["distributed_executor_backend"] = executor
     return args
 
 
