@@ -155,13 +155,16 @@ def test_without_a_runner_the_npu_rule_stays_strict(npu_sampler):
 
 def test_the_worker_says_when_the_padding_keeps_no_graph(proposers, caplog):
     """The worker's final compilation config (here: NONE, as after a
-    downgrade at model_runner_v1.py line 5061) has no full decode graph."""
+    downgrade at model_runner_v1.py line 5061) has no full decode graph:
+    one line on the first step, naming the mode and how the engine core
+    learns it (tests/test_ascend_worker_graphs.py)."""
     proposer = _make(proposers, k=3)
     with caplog.at_level("WARNING"):
         proposer._propose(**_step(gamma=2))
         proposer._propose(**_step(gamma=1))
-    warned = [r for r in caplog.records if "keeps no graph" in r.getMessage()]
+    warned = [r for r in caplog.records if "no full decode graph" in r.getMessage()]
     assert len(warned) == 1 and "final cudagraph_mode is NONE" in warned[0].getMessage()
+    assert "worker_graphs.py" in warned[0].getMessage()
 
 
 def test_the_npu_proposer_falls_back_to_torch_ops_without_the_library(proposers, monkeypatch,

@@ -209,21 +209,26 @@ def _warn_if_padding_keeps_no_graph(vllm_config: Any) -> None:
     the compilation config (verify_width.VerifyWidth.of); the worker's copy is
     final only after NPUModelRunner._check_and_update_cudagraph_mode
     (model_runner_v1.py line 5061, resolve_cudagraph_mode_and_sizes, which
-    can downgrade FULL modes), and vLLM 0.23 sends the engine core nothing
-    back but compilation times (vllm/v1/executor/abstract.py lines 118-137).
-    On the first draft step the worker says when the padding keeps no graph:
-    then each padded step costs what stock vLLM-Ascend's verify of 1 + K
-    costs, never more, but more than verifying gamma would."""
+    can downgrade FULL modes). With TP 1 both are one object; with TP > 1 the
+    engine core adopts the workers' final mode before it builds the scheduler
+    (worker_graphs.py, installed by the vspec plugin). This line is for a
+    worker whose final mode has no full decode graph: then the scheduler
+    pads only if that adoption did not run (VLLM_PLUGINS without vspec), and
+    its start-up line ("decode steps of up to N requests verify K draft
+    slots") says so; each padded step then costs what stock vLLM-Ascend's
+    verify of 1 + K costs, never more, but more than verifying gamma would."""
     settings = vspec_settings(vllm_config)
     mode = vllm_config.compilation_config.cudagraph_mode
     if settings is None or not settings.ascend_pad_verify_width:
         return
     if mode is None or mode.decode_mode() != CUDAGraphMode.FULL:
-        logger.warning("vspec: this worker's final cudagraph_mode is %s (no full decode graph), "
-                       "so the scheduler's padding of decode steps to 1 + K keeps no graph: "
-                       "each padded step verifies what stock vLLM-Ascend verifies, but more "
-                       "than its gamma; --additional-config '{\"vspec\": "
-                       "{\"ascend_pad_verify_width\": false}}' verifies gamma",
+        logger.warning("vspec: this worker's final cudagraph_mode is %s (no full decode graph); "
+                       "the engine core adopts it at start-up (worker_graphs.py) and then "
+                       "verifies each step's gamma. If the scheduler's start-up line says it "
+                       "pads decode steps to 1 + K, that adoption did not run (VLLM_PLUGINS "
+                       "without vspec): padded steps keep no graph and verify what stock "
+                       "vLLM-Ascend verifies, but more than their gamma; --additional-config "
+                       "'{\"vspec\": {\"ascend_pad_verify_width\": false}}' verifies gamma",
                        getattr(mode, "name", mode))
 
 

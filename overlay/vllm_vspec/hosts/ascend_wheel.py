@@ -27,6 +27,18 @@ def build_info() -> dict | None:
     return json.loads(text) if text else None
 
 
+def adopt_worker_graphs() -> None:
+    """On an installed overlay wheel: the engine core adopts the graph mode
+    its workers resolved, before its scheduler decides the verify padding
+    (vllm_ascend/vspec/worker_graphs.py; TP > 1 gives each worker its own
+    copy of the config). Nothing elsewhere."""
+    if build_info() is None:
+        return
+    from vllm_ascend.vspec import worker_graphs
+
+    worker_graphs.install()
+
+
 def log_kernel_state() -> None:
     """At start-up: say whether the installed overlay wheel has its kernels
     (a warning when it was built without CANN)."""

@@ -26,7 +26,17 @@ ctx, from the profile's linear models T_target and T_draft:
   `online, verify 1+g` row is what it would give, for comparison only.
 
 The contenders run the engine's own GammaController (policy fixed or
-online) through simulator.simulate, on the same workloads and luck.
+online) through simulator.simulate, on the same workloads and luck; a
+request's first step verifies what its prefill step drafted (stock: K;
+online: its opening arm, K), as in the engine. Beside them, a bound: the
+per-step oracle (simulator.Oracle: the true rates and the new defaults'
+true step costs, no learning). Where it drafts K at every step (steady
+loads inside the padding range, where each gamma < K saves only graphed
+draft passes and verifies 1 + K anyway) it IS stock fixed K, so there a
+policy that has to learn its arms can tie stock at best: what it spends
+learning (a warm-up sweep per batch-size bucket, then probes of close
+neighbours, online.py) is its loss. The ratios are given for several seeds
+(the luck of one seed moves them by about a percent).
 """
 
 from __future__ import annotations
@@ -39,8 +49,8 @@ from typing import Sequence
 from vllm_vspec.config import VSpecConfig
 from vllm_vspec.core.controller import GammaController
 from vllm_vspec.core.latency import LatencyProfile, LinearLatency, load_profile
-from vllm_vspec.sim.simulator import (SimClock, SimResult, Workload, bursty, phase_shift,
-                                      simulate, steady)
+from vllm_vspec.sim.simulator import (Oracle, SimClock, SimResult, Workload, bursty,
+                                      phase_shift, simulate, steady)
 
 DEFAULT_PROFILE = "profiles/ascend-910b-qwen25-14b-draft.json"
 REPO = Path(__file__).resolve().parents[3]
@@ -73,7 +83,7 @@ class Defaults:
     """One column of the comparison."""
 
     name: str
-    policy: str            # "fixed" (gamma K) or "online"
+    policy: str            # "fixed" (gamma K), "online", or "oracle" (simulator.Oracle)
     draft_graphs: bool     # the draft model replays captured graphs
     pad_verify: bool       # steps inside the capture range verify K
     drafter: bool = True
@@ -85,8 +95,12 @@ CONTENDERS = (
     Defaults("online, old defaults (eager draft, verify 1+K)", "online", False, True),
     Defaults("online, new defaults (draft graph per gamma, verify 1+K)", "online", True, True),
     Defaults("online, draft graphs, verify 1+g (not built)", "online", True, False),
+    # A bound, not a contender: the per-step goodput argmax under the true
+    # rates and the new defaults' true costs, no noise, no learning.
+    Defaults("oracle, new defaults", "oracle", True, True),
 )
 STOCK, OLD, NEW = CONTENDERS[1].name, CONTENDERS[2].name, CONTENDERS[3].name
+ORACLE = CONTENDERS[5].name
 
 
 def costs(base: LatencyProfile, k: int, draft_graphs: bool, pad_verify: bool,
@@ -116,28 +130,46 @@ def run(contender: Defaults, workload: Workload, base: LatencyProfile, k: int,
     profile = costs(base, k, contender.draft_graphs, contender.pad_verify, graph_factor,
                     capture_tokens)
     gamma = k if contender.drafter else 0
-    over = ({"policy": "fixed", "min_gamma": 0, "fixed_gamma": gamma}
-            if contender.policy == "fixed" else {"policy": "online"})
     clock = SimClock()
-    policy = GammaController(VSpecConfig.from_dict({**(vspec or {}), **over}, k), k, clock=clock)
+    rates: list = [()]
+    if contender.policy == "oracle":
+        policy = Oracle(profile, k, lambda: rates[0], "sync")
+    else:
+        over = ({"policy": "fixed", "min_gamma": 0, "fixed_gamma": gamma}
+                if contender.policy == "fixed" else {"policy": "online"})
+        policy = GammaController(VSpecConfig.from_dict({**(vspec or {}), **over}, k), k,
+                                 clock=clock)
     return simulate(workload, profile, policy, clock, name=contender.name, max_gamma=k,
-                    seed=seed, noise=noise, gamma0_mode="sync", drafter=contender.drafter)
+                    seed=seed, noise=noise, gamma0_mode="sync", drafter=contender.drafter,
+                    on_rates=lambda r: rates.__setitem__(0, r))
+
+
+RATIOS = {"new/stock": (NEW, STOCK), "old/stock": (OLD, STOCK),
+          "oracle/stock": (ORACLE, STOCK), "new/oracle": (NEW, ORACLE)}
 
 
 def compare_defaults(profile_path: str = DEFAULT_PROFILE, k: int = 4,
                      graph_factor: float = GRAPH_FACTOR, capture_tokens: int = CAPTURE_TOKENS,
                      scale: float = 1.0, seed: int = 0,
-                     workload_list: Sequence[Workload] | None = None) -> dict:
-    """{workload: {contender: tokens/s}} plus the per-step cost table."""
+                     workload_list: Sequence[Workload] | None = None,
+                     num_seeds: int = 3) -> dict:
+    """{workload: {contender: tokens/s}} at `seed`, the ratios of RATIOS at
+    seeds seed .. seed + num_seeds - 1 ({workload: {ratio: [per seed]}}: the
+    luck of a seed moves them by about a percent), plus the per-step cost
+    table."""
     path = Path(profile_path)
     if not path.is_file() and (REPO / profile_path).is_file():   # a checkout, run elsewhere
         path = REPO / profile_path
     base = load_profile(path)
+    seeds = list(range(seed, seed + max(1, num_seeds)))
     out: dict = {"profile": profile_path, "k": k, "graph_factor": graph_factor,
-                 "capture_tokens": capture_tokens, "tok_s": {}}
+                 "capture_tokens": capture_tokens, "seeds": seeds, "tok_s": {}, "ratios": {}}
     for wl in workload_list or workloads(scale):
-        out["tok_s"][wl.name] = {c.name: run(c, wl, base, k, graph_factor, capture_tokens,
-                                             seed).tok_s for c in CONTENDERS}
+        per_seed = [{c.name: run(c, wl, base, k, graph_factor, capture_tokens, s).tok_s
+                     for c in CONTENDERS} for s in seeds]
+        out["tok_s"][wl.name] = per_seed[0]
+        out["ratios"][wl.name] = {name: [round(by[a] / by[b], 4) for by in per_seed]
+                                  for name, (a, b) in RATIOS.items()}
     out["step_ms"] = step_table(base, k, graph_factor, capture_tokens)
     return out
 
@@ -167,15 +199,24 @@ def step_table(base: LatencyProfile, k: int, graph_factor: float = GRAPH_FACTOR,
 def markdown(result: dict) -> str:
     """The two tables docs/ascend.md carries."""
     names = [c.name for c in CONTENDERS]
+    seeds = result.get("seeds", [0])
     lines = [f"profile `{result['profile']}`, K = {result['k']}, graph_factor "
-             f"{result['graph_factor']}, capture {result['capture_tokens']} tokens", "",
+             f"{result['graph_factor']}, capture {result['capture_tokens']} tokens; "
+             f"tokens/s at seed {seeds[0]}", "",
              "| workload | target-only | stock fixed K | online, old defaults | "
-             "online, new defaults | online, verify 1+g (not built) | new / stock | "
-             "old / stock |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "online, new defaults | online, verify 1+g (not built) | oracle, new defaults | "
+             "new / stock | old / stock |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for wl, by in result["tok_s"].items():
         cells = " | ".join(f"{by[n]:.0f}" for n in names)
         lines.append(f"| {wl} | {cells} | {by[NEW] / by[STOCK]:.3f} | "
                      f"{by[OLD] / by[STOCK]:.3f} |")
+    if "ratios" in result:
+        lines += ["", f"ratios over seeds {seeds[0]}-{seeds[-1]} (min-max):", "",
+                  "| workload | " + " | ".join(RATIOS) + " |",
+                  "|---|" + "---:|" * len(RATIOS)]
+        for wl, by in result["ratios"].items():
+            lines.append(f"| {wl} | " + " | ".join(
+                f"{min(v):.3f}-{max(v):.3f}" for v in by.values()) + " |")
     lines += ["", "| batch | defaults | " + " | ".join(f"gamma {g}" for g in
                                                        range(result["k"] + 1)) + " |",
               "|---|---|" + "---:|" * (result["k"] + 1)]
@@ -198,10 +239,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--capture-tokens", type=int, default=CAPTURE_TOKENS)
     p.add_argument("--scale", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--num-seeds", type=int, default=3)
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     result = compare_defaults(args.profile, args.max_gamma, args.graph_factor,
-                              args.capture_tokens, args.scale, args.seed)
+                              args.capture_tokens, args.scale, args.seed,
+                              num_seeds=args.num_seeds)
     print(json.dumps(result, indent=1) if args.json else markdown(result))
     return 0
 

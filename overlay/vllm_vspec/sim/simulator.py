@@ -14,12 +14,18 @@ Simulated engine (closed loop, synchronous scheduling):
   (preempted) until it rises again, so the batch follows the cap exactly.
   The cap and the acceptance rates follow schedules keyed on the workload's
   committed tokens: every policy meets the same batch sizes and acceptance
-  for the same tokens, and only the time they take differs.
+  for the same tokens, and only the time they take differs. (A step that
+  crosses a change of either ends the segment there: its tokens past the
+  change are not taken from the next segment, so every segment lasts its
+  tokens plus its own last step's, whatever a policy commits per step.)
 - Acceptance: for request r at output position t, draft position j is
   accepted iff u[r, t, j] < p_j(tokens) (conditional rates p; u uniform,
   drawn once per workload, so policies share their luck). A request verifies
   the drafts proposed one step earlier: accepted = leading accepted
-  positions among them, committed = accepted + 1.
+  positions among them, committed = accepted + 1. Its first step verifies
+  what its prefill step drafted: the arm in force when it was admitted (the
+  engine's prefill step keeps the last decision; before any, the policy's
+  opening arm), as stock vLLM's prefill step drafts K.
 - Trees: a workload may give rates per tree width ({width: rates}, the
   conditional acceptance per DEPTH of that width's trees; a plain tuple is
   width 1 only). A request verifying a tree of width W uses p(W) with the
@@ -83,6 +89,20 @@ class Cycle:
                 return value
             pos -= n
         raise AssertionError("unreachable: pos < period")
+
+    def next_change(self, position: int) -> int | None:
+        """The first position after `position` whose value differs from the
+        value at `position` (None: the value never changes)."""
+        now = self.at(position)
+        if all(value == now for _, value in self.segments):
+            return None
+        period = sum(n for n, _ in self.segments)
+        start = position - position % period
+        while True:
+            for n, value in self.segments:
+                if start > position and value != now:
+                    return start
+                start += n
 
 
 @dataclass(frozen=True)
@@ -328,17 +348,27 @@ def simulate(workload: Workload, profile: LatencyProfile, policy: StepPolicy, cl
     pending_w = np.ones(n, dtype=np.int64)         # their tree width
     lag = np.zeros(n, dtype=np.int64)              # lazy gamma 0: tokens the draft KV misses
     started: list[int] = []                        # admitted, unfinished, in arrival order
-    next_req = progress = steps = 0
+    next_req = progress = schedule = steps = 0
     gamma_steps: dict[str, int] = {}
     timeline: list[tuple[float, int, int]] = []
     positions = np.arange(width)
+    # A request's prefill step drafts too: the arm in force then (the
+    # engine's prefill step keeps the last decision; before any, the
+    # policy's opening arm, GammaController.gamma; a policy without one,
+    # such as the oracle, drafts what it decides for the first step), and
+    # its first decode step verifies those drafts, as every later step
+    # verifies the drafts of the step before. (Stock vLLM drafts K there.)
+    in_force = ((policy.gamma, policy.width) if isinstance(policy, GammaController)
+                else None)
     while next_req < n or started:
-        cap = workload.concurrency.at(progress)
+        cap = workload.concurrency.at(schedule)
+        admitted = []
         while len(started) < cap and next_req < n:
             started.append(next_req)
+            admitted.append(next_req)
             next_req += 1
         active = started[:cap]                     # the rest wait (preempted) until the cap allows
-        rates = {w: padded(r, width) for w, r in widths_of(workload.rates.at(progress)).items()}
+        rates = {w: padded(r, width) for w, r in widths_of(workload.rates.at(schedule)).items()}
         if on_rates is not None:
             on_rates(rates)
         idx = np.array(active)
@@ -346,6 +376,9 @@ def simulate(workload: Workload, profile: LatencyProfile, policy: StepPolicy, cl
         ctx = float(workload.prompt_len * b + done[idx].sum())
         decision = policy.decide(BatchState(b, max_num_batched_tokens, ctx / b))
         gamma = decision.gamma
+        if drafter and admitted:
+            pending[admitted], pending_w[admitted] = in_force or (gamma, decision.width)
+        in_force = (gamma, decision.width)
         verify, verify_w = pending[idx], pending_w[idx]
         missing = set(np.unique(verify_w).tolist()) - set(rates)
         if missing:
@@ -377,6 +410,15 @@ def simulate(workload: Workload, profile: LatencyProfile, policy: StepPolicy, cl
         pending[idx] = gamma
         pending_w[idx] = decision.width
         progress += int(committed.sum())
+        # The schedule advances by the committed tokens, but a step that
+        # crosses a change of batch size or acceptance ends there: the
+        # tokens it committed past it are not taken from the next segment
+        # (else a policy committing more per step, e.g. at a higher gamma,
+        # would spend fewer tokens in every segment after a change, such as
+        # a bursty load's expensive quiet spells after each burst).
+        changes = [c for c in (workload.concurrency.next_change(schedule),
+                               workload.rates.next_change(schedule)) if c is not None]
+        schedule = min([schedule + int(committed.sum()), *changes])
         started = [r for r in started if done[r] < out_len[r]]
         steps += 1
         label = arm_label(gamma, decision.width)

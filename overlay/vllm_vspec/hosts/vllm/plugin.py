@@ -21,6 +21,12 @@ from vllm_vspec.hosts.ascend_wheel import log_kernel_state  # noqa: E402
 
 REGISTRATIONS.append(log_kernel_state)
 
+# The Ascend overlay wheel's engine core reads its workers' final graph mode
+# (vllm_ascend/vspec/worker_graphs.py; nothing elsewhere).
+from vllm_vspec.hosts.ascend_wheel import adopt_worker_graphs  # noqa: E402
+
+REGISTRATIONS.append(adopt_worker_graphs)
+
 # The CPU attention backend with draft-tree masks (hosts/vllm/tree/attention.py).
 TREE_ATTENTION_BACKEND = "vllm_vspec.hosts.vllm.tree.attention.TreeCPUAttentionBackend"
 
