@@ -224,3 +224,45 @@ def test_the_table_shows_a_dash_where_a_workload_has_no_tree_contender():
                (("tree", base + ["fixed-1x2"]), ("linear", base)) for p in names]
     rows = {line.split()[0]: line.split()[1:] for line in table_text(results).splitlines()[2:4]}
     assert rows == {"tree": ["100.0"] * 6, "linear": ["100.0"] * 5 + ["-"]}
+
+
+# ------------------------------------------------------------------ schedules
+def test_a_cycle_names_where_its_value_next_changes():
+    cap = sim.Cycle(((100, 8), (50, 2), (50, 2), (20, 4)))
+    assert [cap.next_change(p) for p in (0, 99, 100, 199, 200, 219, 220)] == \
+        [100, 100, 200, 200, 220, 220, 320]
+    assert sim.Cycle(((1, 16),)).next_change(12345) is None
+
+
+def test_every_segment_gets_its_tokens_whatever_a_policy_commits_per_step():
+    """A step that crosses a change of batch size ends that segment: its
+    tokens past the change are not taken from the next one, so each quiet
+    spell of a burst-then-quiet load commits its 200 tokens (plus its own
+    last step's) at batch 2 under gamma 4 (about 3 tokens a request a step)
+    as under gamma 1. Before, each burst's last step ate into the quiet
+    spell: gamma 4 spent fewer tokens at the expensive batch size."""
+    profile = load_profile(ASCEND)
+    wl = sim.Workload("burst", 64, 16, (64, 64), sim.Cycle(((600, 16), (200, 2))),
+                      sim.Cycle(((1, (0.9, 0.9, 0.9, 0.9)),)))
+
+    class Fixed:
+        def __init__(self, gamma):
+            self.gamma, self.spells, self.batch = gamma, [], 0
+
+        def decide(self, batch):
+            if batch.num_reqs == 2 and self.batch != 2:
+                self.spells.append(0)
+            self.batch = batch.num_reqs
+            return sim.Decision(self.gamma, sim.bucket_of(batch.num_reqs), "test")
+
+        def observe(self, fb):
+            if self.batch == 2:
+                self.spells[-1] += fb.committed
+
+    for gamma in (1, 4):
+        policy = Fixed(gamma)
+        sim.simulate(wl, profile, policy, sim.SimClock(), name=str(gamma), max_gamma=K,
+                     noise=0.0)
+        spells = policy.spells[:-1]   # the last may be the drain
+        assert len(spells) >= 3 and all(200 <= t <= 200 + 2 * (K + 1) for t in spells), \
+            (gamma, policy.spells)
