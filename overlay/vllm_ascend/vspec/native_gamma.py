@@ -55,7 +55,7 @@ from vllm_ascend.spec_decode.draft_proposer import AscendDraftModelProposer
 from vllm_ascend.spec_decode.eagle_proposer import AscendEagleProposer
 from vllm_ascend.vspec.entropy_tap import EntropyTap
 from vllm_ascend.vspec.gamma import valid_gamma
-from vllm_ascend.vspec.proposers import DraftHeadMixin, TraceMixin
+from vllm_ascend.vspec.proposers import DraftHeadMixin, TraceMixin, run_draft_eagerly
 from vllm_ascend.vspec.routing import vspec_settings
 from vllm_ascend.vspec.sampler import VSpecAscendRejectionSampler
 
@@ -80,20 +80,12 @@ class NativeGammaMixin:
             logger.info("vspec: the draft model runs eagerly on this host (one draft graph "
                         "captured at K would be replayed by smaller steps); the target keeps "
                         "its ACL graphs")
-            self._run_draft_eagerly()
+            # This host keeps the workaround in spec_decode/utils.py (its
+            # __init__ sets it at llm_base_proposer.py:271-273). Imported
+            # here: stand-in hosts in the tests lack it.
+            from vllm_ascend.spec_decode.utils import _maybe_eager_context
 
-    def _run_draft_eagerly(self) -> None:
-        """The host's eager switch, flipped after its __init__ read it, and
-        what that __init__ derives from it (llm_base_proposer.py:271-273):
-        with flashcomm1 (enable_sp) the draft model loads under
-        `_maybe_eager_context`."""
-        self.use_cuda_graph = False
-        # Imported here: stand-in hosts in the tests lack these modules.
-        from vllm_ascend.spec_decode.utils import _maybe_eager_context
-        from vllm_ascend.utils import enable_sp
-
-        if enable_sp(self.vllm_config):
-            self.maybe_eager_context = _maybe_eager_context(self.vllm_config)
+            run_draft_eagerly(self, _maybe_eager_context)
 
     # Extends AscendSpecDecodeBaseProposer.load_model: entropy stop wraps the
     # draft model once it exists.

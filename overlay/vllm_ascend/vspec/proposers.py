@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import contextlib
 from types import MappingProxyType
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 from vllm.config import CUDAGraphMode
@@ -66,6 +66,21 @@ from vllm_vspec.core.drafter_keys import pure_greedy
 
 # Under "vllm.": vLLM configures only its own logger tree.
 logger = init_logger(f"vllm.{__name__}")
+
+
+def run_draft_eagerly(proposer: Any, maybe_eager_context: Callable[[Any], Any]) -> None:
+    """The host's own eager switch, flipped after the host's __init__ read it,
+    and what that __init__ derives from it: with `use_cuda_graph` off and
+    flashcomm1 (enable_sp) on, the host loads the draft model under
+    `maybe_eager_context(vllm_config)` (compilation mode NONE, the fx-graph
+    bug workaround). `maybe_eager_context` is the host's `_maybe_eager_context`,
+    whose module differs by host revision (the callers name theirs)."""
+    proposer.use_cuda_graph = False
+    # Imported here: stand-in hosts in the tests lack this module.
+    from vllm_ascend.utils import enable_sp
+
+    if enable_sp(proposer.vllm_config):
+        proposer.maybe_eager_context = maybe_eager_context(proposer.vllm_config)
 
 
 class VSpecProposerMixin:
@@ -112,22 +127,12 @@ class VSpecProposerMixin:
         if self.use_cuda_graph and settings is not None and not settings.ascend_draft_full_graph:
             logger.info("vspec: ascend_draft_full_graph=false: the draft model runs eagerly "
                         "(the target keeps its ACL graphs)")
-            self._run_draft_eagerly()
+            # vLLM-Ascend 0.23.0.post1 keeps the workaround in
+            # llm_base_proposer.py (lines 236-239; load_model enters it, line
+            # 324). Imported here: stand-in hosts in the tests lack it.
+            from vllm_ascend.spec_decode.llm_base_proposer import _maybe_eager_context
 
-    def _run_draft_eagerly(self) -> None:
-        """The host's own eager switch, flipped after its __init__ read it:
-        also set what that __init__ derives from it. vLLM-Ascend 0.23.0.post1
-        llm_base_proposer.py lines 236-239: with `use_cuda_graph` off and
-        flashcomm1 (enable_sp) on, the draft model is loaded under
-        `_maybe_eager_context` (compilation mode NONE, the fx-graph bug
-        workaround), which load_model enters (line 324)."""
-        self.use_cuda_graph = False
-        # Imported here: stand-in hosts in the tests lack these modules.
-        from vllm_ascend.spec_decode.llm_base_proposer import _maybe_eager_context
-        from vllm_ascend.utils import enable_sp
-
-        if enable_sp(self.vllm_config):
-            self.maybe_eager_context = _maybe_eager_context(self.vllm_config)
+            run_draft_eagerly(self, _maybe_eager_context)
 
     # Extends AscendSpecDecodeBaseProposer.load_model: after the host wraps the
     # merged draft in a full graph, add one wrapper per smaller gamma.
