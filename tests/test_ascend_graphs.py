@@ -544,7 +544,7 @@ def test_without_flashcomm1_the_eager_switch_leaves_the_hosts_context(host):
 
 
 def test_the_hosts_init_sets_the_workaround_from_use_cuda_graph_after_its_last_flip(host_tree):
-    """What _run_draft_eagerly repeats is what the host's __init__ does: the
+    """What run_draft_eagerly repeats is what the host's __init__ does: the
     maybe_eager_context assignment reads use_cuda_graph and enable_sp after
     the last host assignment of use_cuda_graph (llm_base_proposer.py 215-239)."""
     text = (host_tree / "vllm_ascend/spec_decode/llm_base_proposer.py").read_text()
