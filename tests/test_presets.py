@@ -53,7 +53,8 @@ def dry_run(capsys, *argv: str) -> tuple[list[str], dict[str, str]]:
 
 def test_the_seed_presets_and_the_tiny_presets_exist():
     assert set(PRESETS) >= {"draft", "eagle", "eagle-relaxed", "draft-arc-easy",
-                            "eagle-arc-easy", "draft-adaptive", "tiny-draft", "tiny-eagle"}
+                            "eagle-arc-easy", "draft-adaptive", "tiny-draft", "tiny-eagle",
+                            "tiny-eagle3", "tiny-mtp", "qwen3-eagle3", "qwen25-eagle3"}
 
 
 def test_a_wheel_carries_the_presets(tmp_path):
@@ -408,4 +409,5 @@ def test_the_method_table_names_every_per_method_refusal():
     assert {"draft_model", "eagle", "ngram", "suffix", "eagle3", "mtp"} <= set(rows)
     for method, key, _, _ in wiring.METHOD_REFUSALS:
         assert f"`{key}`" in rows[method].split(" | ")[-1], (method, key)
-    assert "not yet supported" in rows["eagle3"] and "not yet supported" in rows["mtp"]
+    assert rows["eagle3"].split(" | ")[1].startswith("supported: vLLM CPU (tested here")
+    assert rows["mtp"].split(" | ")[1].startswith("supported: vLLM CPU (tested here")

@@ -44,11 +44,13 @@ class Variant:
 
 
 # The seed's --adaptive-refill-batch defaults per method.
-SEED_REFILL_BATCH = {"draft_model": 8, "eagle": 4}
+SEED_REFILL_BATCH = {"draft_model": 8, "eagle": 4, "eagle3": 4}
 
 # Variant-name prefix -> vLLM speculative method. A method is offered only
 # when its drafter model exists (the eagle head lands after the draft model).
-METHOD_PREFIXES = {"draft_model": "", "eagle": "eagle-"}
+# eagle3: models/tiny-eagle3 reads the target's layers 1, 2 and 4, which the
+# deepened target (zero layers appended) has unchanged.
+METHOD_PREFIXES = {"draft_model": "", "eagle": "eagle-", "eagle3": "eagle3-"}
 
 
 def _spec(method: str, model: Path, k: int, **extra: Any) -> dict[str, Any]:

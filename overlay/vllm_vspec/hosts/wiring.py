@@ -214,6 +214,19 @@ METHOD_REFUSALS += (
      "--additional-config '{\"vspec\": {\"enabled\": false}}' for a fixed K"),
 )
 
+# vLLM's MTP drafters (MiMoMTP and its kin) compute draft logits inside their
+# MTP layer (`model.model.compute_logits(hidden, lm_head)`), not through the
+# `lm_head` + `logits_processor` pair that vspec's draft head replaces.
+METHOD_REFUSALS += tuple(
+    ("mtp", key, on, f"unset with method mtp ({what}; vLLM's MTP models compute "
+     "draft logits inside their MTP layer, which vspec's draft head does not wrap)")
+    for key, on, what in (
+        ("draft_active_vocab_ids", lambda c: bool(c.draft_active_vocab_ids),
+         "an active vocabulary replaces the drafter's LM head"),
+        ("draft_lm_head_quantization", lambda c: c.draft_lm_head_quantization != "none",
+         "it quantizes the drafter's LM head"),
+    ))
+
 
 def _check_method(cfg: VSpecConfig, method: str) -> None:
     for refused_method, key, on, why in METHOD_REFUSALS:

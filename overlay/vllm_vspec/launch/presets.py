@@ -40,7 +40,11 @@ TABLES = ("launch", "vspec", "env")
 TOP_LEVEL_KEYS = ("description", "extends")
 
 # Our method name -> vLLM's speculative_config["method"].
-METHODS = {"draft": "draft_model", "eagle": "eagle", "ngram": "ngram"}
+METHODS = {"draft": "draft_model", "eagle": "eagle", "eagle3": "eagle3", "mtp": "mtp",
+           "ngram": "ngram"}
+# Methods that need no draft_model: ngram drafts from the request's tokens,
+# mtp with the target checkpoint's own MTP layers (vLLM's default for it).
+NO_DRAFT_MODEL = ("ngram", "mtp")
 
 
 
@@ -103,10 +107,13 @@ class PresetError(ValueError):
 class LaunchConfig:
     """The launcher's own settings: what `vllm serve` is asked to run."""
 
-    method: Literal["draft", "eagle", "ngram"] = "draft"
+    method: Literal["draft", "eagle", "eagle3", "mtp", "ngram"] = "draft"
     """Speculative method: `draft` (a separate small draft model, vLLM
-    `draft_model`), `eagle` (an EAGLE-1 head on the target's hidden states)
-    or `ngram` (drafts copied from the request's own earlier tokens, matches
+    `draft_model`), `eagle` (an EAGLE-1 head on the target's hidden states),
+    `eagle3` (an EAGLE-3 head on hidden states of several target layers),
+    `mtp` (the target checkpoint's own multi-token-prediction layers;
+    draft_model may stay unset, then vLLM reads them from target_model) or
+    `ngram` (drafts copied from the request's own earlier tokens, matches
     of 2..4 tokens; no draft model, so draft_model stays unset)."""
 
     target_model: str = ""
@@ -312,7 +319,8 @@ def _launch_config(raw: Mapping[str, Any], where: Callable[[str], str]) -> Launc
         raise PresetError("launch.draft_model", cfg.draft_model,
                           "unset with method ngram (it drafts without a model)",
                           where("launch.draft_model"))
-    for key in ("target_model",) + (("draft_model",) if cfg.method != "ngram" else ()):
+    for key in ("target_model",) + (("draft_model",) if cfg.method not in NO_DRAFT_MODEL
+                                    else ()):
         if not getattr(cfg, key):
             raise PresetError(f"launch.{key}", getattr(cfg, key),
                               "a Hugging Face id or a model directory", where(f"launch.{key}"))
@@ -344,6 +352,8 @@ def render(preset: Preset, extra_args: list[str] | None = None,
     if launch.method == "ngram":
         speculative = {"method": "ngram", "num_speculative_tokens": launch.gamma,
                        **wiring.NGRAM_PROMPT_LOOKUP}
+    elif launch.method == "mtp" and not draft:
+        del speculative["model"]  # vLLM takes the MTP layers from the target
     mode = wiring.graph_mode(launch.graph_mode, kind, preset.vspec.enabled)
     user_config, extra_args = take_additional_config(extra_args or [])
     engine = wiring.engine_args(speculative, preset.vspec_raw, platform=kind)
@@ -547,8 +557,25 @@ METHOD_ROWS = (
      "vLLM's fixed K): vLLM 0.32's SuffixDecodingProposer asserts that every step drafts K, "
      "and its dependency arctic-inference 0.1.1 (sdist only) is not installed by "
      "`make install`", "", "", ""),
-    ("eagle3", "not yet supported (issue 26)", "", "", ""),
-    ("mtp", "not yet supported (issue 26)", "", "", ""),
+    ("eagle3", "supported: vLLM CPU (tested here on vspec's worker with the bundled head "
+     "models/tiny-eagle3); the Ascend overlay does not route it yet (stock vLLM-Ascend eagle3, "
+     "fixed K)",
+     "`sync`: the head's first pass still runs over the step's tokens, asked for 0 drafts (it "
+     "reads the target's hidden states of several layers at every position, which a skipped "
+     "step does not keep, and its own KV must cover them); `lazy` refused",
+     "lossy rules, entropy stop, draft traces (vspec's worker); active vocabulary and int8 "
+     "draft LM head only for a head with the target's vocabulary (no `d2t` map); none of "
+     "these is engine-tested with eagle3 (the engine tests cover strict exactness and the "
+     "per-step gamma)",
+     "`gamma0_mode` `lazy`, `tree_width` > 1 (EAGLE-1 only)"),
+    ("mtp", "supported: vLLM CPU (tested here on vspec's worker with the bundled MiMo-style "
+     "checkpoint models/tiny-mimo: the target plus one MTP layer, which vLLM reuses for every "
+     "draft position); the Ascend overlay does not route it yet (stock vLLM-Ascend mtp, fixed K)",
+     "`sync`: the MTP layer's first pass still runs over the step's tokens, asked for 0 drafts "
+     "(it reads the target's last hidden state at every position, which a skipped step does "
+     "not keep); `lazy` refused",
+     "lossy rules, entropy stop, draft traces (vspec's worker; not engine-tested with mtp)",
+     "`gamma0_mode` `lazy`, `tree_width` > 1 (EAGLE-1 only)"),
 )
 
 
