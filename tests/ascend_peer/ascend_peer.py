@@ -36,15 +36,20 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+# These folders are not packages; tests/peer holds what both peer suites share.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "peer"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import ascend_env  # noqa: E402  (this folder is not a package)
+import ascend_env  # noqa: E402
+from peer_common import (MISSING, OUTCOMES, Listing, by_reason, file_difference,  # noqa: E402
+                         read_report, table)
 
 HERE = ascend_env.HERE
 REPO = ascend_env.REPO
+# peer_common.py's folder, on the plugin's path too.
+COMMON = HERE.parent / "peer"
 SUITE = HERE / "suite.toml"
 TREES = ascend_env.TREES
-OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed", "missing")
 # vLLM-Ascend's CI routes these to NPU runners (its test_config.yaml
 # runner_mapping and conftest.py conventions); everything else in tests/ut runs
 # on its CPU runner.
@@ -85,14 +90,6 @@ def applies(entry: dict, host: str) -> bool:
     return host in entry.get("hosts", [host])
 
 
-def expected_reason(test_id: str, host: str, expected: list[dict]) -> tuple[int, str] | None:
-    """(index, reason) of the first [[difference]] entry covering this test on this host."""
-    for i, entry in enumerate(expected):
-        if applies(entry, host) and any(fnmatch.fnmatchcase(test_id, p) for p in entry["tests"]):
-            return i, entry["reason"]
-    return None
-
-
 def compare(results: dict[str, dict[str, dict]], host: str, expected: list[dict],
             routing: dict[str, dict], routing_required: bool = True) -> Comparison:
     """`results`: tree -> test id -> {"outcome", "message"}; `routing`: the
@@ -101,10 +98,13 @@ def compare(results: dict[str, dict[str, dict]], host: str, expected: list[dict]
     ids = sorted(set().union(*(results.get(t, {}) for t in TREES)))
     counts: dict[str, dict[str, dict[str, int]]] = {t: {} for t in TREES}
     cmp = Comparison(counts, routing_required=routing_required)
-    used: set[int] = set()
+    listing = Listing(expected)
+
+    def on_host(entry: dict) -> bool:
+        return applies(entry, host)
+
     for test_id in ids:
-        got = {t: results.get(t, {}).get(test_id, {"outcome": "missing", "message": ""})
-               for t in TREES}
+        got = {t: results.get(t, {}).get(test_id, MISSING) for t in TREES}
         d = directory_of(test_id)
         for t in TREES:
             per = counts[t].setdefault(d, {})
@@ -116,14 +116,8 @@ def compare(results: dict[str, dict[str, dict]], host: str, expected: list[dict]
             continue
         diff = Difference(test_id, stock["outcome"], ours["outcome"],
                           ours["message"] or stock["message"])
-        match = expected_reason(test_id, host, expected)
-        if match is None:
-            cmp.unexpected.append(diff)
-        else:
-            used.add(match[0])
-            diff.reason = match[1]
-            cmp.expected.append(diff)
-    cmp.stale = [e for i, e in enumerate(expected) if i not in used and applies(e, host)]
+        file_difference(diff, listing.reason(test_id, on_host), cmp.expected, cmp.unexpected)
+    cmp.stale = listing.stale(on_host)
     cmp.routed_tests = sum(1 for test_id, decisions in routing.items()
                            if test_id != "<collection>" and any(decisions.values()))
     return cmp
@@ -148,8 +142,7 @@ def render(cmp: Comparison, routing: dict[str, dict]) -> str:
                      if t == "overlaid" else ["", "", ""])
             rows.append([d if t == "stock" else "", t, *(str(per.get(o, 0)) for o in shown),
                          *extra])
-    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [head, *rows]]
+    lines = table(head, rows)
     decisions = Counter()
     for per in routing.values():
         decisions.update(per)
@@ -157,10 +150,7 @@ def render(cmp: Comparison, routing: dict[str, dict]) -> str:
                  f"vspec class ({', '.join(f'{k} x{v}' for k, v in sorted(decisions.items())) or 'none'})")
     if cmp.expected:
         lines.append("\nlisted differences (suite.toml):")
-        by_reason: dict[str, list[Difference]] = {}
-        for x in cmp.expected:
-            by_reason.setdefault(x.reason, []).append(x)
-        for reason, diffs in by_reason.items():
+        for reason, diffs in by_reason(cmp.expected).items():
             moves = ", ".join(f"{a}->{b} x{n}" for (a, b), n in
                               Counter((x.stock, x.overlaid) for x in diffs).items())
             lines.append(f"  {len(diffs)} test(s) ({moves}): {' '.join(reason.split())}")
@@ -227,7 +217,7 @@ def run_trees(env: ascend_env.HostEnv, files: list[str], keyword: str | None,
                    *(["--ascend-torchvision-standin"] if host_cfg.get("torchvision_standin") else []),
                    *(["--ascend-route-proposers"] if tree == "overlaid" else []),
                    *(["-k", keyword] if keyword else []), *files]
-            penv = dict(base_env, PYTHONPATH=os.pathsep.join([str(HERE), str(src)]),
+            penv = dict(base_env, PYTHONPATH=os.pathsep.join([str(HERE), str(COMMON), str(src)]),
                         VLLM_CACHE_ROOT=str(workdir / f"vllm-cache-{tree}"))
             out = log.open("w")
             procs.append((tree, subprocess.Popen(cmd, cwd=src, env=penv, stdout=out,
@@ -235,11 +225,7 @@ def run_trees(env: ascend_env.HostEnv, files: list[str], keyword: str | None,
         tree, proc, report, log, out = procs.pop(0)
         rc = proc.wait()
         out.close()
-        # 0: all passed, 1: some failed; anything else is a usage error or crash.
-        if rc not in (0, 1) or not report.is_file():
-            tail = "\n".join(log.read_text().splitlines()[-30:])
-            raise RuntimeError(f"pytest on the {tree} tree exited with {rc} (log {log}):\n{tail}")
-        reports[tree] = json.loads(report.read_text())
+        reports[tree] = read_report(rc, report, log, f"pytest on the {tree} tree")
     return reports
 
 

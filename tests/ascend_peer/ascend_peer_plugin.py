@@ -3,7 +3,9 @@ into the pytest process that runs one tree's tests/ut in the isolated venv,
 and only there. The tests and the tree are not edited. It does three things:
 
 1. Records the outcome of every test id (passed, failed, error, skipped,
-   xfailed, xpassed) with a one-line message, to --ascend-peer-report (JSON).
+   xfailed, xpassed) with a one-line message, to --ascend-peer-report (JSON),
+   as the vLLM peer suite does (tests/peer/peer_common.py, on this
+   process's path).
 
 2. Counts vspec's routing decisions per test (overlaid tree only; the stock
    tree has no vllm_ascend.vspec): how often `proposer_cls_for`,
@@ -36,6 +38,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from peer_common import message, outcome_entry
 
 RUN = "vspec_ascend_peer_run"
 ROUTING_MODULE = "vllm_ascend.vspec.routing"
@@ -190,22 +193,14 @@ class AscendPeerRun:
         self.current = item.nodeid
 
     def pytest_runtest_logreport(self, report) -> None:
-        slot = self.results.get(report.nodeid)
-        if report.when == "call" or (report.when == "setup" and not report.passed):
-            if hasattr(report, "wasxfail"):
-                outcome = "xfailed" if report.skipped else "xpassed"
-            elif report.when == "setup" and report.failed:
-                outcome = "error"
-            else:
-                outcome = report.outcome
-            self.results[report.nodeid] = {"outcome": outcome, "message": _message(report)}
-        elif report.when == "teardown" and report.failed and slot is not None:
-            self.results[report.nodeid] = {"outcome": "error", "message": _message(report)}
+        entry = outcome_entry(report)
+        if entry is not None:
+            self.results[report.nodeid] = entry
 
     def pytest_collectreport(self, report) -> None:
         # A module that fails to import: one "error" entry under its path.
         if report.failed:
-            self.results[report.nodeid] = {"outcome": "error", "message": _message(report)}
+            self.results[report.nodeid] = {"outcome": "error", "message": message(report)}
 
     def pytest_sessionfinish(self, session, exitstatus) -> None:
         self.report_path.write_text(json.dumps(
@@ -234,21 +229,6 @@ def _vspec_routed_proposers(request, monkeypatch):
                     if module.__name__ == getattr(request.module, "__name__", None):
                         run.routed(f"proposer rebound: {host.__name__} -> {ours.__name__}")
     yield
-
-
-def _message(report) -> str:
-    if report.passed:
-        return ""
-    longrepr = report.longrepr
-    if isinstance(longrepr, tuple):  # a skip: (file, line, reason)
-        return str(longrepr[2])[:300]
-    crash = getattr(longrepr, "reprcrash", None)
-    text = crash.message if crash is not None else str(longrepr)
-    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
-    # Collection errors end with the exception line; test failures start with it.
-    line = lines[-1] if report.when not in ("setup", "call", "teardown") and lines else (
-        lines[0] if lines else "")
-    return line[:300]
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -11,9 +11,10 @@ look them up) to VSpecScheduler subclasses that add only the variant's
 settings, put where `--additional-config '{"vspec": ...}'` puts them, and a
 step counter. vLLM's own classes and modules are left alone.
 
-Outcomes go to --peer-report as JSON: {test id: {variant: {outcome, message}}}
-(the test id without the variant's parameter), with what each vspec
-variant's schedulers did ("probes": steps, steps with gamma below K).
+Outcomes (peer_common.outcome_entry) go to --peer-report as JSON: {test id:
+{variant: {outcome, message}}} (the test id without the variant's parameter),
+with what each vspec variant's schedulers did ("probes": steps, steps with
+gamma below K).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from peer_common import outcome_entry
 
 PARAM = "peer_variant"
 STOCK = "stock"
@@ -154,30 +156,15 @@ class PeerRun:
             return
         test_id, variant = key
         slot = self.results.setdefault(test_id, {})
-        if report.when == "call" or (report.when == "setup" and not report.passed):
-            if hasattr(report, "wasxfail"):
-                outcome = "xfailed" if report.skipped else "xpassed"
-            elif report.when == "setup" and report.failed:
-                outcome = "error"
-            else:
-                outcome = report.outcome
-            slot[variant] = {"outcome": outcome, "message": _message(report)}
-        elif report.when == "teardown" and report.failed:
-            slot[variant] = {"outcome": "error", "message": _message(report)}
+        entry = outcome_entry(report)
+        if entry is not None:
+            slot[variant] = entry
 
     def pytest_sessionfinish(self) -> None:
         self.report_path.write_text(json.dumps(
             {"variants": list(self.variants), "excluded": self.excluded,
              "probes": self.probes,
              "results": self.results}, indent=1, sort_keys=True))
-
-
-def _message(report) -> str:
-    if report.passed:
-        return ""
-    crash = getattr(report.longrepr, "reprcrash", None)
-    text = crash.message if crash is not None else str(report.longrepr)
-    return text.strip().splitlines()[0][:300] if text.strip() else ""
 
 
 def pytest_configure(config) -> None:

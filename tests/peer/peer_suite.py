@@ -19,7 +19,6 @@ release, or pytest itself failed (collection error, crash; its log is named).
 from __future__ import annotations
 
 import argparse
-import fnmatch
 import json
 import os
 import subprocess
@@ -34,6 +33,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import peer_fetch  # noqa: E402  (this folder is not a package)
+from peer_common import (MISSING, OUTCOMES, Listing, by_reason, file_difference,  # noqa: E402
+                         read_report, table)
 
 HERE = peer_fetch.HERE
 SUITE = HERE / "suite.toml"
@@ -69,29 +70,20 @@ class Comparison:
         return not self.stock_failures and not self.unexpected and not self.idle
 
 
-def expected_reason(test_id: str, variant: str, expected: list[dict]) -> tuple[int, str] | None:
-    """(index, reason) of the first [[difference]] entry covering this test
-    under this variant."""
-    for i, entry in enumerate(expected):
-        if (any(fnmatch.fnmatchcase(test_id, p) for p in entry["tests"])
-                and variant in entry.get("variants", [variant])):
-            return i, entry["reason"]
-    return None
-
-
 def compare(results: dict[str, dict[str, dict]], variants: list[str],
             expected: list[dict], probes: dict[str, dict]) -> Comparison:
     """`results`: test id -> variant -> {"outcome", "message"}, `probes`:
     variant -> {"steps", "below_k"} (as the plugin writes them). A variant with
     no result for a test counts as "missing"."""
-    counts = {v: dict(Counter(r.get(v, {"outcome": "missing"})["outcome"]
-                              for r in results.values())) for v in variants}
+    counts = {v: dict(Counter(r.get(v, MISSING)["outcome"] for r in results.values()))
+              for v in variants}
     idle = [v for v in variants if v != STOCK and not probes.get(v, {}).get("steps")]
     cmp = Comparison(counts, idle=idle)
-    used: set[int] = set()
+    # An entry without `variants` covers every vspec variant.
+    listing = Listing(expected)
     for test_id in sorted(results):
         per = results[test_id]
-        stock = per.get(STOCK, {"outcome": "missing", "message": ""})
+        stock = per.get(STOCK, MISSING)
         if stock["outcome"] in FAILING:
             cmp.stock_failures.append(Difference(test_id, STOCK, stock["outcome"],
                                                  stock["outcome"], stock["message"]))
@@ -99,24 +91,18 @@ def compare(results: dict[str, dict[str, dict]], variants: list[str],
         for variant in variants:
             if variant == STOCK:
                 continue
-            got = per.get(variant, {"outcome": "missing", "message": ""})
+            got = per.get(variant, MISSING)
             if got["outcome"] == stock["outcome"]:
                 continue
             diff = Difference(test_id, variant, stock["outcome"], got["outcome"], got["message"])
-            match = expected_reason(test_id, variant, expected)
-            if match is None:
-                cmp.unexpected.append(diff)
-            else:
-                used.add(match[0])
-                diff.reason = match[1]
-                cmp.expected.append(diff)
-    cmp.stale = [entry for i, entry in enumerate(expected) if i not in used]
+            reason = listing.reason(test_id, lambda e: variant in e.get("variants", [variant]))
+            file_difference(diff, reason, cmp.expected, cmp.unexpected)
+    cmp.stale = listing.stale()
     return cmp
 
 
 def render(cmp: Comparison, variants: list[str], probes: dict[str, dict]) -> str:
-    outcomes = ["passed", "failed", "error", "skipped", "xfailed", "xpassed", "missing"]
-    shown = [o for o in outcomes if any(cmp.counts[v].get(o) for v in variants)]
+    shown = [o for o in OUTCOMES if any(cmp.counts[v].get(o) for v in variants)]
     expected = Counter(d.variant for d in cmp.expected)
     unexpected = Counter(d.variant for d in cmp.unexpected)
     head = ["variant", *shown, "differ: listed", "differ: NOT listed", "vspec steps",
@@ -126,14 +112,10 @@ def render(cmp: Comparison, variants: list[str], probes: dict[str, dict]) -> str
                [str(expected[v]), str(unexpected[v]), str(probes.get(v, {}).get("steps", 0)),
                 str(probes.get(v, {}).get("below_k", 0))])]
             for v in variants]
-    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in [head, *rows]]
+    lines = table(head, rows)
     if cmp.expected:
         lines.append("\nlisted differences (suite.toml):")
-        by_reason: dict[str, list[Difference]] = {}
-        for d in cmp.expected:
-            by_reason.setdefault(d.reason, []).append(d)
-        for reason, diffs in by_reason.items():
+        for reason, diffs in by_reason(cmp.expected).items():
             tests = sorted({d.test_id for d in diffs})
             where = ", ".join(sorted({d.variant for d in diffs}))
             lines.append(f"  {len(tests)} test(s) in {where}: {reason}")
@@ -192,12 +174,7 @@ def run_pytest(tree: peer_fetch.PeerTree, suite_path: Path, tests: list[str],
     for proc, report, log, out in procs:
         rc = proc.wait()
         out.close()
-        # 0: all passed, 1: some failed (expected here); anything else is a
-        # collection error, a usage error or a crash.
-        if rc not in (0, 1) or not report.is_file():
-            tail = "\n".join(log.read_text().splitlines()[-30:])
-            raise RuntimeError(f"pytest exited with {rc} (log {log}):\n{tail}")
-        written = json.loads(report.read_text())
+        written = read_report(rc, report, log)
         for test_id, per in written["results"].items():
             results.setdefault(test_id, {}).update(per)
         probes.update(written["probes"])

@@ -1,6 +1,7 @@
 """The peer suite: its own machinery (no vLLM, no network: how outcomes are
-compared with stock, how the variant is taken off a test id, what the fetch
-refuses to unpack), then the suite itself (`make peer-test`, about 1.5 min on
+recorded and compared with stock, peer_common.py's part shared with the
+Ascend peer suite included, how the variant is taken off a test id, what the
+fetch refuses to unpack), then the suite itself (`make peer-test`, about 1.5 min on
 this 2-core host), so that `make test` fails on any difference from vLLM's
 stock scheduler that suite.toml does not list with its reason."""
 
@@ -14,6 +15,9 @@ import sys
 import tarfile
 import tomllib
 
+from types import SimpleNamespace
+
+import peer_common
 import peer_fetch
 import peer_suite
 import pytest
@@ -95,6 +99,65 @@ def test_render_names_unexpected_differences():
     text = peer_suite.render(cmp, VARIANTS, STEPPED)
     assert "UNEXPECTED DIFFERENCES" in text
     assert "t::a [online] stock=passed -> failed: online: failed" in text
+
+
+def _report(when: str, outcome: str, longrepr=None, **extra) -> SimpleNamespace:
+    """What the plugins read off a pytest TestReport / CollectReport."""
+    return SimpleNamespace(when=when, outcome=outcome, passed=outcome == "passed",
+                           failed=outcome == "failed", skipped=outcome == "skipped",
+                           longrepr=longrepr, **extra)
+
+
+def _crash(text: str) -> SimpleNamespace:
+    return SimpleNamespace(reprcrash=SimpleNamespace(message=text))
+
+
+@pytest.mark.parametrize("report, entry", [
+    (_report("setup", "passed"), None),
+    (_report("call", "passed"), {"outcome": "passed", "message": ""}),
+    (_report("call", "failed", _crash("AssertionError: x\n\nmore")),
+     {"outcome": "failed", "message": "AssertionError: x"}),
+    (_report("setup", "failed", _crash("\nfixture 'gone' not found")),
+     {"outcome": "error", "message": "fixture 'gone' not found"}),
+    (_report("setup", "skipped", ("/t/f.py", 3, "Skipped: no NPU")),
+     {"outcome": "skipped", "message": "Skipped: no NPU"}),
+    (_report("call", "skipped", ("/t/f.py", 3, "reason"), wasxfail="known"),
+     {"outcome": "xfailed", "message": "reason"}),
+    (_report("call", "passed", wasxfail="known"), {"outcome": "xpassed", "message": ""}),
+    (_report("teardown", "passed"), None),
+    (_report("teardown", "failed", "RuntimeError: leak"),
+     {"outcome": "error", "message": "RuntimeError: leak"}),
+])
+def test_both_plugins_record_one_outcome_per_report(report, entry):
+    assert peer_common.outcome_entry(report) == entry
+
+
+def test_a_collection_error_message_is_its_last_line():
+    report = _report("collect", "failed", "Traceback ...\n  import x\nImportError: no x\n")
+    assert peer_common.message(report) == "ImportError: no x"
+    assert len(peer_common.message(_report("call", "failed", "x" * 400))) == 300
+
+
+def test_listing_takes_the_first_covering_entry_and_reports_the_rest_stale():
+    listing = peer_common.Listing([{"tests": ["t::a*"], "reason": "r0", "only": "x"},
+                                   {"tests": ["t::a[[]1]"], "reason": "r1"},
+                                   {"tests": ["t::b"], "reason": "r2", "only": "y"}])
+    assert listing.reason("t::a[1]", lambda e: e.get("only", "x") == "x") == "r0"
+    assert listing.reason("t::a[1]", lambda e: e.get("only", "y") == "y") == "r1"
+    assert listing.reason("t::c") is None
+    assert listing.stale() == [{"tests": ["t::b"], "reason": "r2", "only": "y"}]
+    assert listing.stale(lambda e: e.get("only") != "y") == []
+
+
+def test_read_report_refuses_a_crash_or_a_missing_report_naming_the_log(tmp_path):
+    log, report = tmp_path / "run.log", tmp_path / "run.json"
+    log.write_text("collecting ...\nINTERNALERROR> boom\n")
+    with pytest.raises(RuntimeError, match=r"(?s)pytest on the x tree exited with 3 .*INTERNALERROR"):
+        peer_common.read_report(3, report, log, "pytest on the x tree")
+    with pytest.raises(RuntimeError, match="exited with 1"):
+        peer_common.read_report(1, report, log)
+    report.write_text('{"results": {}}')
+    assert peer_common.read_report(1, report, log) == {"results": {}}
 
 
 @pytest.mark.parametrize("nodeid, expected", [
