@@ -22,7 +22,7 @@ from typing import Any, Literal, Mapping
 
 # Each choice is listed once, as the Literal type of its field; the tuples the
 # validation, --help and the docs read are derived from it.
-Policy = Literal["online", "profile", "fixed", "cycle"]
+Policy = Literal["online", "profile", "fixed", "cycle", "budget"]
 AcceptanceRuleName = Literal["strict", "relaxed_topk", "margin"]
 Gamma0Mode = Literal["auto", "sync", "lazy", "sticky"]
 WarmupReturn = Literal["best", "incumbent"]
@@ -97,7 +97,15 @@ class VSpecConfig:
     (`profile_path`) and online per-position acceptance. `fixed`: always
     `fixed_gamma`. `cycle`: diagnostics, not speed: a different gamma every
     step (max_gamma, min_gamma, max_gamma-1, ...), to validate exactness and
-    every verify width on a new host."""
+    every verify width on a new host. `budget` (EXPERIMENTAL, synchronous
+    scheduling, linear drafts): per-request verify budgets: every request
+    drafts the step's depth, and the target verifies, per request, the
+    prefix of its draft whose slots win a global ranking by survival
+    probability (the calibrated draft probability of each drafted token,
+    multiplied along the draft), as many slots as maximise expected
+    committed tokens per second under a step-cost model fitted online from
+    the engine's own steps (docs/verify-budget.md). Requests get different
+    lengths in one step; outputs stay exact under strict acceptance."""
 
     min_gamma: int = 0
     """Smallest gamma the controller may choose. 0 (the default) lets it turn
@@ -173,6 +181,27 @@ class VSpecConfig:
 
     profile_path: str | None = None
     """`profile` policy: path of a latency profile JSON (see profiles/)."""
+
+    verify_budget_cost_window: int = ranged(512, 8)
+    """`budget` policy: steps per batch-size bucket that the online step-cost
+    model's fit describes (older steps fade out by 1 - 1/window a step)."""
+
+    verify_budget_cold_start_steps: int = ranged(2, 1)
+    """`budget` policy: steps at each draft depth (max_gamma down to
+    min_gamma) of the cold-start sweep that runs until the step-cost model
+    of some bucket can tell verified tokens from draft passes."""
+
+    verify_budget_probe_interval: int = ranged(64, 1)
+    """`budget` policy: steps in a row at draft depth 0 (nothing drafted, so
+    nothing learned about acceptance) after which one step drafts depth 1."""
+
+    verify_budget_request_smoothing: float = ranged(0.3, 0.0, 1.0, lo_open=True)
+    """`budget` policy: weight of a step's calibrated acceptance in each
+    request's smoothed acceptance, which the choice of the draft depth reads."""
+
+    verify_budget_calibration_window: int = ranged(8192, 16)
+    """`budget` policy: judged draft slots that the calibration of draft
+    probabilities to acceptance probabilities describes (older ones fade out)."""
 
     gamma0_mode: Gamma0Mode = "auto"
     """What a gamma-0 (target-only) step does to the drafter when `min_gamma`
@@ -441,6 +470,16 @@ class VSpecConfig:
             raise VSpecConfigError("tree_width", self.tree_width,
                                    "1 with entropy_stop (the stop cuts drafts at linear "
                                    "positions); turn one of them off")
+        if self.policy == "budget":
+            for key, bad, why in (
+                    ("tree_width", self.tree_width > 1,
+                     "1 with policy 'budget' (it admits prefixes of linear drafts)"),
+                    ("gamma0_mode", self.gamma0_mode == "sticky" and self.min_gamma == 0,
+                     "'auto', 'sync' or 'lazy' with policy 'budget' ('sticky' would hold "
+                     "draft depth 0 until the batch drains; the budget re-measures depth 1 "
+                     "every verify_budget_probe_interval steps)")):
+                if bad:
+                    raise VSpecConfigError(key, getattr(self, key), why)
         if self.entropy_stop and self.policy != "online":
             raise VSpecConfigError("entropy_stop", self.entropy_stop,
                                    "true only with policy='online'")

@@ -81,6 +81,13 @@ def _method_variants(method: str, model: Path, static_table: list[list[int]],
     # whether admitting arrivals in groups pays on this host.
     out.append(Variant(f"{prefix}online-refill", "online", _spec(method, model, MAX_GAMMA),
                        vspec={"policy": "online", "refill_batch": SEED_REFILL_BATCH[method]}))
+    # Per-request verify budgets (issue 28, docs/verify-budget.md): every
+    # request drafts the step's depth (0..4), the target verifies, per
+    # request, the prefix the admission chose; budget-1 never drafts 0.
+    out.append(Variant(f"{prefix}budget", "online", _spec(method, model, MAX_GAMMA),
+                       vspec={"policy": "budget", "min_gamma": 0}))
+    out.append(Variant(f"{prefix}budget-1", "online", _spec(method, model, MAX_GAMMA),
+                       vspec={"policy": "budget", "min_gamma": 1}))
     if latency_profile is not None:
         # Goodput argmax from this host's latency profile of this drafter.
         out.append(Variant(f"{prefix}profile", "online", _spec(method, model, MAX_GAMMA),

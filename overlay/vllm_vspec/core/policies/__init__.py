@@ -41,6 +41,7 @@ REGISTRY: dict[str, str] = {
     "profile": "vllm_vspec.core.policies.profile:ProfilePolicy",
     "fixed": "vllm_vspec.core.policies.fixed:FixedPolicy",
     "cycle": "vllm_vspec.core.policies.cycle:CyclePolicy",
+    "budget": "vllm_vspec.core.policies.budget:BudgetPolicy",
 }
 
 

@@ -8,6 +8,8 @@ VSpecRunnerMixin adds, on top of vLLM's V1 model runner:
 - a proposer with the entropy stop, the draft head options or the
   diagnostics traces (proposers.py) when any of them is on,
   and the per-request cut of the drafts handed to the scheduler;
+- under policy `budget`, the drafter's probability of each drafted token
+  with the drafts handed to the scheduler (draft_probs.py);
 - gamma-0 steps without a draft forward (`gamma0_mode` lazy or sticky), and
   for lazy, the drafter's catch-up before it drafts again (draft_lag.py).
 PlainSamplingMixin samples a step in which no request has drafts (every
@@ -31,6 +33,7 @@ from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 from vllm.v1.worker.utils import AttentionGroup
 
 from vllm_vspec.kernels.acceptance import AcceptanceRule
+from vllm_vspec.hosts.vllm.draft_probs import DraftProbsRunnerMixin
 from vllm_vspec.hosts.vllm.proposers import PROPOSERS, proposer_features, vspec_proposer
 from vllm_vspec.hosts.vllm.tree.eagle_drafter import engine_tree_drafter
 from vllm_vspec.hosts.vllm.rejection_sampler import VSpecRejectionSampler, tokens_generated
@@ -230,8 +233,8 @@ class PlainSamplingMixin:
         return logits_indices, metadata, max_num_sampled
 
 
-class VSpecCPUModelRunner(TreeVerifyMixin, PlainSamplingMixin, VSpecRunnerMixin,
-                          CPUModelRunner):
+class VSpecCPUModelRunner(DraftProbsRunnerMixin, TreeVerifyMixin, PlainSamplingMixin,
+                          VSpecRunnerMixin, CPUModelRunner):
     """vLLM's CPU model runner with vspec's sampling, rule and entropy stop,
     and draft trees (tree/verify.py; CPU only: the tree attention masks exist
     for the CPU backend only)."""
@@ -243,5 +246,6 @@ class VSpecCPUModelRunner(TreeVerifyMixin, PlainSamplingMixin, VSpecRunnerMixin,
             self.tree_drafter = engine_tree_drafter(self, self.vspec_config)
 
 
-class VSpecGPUModelRunner(PlainSamplingMixin, VSpecRunnerMixin, GPUModelRunner):
+class VSpecGPUModelRunner(DraftProbsRunnerMixin, PlainSamplingMixin, VSpecRunnerMixin,
+                          GPUModelRunner):
     """vLLM's GPU (V1) model runner with vspec's sampling, rule and entropy stop."""

@@ -15,6 +15,8 @@
 - The diagnostics traces (diagnostics.py): per drafter step, draft tokens,
   draft forward inputs/outputs, target hidden states and committed tokens.
 - Tree drafting for EAGLE (tree/proposer.py, `propose_tree`).
+- The drafter's probability of each drafted token, for policy `budget`
+  (draft_probs.py: recorded from the logits the greedy token came from).
 
 PROPOSERS maps vLLM's proposer class to ours.
 """
@@ -30,6 +32,7 @@ from vllm.v1.spec_decode.draft_model import DraftModelProposer
 from vllm.v1.spec_decode.eagle import EagleProposer
 
 from vllm_vspec.hosts.vllm.commit_op import CommitOpMixin
+from vllm_vspec.hosts.vllm.draft_probs import DraftProbsMixin
 from vllm_vspec.hosts.vllm.drafter_batch import drafter_batch, run_pass
 from vllm_vspec.hosts.vllm.tree.proposer import TreeDraftMixin
 from vllm_vspec.config import VSpecConfig, VSpecConfigError
@@ -240,13 +243,13 @@ class TraceMixin:
 # TraceMixin comes first: CommitOpMixin's prepare_next_token_ids_padded
 # replaces the host's without calling on, and the trace must see it.
 class VSpecEagleProposer(TraceMixin, CommitOpMixin, EntropyStopMixin, TreeDraftMixin,
-                         DraftHeadMixin, EagleProposer):
+                         DraftProbsMixin, DraftHeadMixin, EagleProposer):
     """vLLM's EagleProposer with the entropy stop, tree drafting
     (`propose_tree`), the draft head options and the diagnostics traces."""
 
 
 class VSpecDraftModelProposer(TraceMixin, CommitOpMixin, CatchUpMixin, EntropyStopMixin,
-                              DraftHeadMixin, DraftModelProposer):
+                              DraftProbsMixin, DraftHeadMixin, DraftModelProposer):
     """vLLM's DraftModelProposer with the entropy stop, the catch-up pass, the
     draft head options and the diagnostics traces."""
 
@@ -278,4 +281,5 @@ def vspec_proposer(host_drafter, vllm_config, device, runner, cfg: VSpecConfig,
     head = wants_head(cfg)
     return cls(vllm_config, device, runner=runner,
                entropy_stop=EntropyStop.from_config(cfg) if cfg.entropy_stop else None,
-               head_config=cfg if head else None, traces=TraceOptions.from_config(cfg))
+               head_config=cfg if head else None, traces=TraceOptions.from_config(cfg),
+               record_draft_probs=cfg.policy == "budget")

@@ -33,6 +33,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
 from vllm.v1.request import RequestStatus
 
+from vllm_vspec.hosts.vllm.budget_admission import BudgetAdmission
 from vllm_vspec.hosts.vllm.tree.verify import request_allows_tree
 from vllm_vspec.hosts.vllm.verify_width import VerifyWidth
 from vllm_vspec.core.controller import GammaController
@@ -47,6 +48,9 @@ logger = init_logger(f"vllm.{__name__}")
 
 class VSpecScheduler(Scheduler):
     """vLLM Scheduler whose draft length is decided every step."""
+
+    # policy budget: per-request verify budgets (budget_admission.py); None otherwise.
+    _budget: BudgetAdmission | None = None
 
     def __new__(cls, vllm_config, *args, **kwargs):
         # One user-facing name for both modes: under async scheduling the
@@ -73,6 +77,7 @@ class VSpecScheduler(Scheduler):
         self.vspec = GammaController(self.vspec_config, k,
                                      min_width=self.vspec_config.min_tree_width,
                                      max_width=self.vspec_config.tree_width)
+        self._budget = BudgetAdmission.of(vllm_config, self.vspec_config, self.vspec)
         self._refill = (RefillGate(self.vspec_config.refill_batch,
                                    self.vspec_config.refill_max_wait_steps)
                         if self.vspec_config.refill_batch else None)
@@ -111,6 +116,10 @@ class VSpecScheduler(Scheduler):
     # without its waiting queue; requests the host puts back into that queue
     # meanwhile (preemptions) go to the front of the real one, in order.
     def schedule(self, *args, **kwargs) -> SchedulerOutput:
+        if self._budget is not None:
+            # policy budget: cut each running request's drafts to its
+            # admitted prefix before the host schedules them.
+            self._budget.admit(self.running)
         waiting = self.waiting
         if self._refill is None or not self._refill.hold(
                 (r.request_id for r in waiting),
@@ -200,6 +209,8 @@ class VSpecScheduler(Scheduler):
     # proposer's -1 after gamma (verify_width.py); elsewhere the lists
     # already have at most that length.
     def update_draft_token_ids(self, draft_token_ids: DraftTokenIds) -> None:
+        if self._budget is not None:
+            self._budget.drafted(draft_token_ids)   # their draft probabilities
         drafts = draft_token_ids.draft_token_ids
         if self.vspec is not None and any(len(d) > self._verified for d in drafts):
             draft_token_ids = DraftTokenIds(draft_token_ids.req_ids,
@@ -213,6 +224,9 @@ class VSpecScheduler(Scheduler):
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         if self.vspec is None:
             return outputs
+        if self._budget is not None:   # before the controller observes the step
+            self._budget.step_output(scheduler_output, model_runner_output,
+                                     id(scheduler_output) in self._decided)
         if id(scheduler_output) in self._decided:
             self._decided.discard(id(scheduler_output))
             started = time.perf_counter()
@@ -226,6 +240,8 @@ class VSpecScheduler(Scheduler):
     def shutdown(self) -> None:
         if self.vspec is not None:
             logger.info("vspec summary: %s", self.vspec.summary_line())
+            if self._budget is not None:
+                self._budget.close()
             self.vspec.close()
         super().shutdown()
 
