@@ -868,3 +868,22 @@ def test_step_profile_compare_lists_functions_whose_call_counts_differ(tmp_path)
     lines = step_profile.compare(*paths)
     assert any(":extra  calls 0 -> 3 " in line for line in lines), lines
     assert not any(":step  calls" in line for line in lines), lines    # called once in both
+
+
+def test_serve_profile_compare_sums_samples_over_every_stack_a_function_is_on(tmp_path):
+    from vllm_vspec.bench import serve_profile
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    site = "/v/lib/python3.11/site-packages/vllm/v1/engine/core.py"
+    a.write_text(f"main (x.py:1);step ({site}:10);forward (m.py:5) 90\n"
+                 f"main (x.py:1);step ({site}:10) 10\n")
+    # B spends 20 more samples in a round trip under step; a recursive frame counts once.
+    b.write_text(f"main (x.py:1);step ({site}:10);forward (m.py:5) 90\n"
+                 f"main (x.py:1);step ({site}:10);post_step ({site}:20);wait (q.py:3) 20\n"
+                 f"main (x.py:1);step ({site}:10);step ({site}:11) 10\n")
+    counts, total = serve_profile.inclusive_samples(b)
+    assert total == 120 and counts["main (x.py)"] == 120
+    assert counts["step (vllm/v1/engine/core.py)"] == 120          # not 130: once per stack
+    lines = serve_profile.compare(a, b)
+    assert lines[0].startswith("samples: 100 (a.txt) -> 120 (b.txt)")
+    assert any(line.split()[:3] == ["0", "20", "+20"] and "post_step" in line for line in lines)
+    assert not any("forward" in line for line in lines)             # unchanged: not listed
