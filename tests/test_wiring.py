@@ -24,6 +24,20 @@ def test_disabled_vspec_is_stock_vllm_whatever_k(device):
                                         static_table=[[1, 8, 31]])) is None
 
 
+def test_an_engine_config_is_resolved_once_into_one_frozen_object():
+    config = engine_config(vspec={"min_gamma": 0}, worker_cls=wiring.WORKER_CLS["cpu"])
+    cfg = wiring.resolve(config)
+    assert wiring.resolve(config) is cfg and cfg.gamma0_mode == "lazy"
+    with pytest.raises(AttributeError):
+        cfg.gamma0_mode = "sync"
+    # A value it was resolved from changes (vLLM completing the config):
+    # resolved again, from the config as it is now.
+    config.parallel_config.worker_cls = "vllm.v1.worker.cpu_worker.CPUWorker"
+    assert wiring.resolve(config).gamma0_mode == "sync"
+    config.additional_config["vspec"]["enabled"] = False
+    assert wiring.resolve(config) is None
+
+
 def test_disabled_vspec_still_names_an_unknown_key():
     with pytest.raises(VSpecConfigError, match="vspec.polcy="):
         wiring.resolve(engine_config(vspec={"enabled": False, "polcy": "online"}))
@@ -152,8 +166,8 @@ def test_gamma0_auto_is_lazy_only_with_vspecs_worker():
     settings = {"min_gamma": 0}
     stock = engine_config(vspec=settings)
     ours = engine_config(vspec=settings, worker_cls=wiring.WORKER_CLS["cpu"])
-    assert wiring.gamma0_mode(wiring.resolve(stock), stock) == "sync"
-    assert wiring.gamma0_mode(wiring.resolve(ours), ours) == "lazy"
+    assert wiring.resolve(stock).gamma0_mode == "sync"
+    assert wiring.resolve(ours).gamma0_mode == "lazy"
 
 
 # ------------------------------------------------------- declared ranges
@@ -285,8 +299,8 @@ def test_ngram_takes_the_rest(vspec):
 def test_ngram_gamma0_auto_is_lazy_on_vspecs_worker_and_sync_on_vllms():
     ours = engine_config(method="ngram", worker_cls=CPU_WORKER, vspec={})
     stock = engine_config(method="ngram", vspec={})
-    assert wiring.gamma0_mode(wiring.resolve(ours), ours) == "lazy"
-    assert wiring.gamma0_mode(wiring.resolve(stock), stock) == "sync"
+    assert wiring.resolve(ours).gamma0_mode == "lazy"
+    assert wiring.resolve(stock).gamma0_mode == "sync"
     # Explicit lazy on vLLM's worker: the runner that skips is vspec's.
     with pytest.raises(VSpecConfigError, match=r"vspec\.gamma0_mode='lazy'.*--worker-cls"):
         wiring.resolve(engine_config(method="ngram", vspec={"gamma0_mode": "lazy"}))

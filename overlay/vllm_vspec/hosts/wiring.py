@@ -1,9 +1,10 @@
 """How vspec is wired into a vLLM engine, in one place.
 
-- `resolve(vllm_config)`: the settings an engine runs. Each part that needs
-  them (VSpecScheduler, vspec's model runner, the Ascend overlay's routing)
-  resolves them once at construction through this one function, from the
-  same `additional_config`, so they cannot disagree.
+- `resolve(vllm_config)`: the settings an engine runs, one frozen
+  VSpecConfig per engine config (its gamma-0 mode resolved too). Every part
+  that needs them (VSpecScheduler, vspec's model runner and proposers, the
+  Ascend overlay's routing and proposers) asks this one function and gets
+  that same object, so they cannot disagree.
 - The class paths: `SCHEDULER_CLS` (one name for both scheduling modes:
   VSpecScheduler builds a VSpecAsyncScheduler under async scheduling) and
   `WORKER_CLS` per platform.
@@ -17,6 +18,7 @@ the Ascend platform hook import it before vLLM's model code is loaded).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import json
 import os
@@ -82,16 +84,60 @@ def resolve_platform(platform: str = "auto") -> str:
 
 
 # ------------------------------------------------------------------ resolve
+# resolve()'s results: id(engine config) -> (that config, the values it was
+# resolved from: _reads, the result). Holding the config keeps its id its
+# own; the most recent few are kept (a process runs one engine or a few).
+_RESOLVED: dict[int, tuple[Any, tuple, VSpecConfig | None]] = {}
+_KEEP = 16
+
+
 def resolve(vllm_config: Any) -> VSpecConfig | None:
     """The validated vspec settings of an engine, or None when the engine
     runs as stock vLLM: no speculative decoding, or `enabled = false`. With
     None nothing of vspec applies (no K limit, no acceptance rule, no
     worker requirement). Bad settings raise VSpecConfigError naming the key,
-    the value and what is allowed, at start-up.
+    the value and what is allowed, at start-up. `gamma0_mode` is the mode
+    the engine runs (`auto` resolved: resolve_gamma0_mode).
+
+    Resolved once per engine config: the result is kept for `vllm_config`,
+    and every later call returns that same frozen object, unless a value it
+    was resolved from changed since (vLLM-Ascend's platform hook asks while
+    vLLM is still completing the config; `_reads`).
 
     Settings without speculative decoding are an error (they would do
     nothing); with `enabled = false` only the keys' names and types are
     checked, so a disabled table may still name settings for another K."""
+    reads = _reads(vllm_config)
+    kept = _RESOLVED.pop(id(vllm_config), None)
+    if kept is None or kept[0] is not vllm_config or kept[1] != reads:
+        # Not kept on the config itself: vLLM reads a VllmConfig's attributes
+        # as its fields.
+        kept = (vllm_config, reads, _resolve(vllm_config))
+    _RESOLVED[id(vllm_config)] = kept        # the most recent last
+    while len(_RESOLVED) > _KEEP:
+        del _RESOLVED[next(iter(_RESOLVED))]
+    return kept[2]
+
+
+def _reads(vllm_config: Any) -> tuple:
+    """What _resolve and its checks read (keep in step with them; the
+    model's `is_moe` aside, fixed by the model): a kept result holds while
+    these are unchanged."""
+    spec = vllm_config.speculative_config
+    raw = (vllm_config.additional_config or {}).get("vspec")
+    parallel, scheduler = vllm_config.parallel_config, vllm_config.scheduler_config
+    graphs = getattr(vllm_config, "compilation_config", None)
+    return (repr(raw),
+            isinstance(raw, dict) and "enabled" in raw or install_state.default_enabled(),
+            None if spec is None else (spec.method, spec.num_speculative_tokens, repr(
+                getattr(spec, "num_speculative_tokens_per_batch_size", None))),
+            _device_type(vllm_config), parallel.data_parallel_size,
+            str(parallel.worker_cls), bool(scheduler.async_scheduling),
+            repr(getattr(graphs, "cudagraph_mode", None)),
+            repr(getattr(vllm_config, "use_v2_model_runner", None)))
+
+
+def _resolve(vllm_config: Any) -> VSpecConfig | None:
     spec = vllm_config.speculative_config
     raw = (vllm_config.additional_config or {}).get("vspec")
     if raw is not None and not isinstance(raw, dict):
@@ -118,15 +164,11 @@ def resolve(vllm_config: Any) -> VSpecConfig | None:
     _check_graphs(vllm_config)
     _check_method(cfg, spec.method)
     _check_trees(cfg, vllm_config)
-    _require_vspec_worker(cfg, vllm_config, gamma0_mode(cfg, vllm_config))
-    return cfg
-
-
-def gamma0_mode(cfg: VSpecConfig, vllm_config: Any) -> str:
-    """The gamma-0 mode this engine runs (config.resolve_gamma0_mode)."""
-    return resolve_gamma0_mode(cfg, vllm_config.speculative_config.method,
+    mode = resolve_gamma0_mode(cfg, spec.method,
                                bool(vllm_config.scheduler_config.async_scheduling),
                                _skips_draft_pass(vllm_config))
+    _require_vspec_worker(cfg, vllm_config, mode)
+    return dataclasses.replace(cfg, gamma0_mode=mode)
 
 
 def _device_type(vllm_config: Any) -> str:
@@ -343,5 +385,5 @@ def serve_argv(args: Mapping[str, Any]) -> list[str]:
     return argv
 
 
-__all__ = ["SCHEDULER_CLS", "WORKER_CLS", "VERIFY_WIDTH_LIMITS", "METHOD_REFUSALS", "resolve", "gamma0_mode",
+__all__ = ["SCHEDULER_CLS", "WORKER_CLS", "VERIFY_WIDTH_LIMITS", "METHOD_REFUSALS", "resolve",
            "resolve_platform", "graph_mode", "engine_args", "serve_argv"]

@@ -40,7 +40,7 @@ from vllm_vspec.hosts.vllm.rejection_sampler import VSpecRejectionSampler, token
 from vllm_vspec.hosts.vllm.tree.verify import TreeVerifyMixin
 from vllm_vspec.config import CATCH_UP_METHODS
 from vllm_vspec.core.draft_lag import DraftLag
-from vllm_vspec.hosts.wiring import gamma0_mode, resolve
+from vllm_vspec.hosts.wiring import resolve
 
 
 class VSpecRunnerMixin:
@@ -57,7 +57,7 @@ class VSpecRunnerMixin:
         cfg = self.vspec_config = resolve(vllm_config)
         if cfg is None or not hasattr(self, "drafter"):
             return  # stock vLLM (no speculation, vspec off), or not the rank that drafts
-        self._gamma0_mode = gamma0_mode(cfg, vllm_config)
+        self._gamma0_mode = cfg.gamma0_mode
         # ngram's lazy gamma 0 skips the search and has nothing to catch up on.
         self._catch_up = (self._gamma0_mode == "lazy"
                           and self.speculative_config.method in CATCH_UP_METHODS)

@@ -39,7 +39,7 @@ from vllm_vspec.hosts.vllm.verify_width import VerifyWidth
 from vllm_vspec.core.controller import GammaController
 from vllm_vspec.core.refill import RefillGate
 from vllm_vspec.core.steps import BatchState, StepFeedback
-from vllm_vspec.hosts.wiring import gamma0_mode, resolve
+from vllm_vspec.hosts.wiring import resolve
 
 # Under "vllm.": vLLM configures only its own logger tree, so INFO from any
 # other name (e.g. plain __name__, "vllm_vspec....") would be dropped.
@@ -70,7 +70,7 @@ class VSpecScheduler(Scheduler):
         if self.vspec_config is None:
             return
         k = vllm_config.speculative_config.num_speculative_tokens
-        mode = gamma0_mode(self.vspec_config, vllm_config)
+        mode = self.vspec_config.gamma0_mode
         self._sticky = mode == "sticky"
         # Requests whose draft KV missed a target-only step (sticky mode only).
         self._stale: set[str] = set()
