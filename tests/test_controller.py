@@ -83,6 +83,44 @@ def test_the_gamma_in_force_is_the_last_decision():
     assert decided == [4, 0, 3] and ctl.gamma == 3
 
 
+def step(ctl: GammaController, scheduled, live=None, prefill: bool = False):
+    """decide_step for a step of `scheduled` requests (all live unless told)."""
+    return ctl.decide_step(scheduled, set(scheduled) if live is None else live, prefill,
+                           lambda: BatchState(len(scheduled), BUDGET))
+
+
+def test_every_step_gets_the_controllers_decision_prefill_steps_keep_the_arm_in_force():
+    ctl = controller(policy="cycle", min_gamma=0)   # decides 4, 0, 3, ...
+    kept = step(ctl, ["a"], prefill=True)            # before any decision: the opening arm
+    assert (kept.gamma, kept.reason, kept.decided) == (4, "prefill", False)
+    assert [step(ctl, ["a"]).gamma for _ in range(2)] == [4, 0]
+    kept = step(ctl, ["a", "b"], prefill=True)
+    assert (kept.gamma, kept.bucket, kept.decided) == (0, 2, False) and ctl.gamma == 0
+    assert step(ctl, ["a", "b"]).gamma == 3          # the policy goes on where it was
+    assert step(ctl, []) is None                     # nothing scheduled, nothing held
+    # With reward_prefill_steps every step is decided.
+    ctl = controller(policy="cycle", min_gamma=0, reward_prefill_steps=True)
+    assert [(d.gamma, d.decided) for d in (step(ctl, ["a"], prefill=True),
+                                           step(ctl, ["a"]))] == [(4, True), (0, True)]
+
+
+def test_sticky_gamma_0_holds_until_every_request_of_its_cohort_has_finished():
+    ctl = controller(policy="cycle", min_gamma=0, gamma0_mode="sticky")   # 4, 0, 3, ...
+    assert step(ctl, ["a"]).gamma == 4
+    assert step(ctl, ["a", "b"]).gamma == 0          # decided: a and b's draft KV lags
+    held = step(ctl, ["a", "b", "c"], prefill=True)  # c joins the cohort
+    assert (held.gamma, held.reason, held.decided) == (0, "sticky", False)
+    assert step(ctl, ["b", "c"], live={"b", "c"}).reason == "sticky"
+    assert step(ctl, [], live={"c"}).reason == "sticky"   # held even with nothing scheduled
+    # The cohort has finished: a new prefill is decided (it must not skip
+    # the drafter), and the policy goes on where it was.
+    d = step(ctl, ["d"], live={"d"}, prefill=True)
+    assert (d.gamma, d.decided) == (3, True)
+    # gamma0_mode auto (not resolved to sticky) holds nothing.
+    ctl = controller(policy="cycle", min_gamma=0)
+    assert [step(ctl, ["a"]).gamma for _ in range(3)] == [4, 0, 3]
+
+
 def test_gamma_is_capped_when_the_batch_outgrows_the_budget():
     ctl = fixed(4)
     d = ctl.decide(BatchState(10, 35))

@@ -1,16 +1,20 @@
 """GammaController: chooses gamma (the draft length) for every decode step,
 and the tree width with it when given a max width above 1.
 
-The host adapter calls `decide(BatchState)` once per scheduled step,
-`observe(StepFeedback)` once per processed output of a decided step, in
-scheduling order (with async scheduling a few decisions may be pending
-before their outputs arrive; they are matched first-in first-out), and
-`step_processed(busy)` after every step's output, decided or not. The
+The host adapter calls `decide_step(...)` once per scheduled step and
+applies the Decision it returns; `observe(StepFeedback)` once per processed
+output of a decided step (`Decision.decided`), in scheduling order (with
+async scheduling a few decisions may be pending before their outputs
+arrive; they are matched first-in first-out), and `step_processed(busy)`
+after every step's output, decided or not. (`decide(BatchState)` is the
+policy's part of decide_step, which the simulators call directly.) The
 controller owns what all policies share and is the one owner of each piece
-of step state: the decision in force (`gamma`), the feasible gamma range of
-a step, the batch-size bucket, the step's interval (stamped on `clock`),
-its reward, which steps are "stable", the summary and the trace. The policy
-(see policies/, chosen by `config.policy`) only scores arms.
+of step state: the decision in force (`gamma`), which steps are decided at
+all (a prefill step keeps the arm in force; sticky gamma 0 holds), the
+feasible gamma range of a step, the batch-size bucket, the step's interval
+(stamped on `clock`), its reward, which steps are "stable", the summary and
+the trace. The policy (see policies/, chosen by `config.policy`) only
+scores arms.
 
 Arms (arms.py): gammas, or (gamma, width) trees when the controller is
 built with `max_width` > 1 (what the engine's `tree_width` /
@@ -35,7 +39,7 @@ import json
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Collection, Container
 
 from vllm_vspec.core.arms import arm_label, make_space
 from vllm_vspec.config import VSpecConfig
@@ -100,6 +104,11 @@ class GammaController:
                          (min(self.space.gamma(opening), self.config.max_gamma),
                           self.space.width(opening)))
         self._pending: deque[_Pending] = deque()
+        # gamma0_mode sticky (as wiring.resolve resolves it): the requests
+        # whose draft KV missed a target-only step; no speculation while one
+        # of them remains.
+        self._sticky = self.config.gamma0_mode == "sticky"
+        self._stale: set[str] = set()
         self._last_decision: Decision | None = None
         # When the host last processed a step's output while requests
         # remained (None once the engine may idle). A busy engine's step
@@ -140,8 +149,43 @@ class GammaController:
         return self._opening[1] if self._last_decision is None else self._last_decision.width
 
     # ------------------------------------------------------------ per step
+    def decide_step(self, scheduled: Collection[str], live: Container[str], prefill: bool,
+                    batch: Callable[[], BatchState]) -> Decision | None:
+        """The Decision for one scheduled step, which the host applies as it
+        is. `scheduled`: the step's request ids; `live`: the requests the
+        host still holds; `prefill`: some request processes prompt tokens;
+        `batch()` builds the step's BatchState, called only for a step the
+        policy decides. None: no request is scheduled and nothing is held.
+
+        Not decided (`decided` False; the gamma in force stays):
+        - "sticky": under gamma0_mode sticky, gamma 0 while a request that
+          a decided gamma-0 step scheduled remains (the drafter skipped its
+          tokens); the requests scheduled meanwhile join it.
+        - "prefill": a prefill step's time is not a decode step's and would
+          skew the reward of whichever arm is in force, so the step keeps
+          that arm, unless `reward_prefill_steps` (or after a sticky gamma
+          0: a new cohort's prefill must not skip the drafter)."""
+        if self._stale:
+            self._stale.intersection_update(live)
+            if self._stale:
+                self._stale.update(scheduled)
+                return Decision(0, bucket_of(len(scheduled)), "sticky", decided=False)
+        if (prefill and not self.config.reward_prefill_steps
+                and not (self._sticky and self.gamma == 0)):
+            return Decision(self.gamma, bucket_of(len(scheduled)), "prefill", self.width,
+                            decided=False)
+        if not scheduled:
+            return None
+        started = time.perf_counter()
+        state = batch()
+        decision = self.decide(state, host_overhead_s=time.perf_counter() - started)
+        if self._sticky and decision.gamma == 0:
+            self._stale.update(scheduled)
+        return decision
+
     def decide(self, batch: BatchState, host_overhead_s: float = 0.0) -> Decision:
-        """`host_overhead_s`: wall time the host adapter spent building `batch`."""
+        """The policy's decision for a step (decide_step's decided steps).
+        `host_overhead_s`: wall time the host adapter spent building `batch`."""
         started = time.perf_counter()
         scheduled_at = self.clock() if self._busy_since is None else self._busy_since
         bucket = bucket_of(batch.num_reqs)

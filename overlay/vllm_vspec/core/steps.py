@@ -47,10 +47,15 @@ class StepFeedback:
 
 @dataclass(frozen=True)
 class Decision:
+    """What a step drafts, as the controller decided it (GammaController)."""
+
     gamma: int                     # draft depth (the draft length at width 1)
     bucket: int                    # batch-size bucket 2**ceil(log2 B)
-    reason: str                    # short word: warmup / ucb / hold / hysteresis / fixed / profile / infeasible / ...
+    reason: str                    # short word: warmup / ucb / hold / hysteresis / fixed / profile / infeasible / prefill / sticky / ...
     width: int = 1                 # tree width: gamma*width draft nodes (1: a linear draft)
+    # False for a step the policy does not decide (reason prefill or
+    # sticky): its output is not observed, and the arm in force stays.
+    decided: bool = True
 
 
 @dataclass(frozen=True)

@@ -66,14 +66,10 @@ class VSpecScheduler(Scheduler):
         self.vspec_config = resolve(vllm_config)
         self.vspec: GammaController | None = None
         self._refill: RefillGate | None = None
-        self._sticky = False
         if self.vspec_config is None:
             return
         k = vllm_config.speculative_config.num_speculative_tokens
         mode = self.vspec_config.gamma0_mode
-        self._sticky = mode == "sticky"
-        # Requests whose draft KV missed a target-only step (sticky mode only).
-        self._stale: set[str] = set()
         self.vspec = GammaController(self.vspec_config, k,
                                      min_width=self.vspec_config.min_tree_width,
                                      max_width=self.vspec_config.tree_width)
@@ -134,47 +130,34 @@ class VSpecScheduler(Scheduler):
             for request in reversed(put_back):
                 waiting.prepend_request(request)
 
-    # extends Scheduler._update_after_schedule: choose this step's gamma before
-    # the host (AsyncScheduler) derives its draft placeholders from it.
+    # extends Scheduler._update_after_schedule: apply the controller's
+    # decision for this step before the host (AsyncScheduler) derives its
+    # draft placeholders from it.
     def _update_after_schedule(self, scheduler_output: SchedulerOutput) -> None:
-        if self.vspec is not None and self._verify.pads:
-            self._report_padding(scheduler_output)
-        if self._sticky and self._stale:
-            # Sticky gamma 0: the drafter skipped these requests' tokens, so
-            # no speculation until they have all finished (the controller does
-            # not see these steps; its next decision starts from there).
-            self._stale.intersection_update(self.requests)
-            if self._stale:
-                self._stale.update(scheduler_output.num_scheduled_tokens)
-                self._set_gamma(scheduler_output, 0)
-                return super()._update_after_schedule(scheduler_output)
-        if (self.vspec is not None and _has_prefill(scheduler_output)
-                and not self.vspec_config.reward_prefill_steps
-                and not (self._sticky and self.vspec.gamma == 0)):
-            # A prefill step's time is not a decode step's time: it would skew
-            # the reward of whichever gamma is current. Keep that gamma for
-            # the step and do not report it to the controller, unless the
-            # rewards are to count all steps (reward_prefill_steps). (Not after
-            # a sticky gamma 0: a new cohort's prefill must not skip the drafter.)
-            self._set_gamma(scheduler_output, self.vspec.gamma, self.vspec.width)
-        elif self.vspec is not None and scheduler_output.num_scheduled_tokens:
-            started = time.perf_counter()
+        if self.vspec is not None:
+            if self._verify.pads:
+                self._report_padding(scheduler_output)
             scheduled = scheduler_output.num_scheduled_tokens
-            context = sum(self.requests[r].num_computed_tokens for r in scheduled)
-            batch = BatchState(
-                num_reqs=len(scheduled),
-                max_num_batched_tokens=self.scheduler_config.max_num_batched_tokens,
-                mean_context_len=context / len(scheduled),
-                tree_allowed=self.vspec_config.tree_width > 1 and all(
-                    request_allows_tree(self.requests[r].sampling_params,
-                                        self.requests[r].num_output_tokens)
-                    for r in scheduled))
-            decision = self.vspec.decide(batch, host_overhead_s=time.perf_counter() - started)
-            self._set_gamma(scheduler_output, decision.gamma, decision.width)
-            self._decided.add(id(scheduler_output))
-            if self._sticky and decision.gamma == 0:
-                self._stale.update(scheduled)
+            decision = self.vspec.decide_step(scheduled, self.requests,
+                                              _has_prefill(scheduler_output),
+                                              lambda: self._batch_state(scheduled))
+            if decision is not None:
+                self._set_gamma(scheduler_output, decision.gamma, decision.width)
+                if decision.decided:
+                    self._decided.add(id(scheduler_output))
         super()._update_after_schedule(scheduler_output)
+
+    def _batch_state(self, scheduled) -> BatchState:
+        """The controller's view of a step's batch of `scheduled` requests."""
+        context = sum(self.requests[r].num_computed_tokens for r in scheduled)
+        return BatchState(
+            num_reqs=len(scheduled),
+            max_num_batched_tokens=self.scheduler_config.max_num_batched_tokens,
+            mean_context_len=context / len(scheduled),
+            tree_allowed=self.vspec_config.tree_width > 1 and all(
+                request_allows_tree(self.requests[r].sampling_params,
+                                    self.requests[r].num_output_tokens)
+                for r in scheduled))
 
     def _set_gamma(self, scheduler_output: SchedulerOutput, gamma: int, width: int = 1) -> None:
         """The runner drafts this many tokens after the step (on vLLM 0.23,
