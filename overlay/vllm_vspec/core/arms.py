@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import Hashable, Sequence
 
 from vllm_vspec.core.acceptance_stats import PositionAcceptance, expected_tokens_all
-from vllm_vspec.core.steps import BatchState
+from vllm_vspec.core.steps import BatchState, feasible_max_gamma
 
 Arm = Hashable          # an int (GammaArms) or a (gamma, width) tuple (TreeArms)
 
@@ -98,8 +98,7 @@ class TreeArms:
         self.min_width, self.max_width, self.max_nodes = min_width, max_width, max_nodes
 
     def arms(self, batch: BatchState, lo: int, hi: int) -> list[tuple[int, int]]:
-        nodes = min(self.max_nodes,
-                    batch.max_num_batched_tokens // max(batch.num_reqs, 1) - 1)
+        nodes = feasible_max_gamma(batch, self.max_nodes)
 
         def fitting(widths) -> list[tuple[int, int]]:
             return [self.arm(g, w) for g in range(max(lo, 1), hi + 1) for w in widths

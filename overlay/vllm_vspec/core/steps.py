@@ -85,7 +85,14 @@ def nearest_bucket(buckets: Iterable[int], bucket: int) -> int | None:
     return min(buckets, key=lambda b: (abs(math.log2(b / bucket)), b), default=None)
 
 
+def draft_budget(num_reqs: int, max_num_batched_tokens: int) -> int:
+    """The token budget of a step in draft tokens a request: the largest n
+    with num_reqs * (n + 1) <= max_num_batched_tokens (negative when not
+    even target-only fits). The one rule; a tree's n counts its nodes."""
+    return max_num_batched_tokens // max(num_reqs, 1) - 1
+
+
 def feasible_max_gamma(batch: BatchState, max_gamma: int) -> int:
-    """Largest gamma with num_reqs * (gamma + 1) <= max_num_batched_tokens
-    (may be negative when not even target-only fits), capped at max_gamma."""
-    return min(max_gamma, batch.max_num_batched_tokens // max(batch.num_reqs, 1) - 1)
+    """Largest gamma (at width 1; of a tree, its nodes: arms.TreeArms) the
+    batch's token budget allows (draft_budget), capped at max_gamma."""
+    return min(max_gamma, draft_budget(batch.num_reqs, batch.max_num_batched_tokens))

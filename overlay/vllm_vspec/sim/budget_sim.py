@@ -47,7 +47,7 @@ from vllm_vspec.core.budget.policy import (BudgetPlan, BudgetSettings, DraftRow,
                                            VerifyBudgetPolicy, choose)
 from vllm_vspec.core.controller import GammaController
 from vllm_vspec.core.latency import LatencyProfile, load_profile
-from vllm_vspec.core.steps import BatchState, StepFeedback
+from vllm_vspec.core.steps import BatchState, StepFeedback, feasible_max_gamma
 
 
 @dataclass(frozen=True)
@@ -165,7 +165,7 @@ class RequestOracle(Contender):
         ctx = b * batch.mean_context_len
         scores = [survival(r[:k]) for r, k in zip(true_rates, pending)]
         predicted = [survival(r[:self.max_depth]) for r in true_rates]
-        hi = max(0, min(self.max_depth, batch.max_num_batched_tokens // max(b, 1) - 1))
+        hi = max(0, feasible_max_gamma(batch, self.max_depth))
         depth, admitted, _ = choose(scores, predicted, hi,
                                     lambda d: step_ms(self.profile, b, d, b, ctx),
                                     self.profile.target.beta)   # the target is linear in tokens

@@ -45,7 +45,7 @@ from vllm_vspec.core.budget.admission import (admit, admitted_counts, best_budge
                                               survival)
 from vllm_vspec.core.budget.calibration import ConfidenceCalibrator
 from vllm_vspec.core.budget.cost_model import StepCostModel
-from vllm_vspec.core.steps import bucket_of
+from vllm_vspec.core.steps import bucket_of, draft_budget
 
 
 @dataclass(frozen=True)
@@ -178,7 +178,7 @@ class VerifyBudgetPolicy:
         b = len(rows)
         bucket = bucket_of(b)
         hi = self.max_depth if max_num_batched_tokens is None else max(0, min(
-            self.max_depth, max_num_batched_tokens // max(b, 1) - 1))
+            self.max_depth, draft_budget(b, max_num_batched_tokens)))
         acceptance = [self.calibration.row(r.probs) for r in rows]
         scores = [survival(a) for a in acceptance]
         predicted = [survival(m) for m in self._smooth(rows, acceptance)]
