@@ -121,6 +121,23 @@ def test_sticky_gamma_0_holds_until_every_request_of_its_cohort_has_finished():
     assert [step(ctl, ["a"]).gamma for _ in range(3)] == [4, 0, 3]
 
 
+def test_a_prefill_step_keeps_a_tree_arm_only_where_its_batch_allows_a_tree():
+    ctl = GammaController(VSpecConfig(policy="cycle", min_gamma=1), 4, clock=Clock(),
+                          max_width=2)
+    for _ in range(20):                              # until the arm in force is a tree
+        if ctl.decide(BatchState(1, BUDGET)).width == 2:
+            break
+    gamma = ctl.gamma
+
+    def prefill(tree_allowed: bool):
+        d = ctl.decide_step(["a"], {"a"}, True,
+                            lambda: BatchState(1, BUDGET, tree_allowed=tree_allowed))
+        return d.gamma, d.width, d.decided
+    assert prefill(True) == (gamma, 2, False)
+    assert prefill(False) == (gamma, 1, False)       # e.g. a sampled request joins
+    assert ctl.width == 2                            # the arm in force stays
+
+
 def test_gamma_is_capped_when_the_batch_outgrows_the_budget():
     ctl = fixed(4)
     d = ctl.decide(BatchState(10, 35))

@@ -163,8 +163,13 @@ class GammaController:
           tokens); the requests scheduled meanwhile join it.
         - "prefill": a prefill step's time is not a decode step's and would
           skew the reward of whichever arm is in force, so the step keeps
-          that arm, unless `reward_prefill_steps` (or after a sticky gamma
-          0: a new cohort's prefill must not skip the drafter)."""
+          that arm (linear where the batch rules a tree out,
+          `BatchState.tree_allowed`), unless `reward_prefill_steps` (or
+          after a sticky gamma 0: a new cohort's prefill must not skip the
+          drafter).
+
+        The width of every Decision is the one place a step's tree is
+        allowed: the host's runner drafts what it is handed."""
         if self._stale:
             self._stale.intersection_update(live)
             if self._stale:
@@ -172,7 +177,8 @@ class GammaController:
                 return Decision(0, bucket_of(len(scheduled)), "sticky", decided=False)
         if (prefill and not self.config.reward_prefill_steps
                 and not (self._sticky and self.gamma == 0)):
-            return Decision(self.gamma, bucket_of(len(scheduled)), "prefill", self.width,
+            width = self.width if self.width == 1 or batch().tree_allowed else 1
+            return Decision(self.gamma, bucket_of(len(scheduled)), "prefill", width,
                             decided=False)
         if not scheduled:
             return None

@@ -8,8 +8,9 @@ schedules that list like any draft, so the runner only changes what a draft
 list *means*:
 
 - propose: `TreeVerifyMixin.propose_draft_token_ids` asks the tree drafter
-  (when one is set and the batch allows trees, `trees_allowed`) and keeps each
-  request's parents until its verify.
+  (when one is set) for the step's (gamma, width), which the scheduler chose
+  width 1 where the batch rules a tree out (`request_allows_tree`), and keeps
+  each request's parents until its verify.
 - verify inputs (`_prepare_inputs`): node i keeps the slot of position
   seq_len + i (host code) but is placed at RoPE position seq_len + depth(i);
   the tree attention builders get each tree's mask (tree/attention.py).
@@ -28,8 +29,8 @@ list *means*:
 Trees are lossless for pure-greedy batches only (design 4.2): temperature 0,
 no logprobs, penalties, bad words, allowed-token masks, logit bias or pending
 min_tokens (their logits depend on the tokens before each position, which in
-a tree are a node's ancestors). Elsewhere the drafter is not asked and the
-step is linear. A lossy rule (`relaxed_topk`, `margin`) judges every root
+a tree are a node's ancestors). Elsewhere the scheduler's width is 1 and
+the step is linear. A lossy rule (`relaxed_topk`, `margin`) judges every root
 path as it would judge that path drafted linearly: a node at depth d is the
 chain's draft position d - 1. The synchronous CPU host only (no async
 scheduling, M-RoPE).
@@ -48,7 +49,6 @@ from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
 
 from vllm_vspec.kernels import ops, tree
 from vllm_vspec.kernels.acceptance import NO_TOKEN, AcceptanceRule
-from vllm_vspec.hosts.vllm.proposers import pure_greedy
 from vllm_vspec.hosts.vllm.rejection_sampler import tokens_generated
 from vllm_vspec.hosts.vllm.tree.attention import TreeQueries, move_slots, tree_builders
 
@@ -97,23 +97,14 @@ def request_allows_tree(params, num_output_tokens: int) -> bool:
     output: greedy, no logprobs, and none of the logits processing the host
     applies per linear draft position (penalties, bad words, allowed ids, a
     logit bias, structured output, a min_tokens not yet reached). The
-    scheduler asks it per request to choose the step's width; the runner
-    asks `trees_allowed` again on the step's sampling metadata."""
+    scheduler asks it per request to choose the step's width
+    (BatchState.tree_allowed); the runner drafts the width it is handed."""
     return (params is not None and params.temperature < _SAMPLING_EPS
             and params.logprobs is None and not params.logit_bias
             and not params.bad_words and not params.allowed_token_ids
             and params.presence_penalty == 0.0 and params.frequency_penalty == 0.0
             and params.repetition_penalty == 1.0 and params.structured_outputs is None
             and num_output_tokens >= params.min_tokens)
-
-
-def trees_allowed(sampling_metadata, requests: dict, req_ids: list[str]) -> bool:
-    """Whether a step's drafts may be trees: the batch is pure greedy
-    (core/drafter_keys.pure_greedy) and every request allows one
-    (`request_allows_tree`)."""
-    return pure_greedy(sampling_metadata) and all(
-        request_allows_tree(requests[r].sampling_params, len(requests[r].output_token_ids))
-        for r in req_ids)
 
 
 class TreeVerifyMixin:
@@ -142,8 +133,7 @@ class TreeVerifyMixin:
         # VSpecScheduler's arm for the step (1 from any other scheduler).
         width = getattr(scheduler_output, "vspec_tree_width", 1)
         req_ids = self.input_batch.req_ids[:self.input_batch.num_reqs]
-        if (self.tree_drafter is None or not gamma
-                or not trees_allowed(sampling_metadata, self.requests, req_ids)):
+        if self.tree_drafter is None or not gamma:
             return super().propose_draft_token_ids(*host_args, **kwargs)
         names = ("scheduler_output", "sampled_token_ids", "sampling_metadata", "hidden_states",
                  "sample_hidden_states", "aux_hidden_states", "spec_decode_metadata",
@@ -360,4 +350,4 @@ def sample_tree(sampler, logits: torch.Tensor, metadata: TreeSpecDecodeMetadata,
 
 
 __all__ = ["TreeDrafter", "TreeSpecDecodeMetadata", "TreeVerifyMixin",
-           "request_allows_tree", "sample_tree", "trees_allowed"]
+           "request_allows_tree", "sample_tree"]
