@@ -294,8 +294,13 @@ def test_a_step_is_stable_only_after_one_of_the_same_gamma_and_width():
     ctl = GammaController(VSpecConfig(policy="cycle", min_gamma=1), 4, clock=Clock(),
                           max_width=2)
     ctl.policy.observe = seen.append
+    drafted_width = 1           # the host reports the width the verified drafts had
     for i in range(6):
-        run_step(ctl, i, i + 1.0)
+        ctl.clock.now = i
+        decision = ctl.decide(BatchState(2, BUDGET))
+        ctl.clock.now = i + 1.0
+        ctl.observe(StepFeedback((0, 0), (0, 0), 10, width=drafted_width))
+        drafted_width = decision.width
     arms = [(o.gamma, o.width) for o in seen]
     # Cost order (nodes, depth): (1,1) (1,2) (2,1) (3,1) (2,2) (4,1); interleaved.
     assert arms == [(4, 1), (1, 1), (2, 2), (1, 2), (3, 1), (2, 1)]

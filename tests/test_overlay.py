@@ -394,23 +394,35 @@ def test_pads_are_reported_as_invalid_drafts_so_nobody_counts_them():
     assert (fb.drafted, fb.accepted) == ((1, 2), (1, 1))
 
 
-def test_the_controller_is_told_a_trees_depth_not_its_node_count():
+@pytest.mark.parametrize("drafted_width, depth", [(3, 2), (1, 6)])
+def test_the_controller_is_told_a_trees_depth_not_its_node_count(monkeypatch, drafted_width,
+                                                                  depth):
     # Per-position acceptance is per depth: a width-3 tree of 6 nodes
     # verified in a step is 2 drafted positions, its accepted path 1 of them.
+    # The width is the one the runner reports it drafted with: 6 linear
+    # drafts (a tree drafter that declined) are 6 positions.
     from types import SimpleNamespace
 
-    from vllm_vspec.hosts.vllm.scheduler import _feedback
+    from vllm.v1.core.sched.scheduler import Scheduler
 
+    from vllm_vspec.hosts.vllm.scheduler import _feedback
+    from vllm_vspec.hosts.vllm.tree.verify import TreeDraftTokenIds
+
+    monkeypatch.setattr(Scheduler, "update_draft_token_ids", lambda self, d: None)
     scheduler = _padding_scheduler(async_scheduling=False, cudagraph_mode="PIECEWISE",
                                    capture=40)
     drafting = _scheduled({"r": []})
-    scheduler._set_gamma(drafting, 2, 3)          # drafts a (2, 3) tree after this step
-    verifying = _scheduled({"r": [11, 12, 13, 21, 22, 23]})
+    scheduler._set_gamma(drafting, 2, 3)          # asks for a (2, 3) tree after this step
+    nodes = [11, 12, 13, 21, 22, 23]
+    scheduler.update_draft_token_ids(TreeDraftTokenIds(["r"], [nodes], drafted_width))
+    verifying = _scheduled({"r": nodes})
     scheduler._set_gamma(verifying, 1, 1)
-    assert (drafting.vspec_verified_width, verifying.vspec_verified_width) == (1, 3)
+    assert (drafting.vspec_verified_width, verifying.vspec_verified_width) == \
+        (1, drafted_width)
     fb = _feedback(verifying, SimpleNamespace(sampled_token_ids=[[12, 7]],
                                               req_id_to_index={"r": 0}))
-    assert (fb.drafted, fb.accepted, fb.committed) == ((2,), (1,), 2)
+    assert (fb.drafted, fb.accepted, fb.committed, fb.width) == \
+        ((depth,), (1,), 2, drafted_width)
 
 
 def test_no_bookkeeping_where_nothing_is_padded():

@@ -413,7 +413,7 @@ class TreeEngine(Engine):
             drafted = (self.prev_gamma,) * num_reqs
             accepted = tuple(self.accepted(x) for x in drafted)
             self.now += self.step_s(d.gamma, d.width, num_reqs)
-            ctl.observe(StepFeedback(drafted, accepted, sum(accepted) + num_reqs))
+            ctl.observe(StepFeedback(drafted, accepted, sum(accepted) + num_reqs, prev_width))
             self.prev_gamma, prev_width = d.gamma, d.width
         return decisions
 

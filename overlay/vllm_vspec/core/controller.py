@@ -27,8 +27,9 @@ Timing model of speculative decoding: the drafts PROPOSED in step n (with
 step n's gamma) are VERIFIED in step n+1. A step's time and committed tokens
 therefore mix two gammas unless both are equal; only such "stable" steps are
 rewarded, so a reward always describes one gamma (one arm: gamma and
-width). For the same reason a step's acceptance is that of the previous
-decision's width (`StepOutcome.verified_width`).
+width). For the same reason a step's acceptance is that of the width its
+verified drafts were drafted with, as the host reports it
+(`StepFeedback.width`, passed on as `StepOutcome.verified_width`).
 
 No vLLM import here: this is the host-agnostic core.
 """
@@ -229,12 +230,11 @@ class GammaController:
         interval = completed_at - start
         self._last_completed_at = completed_at
         arm = (decision.gamma, decision.width)
-        verified_width = 1 if self._last_observed is None else self._last_observed[1]
         stable = self._last_observed == arm and interval > 0
         self._last_observed = arm
         reward = fb.committed / interval if interval > 0 else 0.0
         self.policy.observe(StepOutcome(fb, batch, decision.gamma, decision.bucket, interval,
-                                        reward, stable, decision.width, verified_width))
+                                        reward, stable, decision.width, fb.width))
         if stable:
             stat = self._stat(decision.bucket, decision.gamma, decision.width)
             stat.rewarded += 1

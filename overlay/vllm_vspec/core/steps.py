@@ -44,6 +44,9 @@ class StepFeedback:
     drafted: tuple[int, ...]
     accepted: tuple[int, ...]
     committed: int                 # tokens committed this step over the batch
+    # The tree width the verified drafts were drafted with, as the drafter
+    # reports it (1: linear drafts; one width a step).
+    width: int = 1
 
 
 @dataclass(frozen=True)
@@ -71,7 +74,7 @@ class StepOutcome:
     reward: float                  # committed tokens per second of that interval
     stable: bool                   # verified and proposed drafts used the same arm (gamma, width)
     width: int = 1                 # the decision's tree width (with `gamma`, its arm)
-    verified_width: int = 1        # width of the drafts VERIFIED here (the previous decision's)
+    verified_width: int = 1        # width of the drafts VERIFIED here (StepFeedback.width)
 
 
 def bucket_of(num_reqs: int) -> int:

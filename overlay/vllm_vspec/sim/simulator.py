@@ -346,6 +346,7 @@ def simulate(workload: Workload, profile: LatencyProfile, policy: StepPolicy, cl
     done = np.zeros(n, dtype=np.int64)             # tokens generated per request
     pending = np.zeros(n, dtype=np.int64)          # drafts (tree depth) awaiting verification
     pending_w = np.ones(n, dtype=np.int64)         # their tree width
+    drafted_width = 1                              # the width the last step drafted with
     lag = np.zeros(n, dtype=np.int64)              # lazy gamma 0: tokens the draft KV misses
     started: list[int] = []                        # admitted, unfinished, in arrival order
     next_req = progress = schedule = steps = 0
@@ -403,12 +404,12 @@ def simulate(workload: Workload, profile: LatencyProfile, policy: StepPolicy, cl
         has = verify > 0
         policy.observe(StepFeedback(
             drafted=tuple(verify[has].tolist()), accepted=tuple(accepted[has].tolist()),
-            committed=int(committed.sum())))
+            committed=int(committed.sum()), width=drafted_width))
         done[idx] += committed
         if gamma == 0 and gamma0_mode == "lazy":
             lag[idx] += committed
         pending[idx] = gamma
-        pending_w[idx] = decision.width
+        pending_w[idx] = drafted_width = decision.width
         progress += int(committed.sum())
         # The schedule advances by the committed tokens, but a step that
         # crosses a change of batch size or acceptance ends there: the

@@ -14,7 +14,9 @@ counters, without estimates of its own:
 - the step's gamma: the longest draft any request verified in it (vLLM's
   per-position draft counts), which is the gamma the controller decided one
   step earlier (less only if every request was within reach of its length
-  limit); 0 for a step that verified nothing;
+  limit); 0 for a step that verified nothing; for a tree step, the tree's
+  node count (vLLM's stats count a tree's list entries; its depth and
+  width are in the controller's trace);
 - committed tokens, and the step's seconds: from the previous step's
   output to this one's, counted only when requests remained after the
   previous step (an idle engine's wait is no step's cost, as in the

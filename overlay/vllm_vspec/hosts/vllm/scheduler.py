@@ -13,7 +13,8 @@ that field once per step is the whole mechanism; gamma 0 means "draft
 nothing", and the next step is a plain target-only step. With `tree_width` >
 1 the step's tree width travels beside it as `vspec_tree_width` (an attribute
 of the output; vspec's runner reads it), and the drafts come back as gamma*W
-tree nodes (docs/eagle-tree.md).
+tree nodes with the width the runner drafted them with
+(tree/verify.TreeDraftTokenIds; docs/eagle-tree.md).
 
 Glossary (as in vLLM's rejection sampler): for one request in one step,
 *drafted* = draft tokens verified, *accepted* = the prefix of them the target
@@ -88,8 +89,8 @@ class VSpecScheduler(Scheduler):
         # Draft slots verified per step: gamma, or K padded with invalid
         # drafts to keep the target's full decode graph (vLLM-Ascend only).
         self._verify = VerifyWidth.of(vllm_config, self.vspec_config)
-        # What the next step verifies of the last step's drafts, and their
-        # tree width (1: linear drafts).
+        # What the next step verifies of the last step's drafts, and the
+        # tree width the runner drafted them with (1: linear drafts).
         self._verified = k
         self._width = 1
         # request -> gamma of the step that drafted its pending drafts (kept
@@ -165,8 +166,10 @@ class VSpecScheduler(Scheduler):
         attribute), as a tree of `width` (gamma * width nodes) when above 1."""
         scheduler_output.num_spec_tokens_to_schedule = gamma
         scheduler_output.vspec_tree_width = width
-        # This step verifies the drafts proposed with the previous width.
-        scheduler_output.vspec_verified_width, self._width = self._width, width
+        # This step verifies the drafts the runner handed back after the
+        # previous one, of the width it reported (update_draft_token_ids;
+        # 1 until it hands some back).
+        scheduler_output.vspec_verified_width, self._width = self._width, 1
         self._verified = self._verify.verified(gamma * width,
                                                len(scheduler_output.num_scheduled_tokens))
         if self._verify.pads:
@@ -186,18 +189,22 @@ class VSpecScheduler(Scheduler):
                 invalid[req_id] = max(invalid.get(req_id, 0), pads)
                 scheduler_output.num_invalid_spec_tokens = invalid
 
-    # extends Scheduler.update_draft_token_ids (sync scheduling): keep the
-    # drafts the next step verifies (gamma * width of them). vLLM 0.23's
-    # runner hands back K drafts a request whatever the step drafted, the NPU
-    # proposer's -1 after gamma (verify_width.py); elsewhere the lists
-    # already have at most that length.
+    # extends Scheduler.update_draft_token_ids (sync scheduling): note the
+    # tree width the runner drafted with (tree/verify.TreeDraftTokenIds;
+    # plain DraftTokenIds are linear) and keep the drafts the next step
+    # verifies (gamma * width of them). vLLM 0.23's runner hands back K
+    # drafts a request whatever the step drafted, the NPU proposer's -1
+    # after gamma (verify_width.py); elsewhere the lists already have at
+    # most that length.
     def update_draft_token_ids(self, draft_token_ids: DraftTokenIds) -> None:
         if self._budget is not None:
             self._budget.drafted(draft_token_ids)   # their draft probabilities
-        drafts = draft_token_ids.draft_token_ids
-        if self.vspec is not None and any(len(d) > self._verified for d in drafts):
-            draft_token_ids = DraftTokenIds(draft_token_ids.req_ids,
-                                            [d[:self._verified] for d in drafts])
+        if self.vspec is not None:
+            self._width = getattr(draft_token_ids, "width", 1)
+            drafts = draft_token_ids.draft_token_ids
+            if any(len(d) > self._verified for d in drafts):
+                draft_token_ids = DraftTokenIds(draft_token_ids.req_ids,
+                                                [d[:self._verified] for d in drafts])
         super().update_draft_token_ids(draft_token_ids)
 
     # extends Scheduler.update_from_output: report each step's verified drafts
@@ -277,8 +284,10 @@ def _feedback(so: SchedulerOutput, out: ModelRunnerOutput) -> StepFeedback:
             # As vLLM's spec-decode metrics count them: drafts rejected by a
             # grammar (padded with -1) were never verified. A tree of width W
             # counts its depth (the controller's per-position acceptance is
-            # per depth), as many list entries as W nodes a depth.
+            # per depth): W list entries a depth, the last one possibly cut
+            # by the host's token budget.
             nodes = len(spec) - invalid.get(req_id, 0)
             drafted.append(-(-nodes // width))
             accepted.append(n_out - 1)
-    return StepFeedback(drafted=tuple(drafted), accepted=tuple(accepted), committed=committed)
+    return StepFeedback(drafted=tuple(drafted), accepted=tuple(accepted), committed=committed,
+                        width=width)

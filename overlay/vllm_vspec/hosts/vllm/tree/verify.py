@@ -7,6 +7,9 @@ the host's ordinary draft list: node i > 0 is list entry i - 1. The host
 schedules that list like any draft, so the runner only changes what a draft
 list *means*:
 
+- hand over: a tree step's drafts reach the scheduler as TreeDraftTokenIds,
+  which say the width the runner drafted them with (the scheduler reports
+  the verified trees' depths from it).
 - propose: `TreeVerifyMixin.propose_draft_token_ids` asks the tree drafter
   (when one is set) for the step's (gamma, width), which the scheduler chose
   width 1 where the batch rules a tree out (`request_allows_tree`), and keeps
@@ -44,6 +47,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
+from vllm.v1.outputs import DraftTokenIds
 from vllm.v1.sample.sampler import _SAMPLING_EPS
 from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
 
@@ -92,6 +96,16 @@ class TreeSpecDecodeMetadata(SpecDecodeMetadata):
     acceptance: tree.Acceptance | None = None
 
 
+@dataclass
+class TreeDraftTokenIds(DraftTokenIds):
+    """The drafts of a tree step as the runner hands them to the scheduler,
+    with the tree width it drafted them with (VSpecScheduler: the step that
+    verifies them reports their depths). Other steps hand plain
+    DraftTokenIds: linear drafts, width 1."""
+
+    width: int = 1
+
+
 def request_allows_tree(params, num_output_tokens: int) -> bool:
     """Whether one request's drafts may be a tree without changing its
     output: greedy, no logprobs, and none of the logits processing the host
@@ -117,6 +131,7 @@ class TreeVerifyMixin:
         self.tree_drafter: TreeDrafter | None = None
         # req_id -> (tokens [N], parents [N]) of the trees handed to the scheduler.
         self._pending_trees: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._drafted_width = 1     # the width of the last proposal (1: linear)
 
     # extends GPUModelRunner.propose_draft_token_ids: a tree step's draft
     # list is each request's tree, flattened (node i > 0 is entry i - 1).
@@ -128,7 +143,7 @@ class TreeVerifyMixin:
         host_args = (scheduler_output, sampled_token_ids, sampling_metadata, hidden_states,
                      sample_hidden_states, aux_hidden_states, spec_decode_metadata,
                      common_attn_metadata, *args)
-        self._pending_trees = {}
+        self._pending_trees, self._drafted_width = {}, 1
         gamma = scheduler_output.num_spec_tokens_to_schedule
         # VSpecScheduler's arm for the step (1 from any other scheduler).
         width = getattr(scheduler_output, "vspec_tree_width", 1)
@@ -150,8 +165,17 @@ class TreeVerifyMixin:
                 f"num_speculative_tokens={k}, one tree per batch row ({len(req_ids)})")
         tokens, parents = drafted.tokens.cpu(), drafted.parents.cpu()
         self._pending_trees = {r: (tokens[i], parents[i]) for i, r in enumerate(req_ids)}
+        self._drafted_width = drafted.width
         # A tensor, as the host drafters return (copied to its [B, K] host buffer).
         return tokens[:, 1:].to(self.device)
+
+    # extends GPUModelRunner.take_draft_token_ids: a tree step's drafts say
+    # the width they were drafted with.
+    def take_draft_token_ids(self) -> DraftTokenIds | None:
+        out = super().take_draft_token_ids()
+        if out is None or self._drafted_width == 1:
+            return out
+        return TreeDraftTokenIds(out.req_ids, out.draft_token_ids, self._drafted_width)
 
     def _accepted_paths_first(self, metadata: TreeSpecDecodeMetadata,
                               hidden_states: torch.Tensor) -> torch.Tensor:
@@ -349,5 +373,5 @@ def sample_tree(sampler, logits: torch.Tensor, metadata: TreeSpecDecodeMetadata,
     return SamplerOutput(sampled_token_ids=out, logprobs_tensors=None)
 
 
-__all__ = ["TreeDrafter", "TreeSpecDecodeMetadata", "TreeVerifyMixin",
+__all__ = ["TreeDraftTokenIds", "TreeDrafter", "TreeSpecDecodeMetadata", "TreeVerifyMixin",
            "request_allows_tree", "sample_tree"]
