@@ -18,7 +18,7 @@ import inspect
 import textwrap
 import typing
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping
+from typing import Any, Callable, Literal, Mapping
 
 # Each choice is listed once, as the Literal type of its field; the tuples the
 # validation, --help and the docs read are derived from it.
@@ -47,6 +47,42 @@ MAX_VERIFY_WIDTH = 16
 # Widest draft tree offered: beyond it the tree's nodes crowd out depth
 # within any K a host verifies in one forward (gamma * width <= K).
 MAX_TREE_WIDTH = 8
+# Hosts whose attention takes draft-tree masks (hosts/vllm/tree/attention.py).
+TREE_PLATFORMS = ("cpu",)
+
+# Why draft trees (tree_width > 1) cannot run, in one table: (fact, refused
+# when, why, formatted with the fact's value). Each check asks tree_refusal
+# with the facts it knows: the settings (VSpecConfig.validate), the engine
+# at start-up (hosts/wiring.py: method, device, scheduling) and the drafter
+# at the runner's start-up (hosts/vllm/tree/proposer.py: its options).
+# The reasons are docs/eagle-tree.md 4.4.5's, plus the vspec options that
+# read linear drafts.
+TREE_REFUSALS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
+    # EAGLE-3, MTP, DFlash: the state fed to the next depth is not the one
+    # the LM head reads (or comes from combined target layers).
+    ("method", lambda m: m != "eagle", "only with speculative method eagle (EAGLE-1), not {}"),
+    ("device", lambda d: d not in TREE_PLATFORMS,
+     "only on the CPU host (this engine: {}); tree attention masks are not built for "
+     "CUDA or Ascend attention yet"),
+    ("async_scheduling", bool,
+     "not with async scheduling (tree parents do not travel with the draft placeholders yet)"),
+    ("entropy_stop", bool, "not with entropy_stop (the stop cuts drafts at linear positions)"),
+    ("traces", bool, "not with the diagnostics traces (they record linear drafts)"),
+    ("parallel_drafting", bool, "not with parallel drafting"),
+    ("multimodal", bool, "not with a multimodal drafter"),
+    ("mrope", bool, "not with an M-RoPE drafter"),
+    ("partial_logits", bool, "not with local argmax reduction or a heterogeneous draft "
+     "vocabulary (the beam ranks full draft logits)"),
+)
+
+
+def tree_refusal(**facts: Any) -> str | None:
+    """The first TREE_REFUSALS reason the given facts (name -> value) meet,
+    or None."""
+    for fact, refused, why in TREE_REFUSALS:
+        if fact in facts and refused(facts[fact]):
+            return why.format(facts[fact])
+    return None
 
 
 def ranged(default: Any, lo: float, hi: float | None = None, *, lo_open: bool = False) -> Any:
@@ -466,10 +502,10 @@ class VSpecConfig:
                                    f"at most num_speculative_tokens ({k}): a tree of depth 1 "
                                    "and width W drafts W nodes, and gamma * width <= "
                                    "num_speculative_tokens")
-        if self.tree_width > 1 and self.entropy_stop:
+        refused = self.tree_width > 1 and tree_refusal(entropy_stop=self.entropy_stop)
+        if refused:
             raise VSpecConfigError("tree_width", self.tree_width,
-                                   "1 with entropy_stop (the stop cuts drafts at linear "
-                                   "positions); turn one of them off")
+                                   refused + "; turn one of them off")
         if self.policy == "budget":
             for key, bad, why in (
                     ("tree_width", self.tree_width > 1,

@@ -25,7 +25,8 @@ import os
 from typing import Any, Mapping
 
 from vllm_vspec.core import install_state
-from vllm_vspec.config import MAX_VERIFY_WIDTH, VSpecConfig, VSpecConfigError, resolve_gamma0_mode
+from vllm_vspec.config import (MAX_VERIFY_WIDTH, VSpecConfig, VSpecConfigError,
+                               resolve_gamma0_mode, tree_refusal)
 from vllm_vspec.core.drafter_keys import drafter_features
 
 SCHEDULER_CLS = "vllm_vspec.hosts.vllm.scheduler.VSpecScheduler"
@@ -276,30 +277,17 @@ def _check_method(cfg: VSpecConfig, method: str) -> None:
             raise VSpecConfigError(key, getattr(cfg, key), why)
 
 
-# Hosts whose attention takes draft-tree masks (hosts/vllm/tree/attention.py).
-TREE_PLATFORMS = ("cpu",)
-
-
 def _check_trees(cfg: VSpecConfig, vllm_config: Any) -> None:
-    """`tree_width` > 1 where the engine can verify trees: EAGLE-1 on the
-    CPU host, synchronous scheduling (the drafter's own limits are checked
-    by vspec's runner at start-up, tree_proposer.check_tree_drafting)."""
+    """`tree_width` > 1 where the engine can verify trees (config.TREE_REFUSALS
+    on the engine's facts; the drafter's own are checked by vspec's runner at
+    start-up, tree/proposer.check_tree_drafting)."""
     if cfg.tree_width == 1:
         return
-    method = vllm_config.speculative_config.method
-    device = _device_type(vllm_config)
-    reasons = (
-        (method != "eagle", f"only with speculative method eagle (EAGLE-1), not {method}"),
-        (device not in TREE_PLATFORMS,
-         f"only on the CPU host (this engine: {device}); tree attention masks are not "
-         "built for CUDA or Ascend attention yet"),
-        (bool(vllm_config.scheduler_config.async_scheduling),
-         "not with async scheduling (tree parents do not travel with the draft "
-         "placeholders yet)"),
-    )
-    for refused, why in reasons:
-        if refused:
-            raise VSpecConfigError("tree_width", cfg.tree_width, why + "; or set tree_width 1")
+    why = tree_refusal(method=vllm_config.speculative_config.method,
+                       device=_device_type(vllm_config),
+                       async_scheduling=bool(vllm_config.scheduler_config.async_scheduling))
+    if why:
+        raise VSpecConfigError("tree_width", cfg.tree_width, why + "; or set tree_width 1")
 
 
 def _is_vspec_worker(vllm_config: Any) -> bool:

@@ -45,7 +45,7 @@ from vllm.v1.spec_decode.utils import PADDING_SLOT_ID
 from vllm_vspec.kernels import tree
 from vllm_vspec.hosts.vllm.drafter_batch import drafter_batch, run_pass
 from vllm_vspec.hosts.vllm.tree.attention import TreeQueries, tree_builders
-from vllm_vspec.config import VSpecConfigError
+from vllm_vspec.config import VSpecConfigError, tree_refusal
 from vllm_vspec.kernels.draft_head import DraftHead
 
 
@@ -61,31 +61,18 @@ class _FirstPass:
 
 
 def tree_drafting_refusal(proposer) -> str | None:
-    """Why `proposer` cannot draft trees wider than 1, or None. The reasons
-    are docs/eagle-tree.md 4.4.5's, plus the vspec drafter options that
-    read linear drafts."""
+    """Why `proposer` cannot draft trees wider than 1, or None: the
+    config.TREE_REFUSALS its own options meet."""
     spec = proposer.speculative_config
     if not isinstance(proposer, TreeDraftMixin):
         return f"only with speculative method eagle (this engine drafts with {spec.method})"
-    reasons = {
-        # EAGLE-3, MTP, DFlash: the state fed to the next depth is not the
-        # one the LM head reads (or comes from combined target layers).
-        f"only with speculative method eagle (EAGLE-1), not {spec.method}":
-            spec.method != "eagle",
-        "not with parallel drafting": proposer.parallel_drafting,
-        "not with a multimodal drafter": proposer.supports_mm_inputs,
-        "not with an M-RoPE drafter": proposer.uses_mrope,
-        "not with local argmax reduction or a heterogeneous draft vocabulary "
-        "(the beam ranks full draft logits)":
-            proposer.use_local_argmax_reduction or proposer.use_heterogeneous_vocab,
-        "not with entropy_stop (it cuts drafts at linear positions)":
-            getattr(proposer, "entropy_stop", None) is not None,
-        "not with the diagnostics traces (they record linear drafts)":
-            getattr(proposer, "traces", None) is not None,
-        "not with async scheduling (tree parents do not travel with the "
-        "placeholders yet)": proposer.vllm_config.scheduler_config.async_scheduling,
-    }
-    return next((reason for reason, refused in reasons.items() if refused), None)
+    return tree_refusal(
+        method=spec.method, parallel_drafting=proposer.parallel_drafting,
+        multimodal=proposer.supports_mm_inputs, mrope=proposer.uses_mrope,
+        partial_logits=proposer.use_local_argmax_reduction or proposer.use_heterogeneous_vocab,
+        entropy_stop=getattr(proposer, "entropy_stop", None) is not None,
+        traces=getattr(proposer, "traces", None) is not None,
+        async_scheduling=proposer.vllm_config.scheduler_config.async_scheduling)
 
 
 def check_tree_drafting(proposer, width: int) -> None:
