@@ -45,8 +45,8 @@ from typing import Callable, Collection, Container
 from vllm_vspec.core.arms import arm_label, make_space
 from vllm_vspec.config import VSpecConfig
 from vllm_vspec.core.policies import make_policy
-from vllm_vspec.core.steps import (BatchState, Decision, StepFeedback, StepOutcome, bucket_of,
-                              feasible_max_gamma)
+from vllm_vspec.core.steps import (BatchState, BusySince, Decision, StepFeedback, StepOutcome,
+                                   bucket_of, feasible_max_gamma)
 from vllm_vspec.core.trace import DecisionTrace
 
 
@@ -111,13 +111,8 @@ class GammaController:
         self._sticky = self.config.gamma0_mode == "sticky"
         self._stale: set[str] = set()
         self._last_decision: Decision | None = None
-        # When the host last processed a step's output while requests
-        # remained (None once the engine may idle). A busy engine's step
-        # starts there: output processing and scheduling are per-step costs,
-        # and leaving them out of the interval would favour low gammas (they
-        # take the same time at every gamma, so they shrink the ratio of
-        # step times). Idle time before scheduling is no cost.
-        self._busy_since: float | None = None
+        # Where a busy engine's next step starts (steps.BusySince).
+        self._busy = BusySince()
         self._last_completed_at: float | None = None
         self._last_observed: tuple[int, int] | None = None     # (gamma, width) last observed
         self._steps = 0
@@ -194,7 +189,7 @@ class GammaController:
         """The policy's decision for a step (decide_step's decided steps).
         `host_overhead_s`: wall time the host adapter spent building `batch`."""
         started = time.perf_counter()
-        scheduled_at = self.clock() if self._busy_since is None else self._busy_since
+        scheduled_at = self.clock() if self._busy.since is None else self._busy.since
         bucket = bucket_of(batch.num_reqs)
         lo, hi = self.config.min_gamma, feasible_max_gamma(batch, self.config.max_gamma)
         space = self.space
@@ -257,7 +252,7 @@ class GammaController:
     def step_processed(self, busy: bool) -> None:
         """The host processed a step's output (any step, decided or not).
         `busy`: requests remain, so the next step's interval starts now."""
-        self._busy_since = self.clock() if busy else None
+        self._busy.processed(self.clock(), busy)
 
     def _stat(self, bucket: int, gamma: int, width: int) -> GammaTally:
         return self._stats.setdefault(bucket, {}).setdefault((gamma, width), GammaTally())

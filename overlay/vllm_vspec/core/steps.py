@@ -77,6 +77,26 @@ class StepOutcome:
     verified_width: int = 1        # width of the drafts VERIFIED here (StepFeedback.width)
 
 
+class BusySince:
+    """When a busy engine's step starts: where the host processed the
+    previous step's output, if requests remained then (None once the engine
+    may idle: idle time before a step is no step's cost). Output processing
+    and scheduling are per-step costs; leaving them out of the interval
+    would favour low gammas (they take the same time at every gamma, so
+    they shrink the ratio of step times). The one rule the controller's
+    step intervals and the /metrics step seconds (hosts/vllm/metrics.py)
+    share."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+
+    def processed(self, now: float, busy: bool) -> float | None:
+        """A step's output was processed at `now` (`busy`: requests remain).
+        Returns where that step's busy interval began (None: after idle)."""
+        since, self.since = self.since, (now if busy else None)
+        return since
+
+
 def bucket_of(num_reqs: int) -> int:
     """Batch-size bucket: the next power of two >= num_reqs (1 for B <= 1)."""
     return 1 if num_reqs <= 1 else 1 << math.ceil(math.log2(num_reqs))

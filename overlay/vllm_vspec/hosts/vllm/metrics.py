@@ -19,8 +19,8 @@ counters, without estimates of its own:
   width are in the controller's trace);
 - committed tokens, and the step's seconds: from the previous step's
   output to this one's, counted only when requests remained after the
-  previous step (an idle engine's wait is no step's cost, as in the
-  controller). Tokens per second at a gamma over any window is then
+  previous step (an idle engine's wait is no step's cost: the controller's
+  rule, core/steps.BusySince, on the host stats' timestamps). Tokens per second at a gamma over any window is then
   `rate(vspec:committed_tokens_total[w]) / rate(vspec:step_seconds_total[w])`.
 
 The names start with `vspec:`, not `vllm:`: vLLM's Prometheus logger
@@ -42,6 +42,7 @@ from vllm.v1.metrics.loggers import StatLoggerBase
 from vllm.v1.metrics.stats import IterationStats, SchedulerStats
 
 from vllm_vspec.config import VSpecConfig, VSpecConfigError
+from vllm_vspec.core.steps import BusySince
 from vllm_vspec.hosts.wiring import SCHEDULER_CLS
 
 
@@ -83,8 +84,7 @@ class VSpecStatLogger(StatLoggerBase):
     def __init__(self, vllm_config: VllmConfig, engine_index: int = 0):
         self.enabled = check_vspec_scheduler(vllm_config)
         self.engine = str(engine_index)
-        # When the previous step's output arrived, if requests remained then.
-        self._busy_since: float | None = None
+        self._busy = BusySince()
         if self.enabled and VSpecStatLogger._metrics is None:
             labels = ["engine", "gamma"]
             VSpecStatLogger._metrics = (
@@ -115,7 +115,7 @@ class VSpecStatLogger(StatLoggerBase):
         now, tokens = iteration_stats.iteration_timestamp, iteration_stats.num_generation_tokens
         busy = scheduler_stats is not None and (
             scheduler_stats.num_running_reqs + scheduler_stats.num_waiting_reqs > 0)
-        start, self._busy_since = self._busy_since, now if busy else None
+        start = self._busy.processed(now, busy)
         if tokens == 0:
             return
         gamma = verified_gamma(scheduler_stats)
