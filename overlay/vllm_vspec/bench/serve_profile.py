@@ -47,9 +47,13 @@ def _processes(pid: int) -> dict[int, str]:
     names = {}
 
     def walk(p: int, depth: int) -> None:
+        # vLLM names its processes VLLM::EngineCore, VLLM::Worker...; the
+        # kernel keeps 15 characters of a name ("VLLM::EngineCor").
         comm = Path(f"/proc/{p}/comm").read_text().strip()
-        names[p] = ("APIServer" if depth == 0 else comm.split("::")[-1] if "VLLM" in comm
-                    else None)
+        name = comm.split("::")[-1] if comm.startswith("VLLM::") else None
+        if name is not None and "EngineCore".startswith(name):
+            name = "EngineCore"
+        names[p] = "APIServer" if depth == 0 else name
         for child in Path(f"/proc/{p}/task/{p}/children").read_text().split():
             walk(int(child), depth + 1)
 
