@@ -185,6 +185,7 @@ def test_admission_cuts_each_request_to_its_admitted_prefix():
     admission.admit([])
     admission.step_output(so, out, decided=False)
     assert len(reported) == 1
+    admission.close()                        # the summary line: no error
 
 
 def test_no_plan_admits_everything():
