@@ -60,7 +60,7 @@ test: install
 
 # vLLM 0.32.0's own scheduler tests, stock and with VSpecScheduler under each
 # vspec variant, compared (tests/peer/, docs/testing.md). `make test` runs it
-# too (tests/peer/test_peer_suite.py, marker peer; 1.5-2.5 min on a 2-core
+# too (tests/peer/test_peer_suite.py, marker peer; 1-2.5 min on a 2-core
 # host); this target runs it alone. PEER_ARGS: see tests/peer/peer_suite.py --help.
 peer-test: install
 	$(PYTHON) tests/peer/peer_suite.py $(PEER_ARGS)
