@@ -1,0 +1,113 @@
+"""EAGLE-3 (`method: eagle3`, models/tiny-eagle3) and MTP (`method: mtp`,
+models/tiny-mimo) under vspec on a real engine (CPU, float32, greedy).
+
+Spec:
+- With gamma changing every step (cycle policy, gamma 0 included), greedy
+  outputs are token-identical to target-only decoding, on prefix-cache hits
+  and across preemptions.
+- Each step the proposer drafts exactly the gamma the scheduler asked for,
+  for every request of the batch (counted in the runner, from the step's
+  SchedulerOutput, before the scheduler trims anything).
+- Gamma 0 is `sync` for both (gamma0_mode auto): the drafter's first pass
+  still runs over the step's tokens, since both read the target's hidden
+  states of every position, which a skipped step would not keep. So a step
+  runs max(1, gamma) drafter forwards: counted.
+- The MiMo-style checkpoint's target-only decoding is the bundled target's
+  (its model.safetensors is the target's; vLLM runs it as MiMoForCausalLM).
+
+One engine per method on vspec's worker, shared by the module's tests (a KV
+cache small enough to preempt, prefix caching on, 32-token blocks).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import MODELS, TARGET, assert_same_tokens, close_llm, counter, greedy, make_llm, runner_of
+
+pytestmark = pytest.mark.engine
+
+K = 4
+EAGLE3 = MODELS / "tiny-eagle3"
+MIMO = MODELS / "tiny-mimo"
+SPECS = {
+    "eagle3": (None, {"method": "eagle3", "model": str(EAGLE3), "num_speculative_tokens": K}),
+    "mtp": (MIMO, {"method": "mtp", "num_speculative_tokens": K}),
+}
+CYCLE = {"policy": "cycle", "min_gamma": 0}
+
+
+def _record(llm) -> list:
+    """Log, per drafter call: (gamma asked, drafts' shape, requests in the
+    batch, drafter forwards during the call)."""
+    runner = runner_of(llm)
+    log, forwards = [], [0]
+    runner.drafter.model.register_forward_pre_hook(
+        lambda *_: forwards.__setitem__(0, forwards[0] + 1))
+    propose = runner.propose_draft_token_ids
+
+    def counted(scheduler_output, *args, **kwargs):
+        forwards[0] = 0
+        drafts = propose(scheduler_output, *args, **kwargs)
+        log.append((scheduler_output.num_spec_tokens_to_schedule, tuple(drafts.shape),
+                    runner.input_batch.num_reqs, forwards[0]))
+        return drafts
+
+    runner.propose_draft_token_ids = counted
+    return log
+
+
+@pytest.fixture(scope="module", params=list(SPECS))
+def method_llm(request, reference, prompts):
+    from vllm_vspec.hosts.vllm.worker import CPU_WORKER_CLS
+
+    target, spec = SPECS[request.param]
+    mimo_target_only = None
+    if target is not None:   # the checkpoint's own target-only run, before the engine under test
+        plain = make_llm(target, max_model_len=256)
+        try:
+            mimo_target_only = greedy(plain, prompts)
+        finally:
+            close_llm(plain)
+    llm = make_llm(target or TARGET, speculative_config=spec, vspec=CYCLE, worker_cls=CPU_WORKER_CLS,
+                   # block 32: vLLM drops an EAGLE-type drafter's last cached block,
+                   # so prompts need two blocks to hit (the CPU default is 128)
+                   enable_prefix_caching=True, block_size=32, kv_cache_memory_bytes=5 << 20,
+                   max_model_len=256,
+                   disable_log_stats=False)
+    log = _record(llm)
+    yield request.param, llm, log, mimo_target_only
+    close_llm(llm)
+
+
+def test_exact_on_prefix_cache_hits_and_drafts_exactly_the_asked_gamma(method_llm, prompts,
+                                                                       reference):
+    method, llm, log, _ = method_llm
+    log.clear()
+    assert_same_tokens(greedy(llm, prompts[:4]), reference[:4], f"{method} cycle")
+    hits = counter(llm, "vllm:prefix_cache_hits")
+    assert_same_tokens(greedy(llm, prompts[:4]), reference[:4],
+                       f"{method} cycle, prefix-cached prompts")
+    assert counter(llm, "vllm:prefix_cache_hits") > hits, "no prefix-cache hit happened"
+    assert {asked for asked, _, _, _ in log} == set(range(K + 1)), f"cycle gammas: {log}"
+    for asked, shape, reqs, forwards in log:
+        assert shape == (reqs, asked), f"{method}: asked {asked} for {reqs} requests, drafted {shape}"
+        # sync gamma 0: the first pass runs at every step, then gamma - 1 more
+        assert forwards == max(1, asked), f"{method}: {forwards} drafter forwards at gamma {asked}"
+
+
+def test_exact_across_preemptions(method_llm, prompts, reference):
+    method, llm, log, _ = method_llm
+    before = counter(llm, "vllm:num_preemptions")
+    accepted = counter(llm, "vllm:spec_decode_num_accepted_tokens")
+    assert_same_tokens(greedy(llm, prompts), reference, f"{method} cycle, batch 16")
+    assert counter(llm, "vllm:num_preemptions") > before, "the tiny KV cache caused no preemption"
+    assert counter(llm, "vllm:spec_decode_num_accepted_tokens") > accepted, "nothing accepted"
+    assert all(shape[-1] == asked for asked, shape, _, _ in log)
+
+
+def test_the_mimo_checkpoint_decodes_as_the_bundled_target(method_llm, reference):
+    method, _, _, mimo_target_only = method_llm
+    if method != "mtp":
+        pytest.skip("the MiMo-style checkpoint is the mtp engine's target")
+    assert_same_tokens(mimo_target_only, reference, "tiny-mimo target-only")
