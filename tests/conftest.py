@@ -42,9 +42,12 @@ def make_llm(model: Path = TARGET, *, speculative_config: dict | None = None,
     kwargs = dict(model=str(model), dtype="float32", max_model_len=512, seed=0,
                   gpu_memory_utilization=0.3, kv_cache_memory_bytes=128 << 20,
                   max_num_seqs=16, enforce_eager=True,
-                  distributed_executor_backend="uni", generation_config="vllm",
-                  **wiring.engine_args(speculative_config, vspec, platform="cpu",
-                                       with_worker=False))
+                  distributed_executor_backend="uni", generation_config="vllm")
+    # vspec's engine arguments win over the defaults above: with the engine
+    # core in a process of its own (VLLM_ENABLE_V1_MULTIPROCESSING=1) they
+    # select vspec's executor, as they do for users (wiring.EXECUTOR_CLS).
+    kwargs.update(wiring.engine_args(speculative_config, vspec, platform="cpu",
+                                     with_worker=False))
     kwargs.update(overrides)
     return LLM(**kwargs)
 
