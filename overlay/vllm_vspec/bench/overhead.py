@@ -156,13 +156,8 @@ def paired_ratio_table(runs) -> str:
     got = paired_ratios(runs)
     if not got:
         return ""
-    lines = ["| workload | pair (vspec / stock) | rounds | median ratio | lowest | highest | "
-             f">= {TARGET_RATIO:.2f}x |", "|---|---|---:|---:|---:|---:|:-:|"]
-    for r in got:
-        lines.append(f"| {r['workload']} | {r['vspec']} / {r['stock']} | {r['rounds']} | "
-                     f"{r['ratio']:.3f}x | {r['low']:.3f}x | {r['high']:.3f}x | "
-                     f"{'yes' if r['meets_target'] else 'NO'} |")
-    return "\n".join(lines) + "\n"
+    return _markdown(("rounds", "median ratio", "lowest", "highest"), got, lambda r: (
+        str(r["rounds"]), f"{r['ratio']:.3f}x", f"{r['low']:.3f}x", f"{r['high']:.3f}x"))
 
 
 def ratio_table(table_rows) -> str:
@@ -170,11 +165,18 @@ def ratio_table(table_rows) -> str:
     got = ratios(table_rows)
     if not got:
         return ""
-    lines = ["| workload | pair (vspec / stock) | stock tok/s | vspec tok/s | ratio | "
-             f">= {TARGET_RATIO:.2f}x |", "|---|---|---:|---:|---:|:-:|"]
-    for r in got:
-        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.3f}x"
+    return _markdown(("stock tok/s", "vspec tok/s", "ratio"), got, lambda r: (
+        f"{r['stock_tok_s']:.1f}", f"{r['vspec_tok_s']:.1f}",
+        "-" if r["ratio"] is None else f"{r['ratio']:.3f}x"))
+
+
+def _markdown(columns: tuple[str, ...], pairs: list[dict], cells) -> str:
+    """A pair table: workload, pair, `columns` (right-aligned, `cells(row)`),
+    and whether the pair meets TARGET_RATIO."""
+    lines = ["| workload | pair (vspec / stock) | " + " | ".join(columns)
+             + f" | >= {TARGET_RATIO:.2f}x |",
+             "|---|---|" + "---:|" * len(columns) + ":-:|"]
+    for r in pairs:
         lines.append(f"| {r['workload']} | {r['vspec']} / {r['stock']} | "
-                     f"{r['stock_tok_s']:.1f} | {r['vspec_tok_s']:.1f} | {ratio} | "
-                     f"{'yes' if r['meets_target'] else 'NO'} |")
+                     + " | ".join(cells(r)) + f" | {'yes' if r['meets_target'] else 'NO'} |")
     return "\n".join(lines) + "\n"

@@ -61,6 +61,15 @@ class Plan:
             return None
         return (self.out_dir / "traces" / f"{self.file_stem(v, repeat)}.jsonl").resolve()
 
+    def fresh_trace(self, v: Variant, repeat: int = 0) -> Path | None:
+        """trace_path, its folder made and any earlier file of it removed
+        (a server appends to its trace)."""
+        trace = self.trace_path(v, repeat)
+        if trace is not None:
+            trace.parent.mkdir(parents=True, exist_ok=True)
+            trace.unlink(missing_ok=True)
+        return trace
+
     def argv(self, v: Variant, port: int, repeat: int = 0) -> list[str]:
         return serve_argv(self.spec, v.serve_args(self.trace_path(v, repeat)), port)
 
@@ -86,10 +95,7 @@ def run_plan(plan: Plan, on_progress: Callable[[str], None],
     failures: dict[str, str] = {}
     for repeat in range(plan.repeats):
         for v in plan.variants:
-            trace = plan.trace_path(v, repeat)
-            if trace is not None:
-                trace.parent.mkdir(parents=True, exist_ok=True)
-                trace.unlink(missing_ok=True)
+            trace = plan.fresh_trace(v, repeat)
             port = free_port()
             try:
                 with Server(plan.argv(v, port, repeat), port,
@@ -125,13 +131,10 @@ def run_paired(plan: Plan, pairs: list[Pair], on_progress: Callable[[str], None]
     for pair in pairs:
         both = (by_name[pair.stock], by_name[pair.vspec])
         with ExitStack() as stack:
-            servers = {}
+            servers, traces = {}, {}
             try:
                 for v in both:
-                    trace = plan.trace_path(v)
-                    if trace is not None:
-                        trace.parent.mkdir(parents=True, exist_ok=True)
-                        trace.unlink(missing_ok=True)
+                    traces[v.name] = plan.fresh_trace(v)
                     port = free_port()
                     log = plan.out_dir / "logs" / f"{v.name}.{pair.vspec}-pair.log"
                     servers[v.name] = stack.enter_context(Server(plan.argv(v, port), port, log))
@@ -145,12 +148,12 @@ def run_paired(plan: Plan, pairs: list[Pair], on_progress: Callable[[str], None]
             for v in both:
                 time.sleep(PAIR_SWITCH_S)
                 asyncio.run(_serve_workloads(plan, v, servers[v.name].base_url,
-                                             plan.trace_path(v), on_progress))
+                                             traces[v.name], on_progress))
             for repeat in range(plan.repeats):
                 for v in (both if repeat % 2 == 0 else both[::-1]):
                     time.sleep(PAIR_SWITCH_S)
                     v_runs, tl = asyncio.run(_serve_workloads(
-                        plan, v, servers[v.name].base_url, plan.trace_path(v), on_progress))
+                        plan, v, servers[v.name].base_url, traces[v.name], on_progress))
                     for r in v_runs:
                         r.repeat, r.pair = repeat, pair.label
                     runs += v_runs
