@@ -34,7 +34,8 @@ for good. The arm above is also probed if it could win were the one draft
 position the current gamma cannot see always accepted (a phase change may
 have moved that position's acceptance). Every one of these probes waits for
 the arm's own probe interval, which backs off: an arm that keeps losing
-clearly (beyond the noise of the two windows) is probed at 2x, 4x, ...
+clearly (its judged gaps beyond their own spread and the noise of the two
+windows) is probed at 2x, 4x, ...
 online_probe_interval, until the acceptance or the bucket's batch size
 moves (BACKOFF_* below; issue 29: probes must pay for themselves).
 
@@ -109,36 +110,50 @@ SWEEP_MIN_ARMS = 3
 STALE_AFTER_WINDOWS = 2
 
 # Probe back-off (issue 29: probes must pay for themselves). Each probe of
-# an arm is judged at the next control point: when it came out more than
-# BACKOFF_MIN_GAP below the current arm AND the gap exceeds BACKOFF_Z
-# standard errors of the two estimates (the noise the bucket measures in
-# its own windows), it counts as a loss; after BACKOFF_FREE_LOSSES losses in
-# a row, each further one doubles the arm's probe interval (at most
-# 2**BACKOFF_MAX_DOUBLINGS times online_probe_interval); a probe that comes
-# out within BACKOFF_RESET_GAP of the current arm (or above it) puts it back
-# to online_probe_interval, one in between (not clearly either: the noise)
-# leaves its count. (Free losses: a
-# probe's few samples may be unlucky ones, and a bucket that lives only for
-# a phase of a burst keeps today's probing.) Every probe rule (unmeasured, stale, close
-# neighbour, the arm above) waits for that interval, so an arm that keeps
-# losing clearly is probed less and less often: with the defaults a
-# neighbour 10% slower is probed after 16, 32, ... 512 stable steps, and
-# after warm-up its probes (a control_interval hold and the switch steps
-# around it) stay under 2% of steps. When the acceptance (E at the current
-# arm's depth, at least 1, pooled over arms) moves by more than ACCEPTANCE_MOVE of its drafted part
-# (E - 1; at least ACCEPTANCE_MOVE_TOKENS tokens), or the bucket's batch
-# size (an EWMA of its stable steps) by more than BATCH_MOVE, since an arm
-# was judged, the arm's back-off is dropped: what made it lose may be gone,
-# so it is probed again after online_probe_interval. A move must also exceed
-# ACCEPTANCE_NOISE_Z times the spread E shows at the bucket's own control
-# points (an EWMA of its variance, weight ACCEPTANCE_NOISE_WEIGHT): at batch
-# 1 the acceptance of single requests moves E by tenths of a token from step
-# to step, and that is noise, not news. (The drafted part, not
-# E: from drafts useless (E = 1) a small rise is the whole news; E is an
-# EWMA still converging after a phase change, so an arm judged on a
-# half-converged E is re-judged soon.)
-BACKOFF_MIN_GAP = 0.05
-BACKOFF_RESET_GAP = 0.025
+# an arm is judged at the next control point by its gap to the current arm,
+# (R(cur) - R(arm)) / R(cur), and the evidence is the arm's last
+# BACKOFF_EVIDENCE judged gaps against that current arm: when their mean
+# exceeds BACKOFF_Z standard errors of that mean, it counts as a loss. The
+# standard error is that of a mean of the judged gaps, from their spread
+# (what the step-time samples cannot show: the noise of the pooled
+# acceptance estimate, which at batch 1 moves a 3% gap by +-2.5% from one
+# probe to the next and decorrelates between probes) and the standard
+# errors of the two windows at this judgement: the probed arm's averages
+# with the gaps (its samples are mostly new at each probe), the current
+# arm's does not (its window spans every judgement). A loss
+# needs no minimum size: an arm clearly behind is a probe that does not pay,
+# however small the gap, and an arm a few percent behind is the costliest
+# one to keep probing (it stays close enough to be re-probed every
+# interval). After BACKOFF_FREE_LOSSES losses in a row, each further one
+# doubles the arm's probe interval (at most 2**BACKOFF_MAX_DOUBLINGS times
+# online_probe_interval); when the mean gap comes out at or below zero (the
+# arm at least as good as the current one, on the evidence) it goes back to
+# online_probe_interval; in between (not clearly either: the noise) its
+# count is left. The evidence starts afresh when the current arm changes.
+# (Free losses: a probe's few samples may be unlucky ones, and a bucket
+# that lives only for a phase of a burst keeps today's probing.) Every probe
+# rule (unmeasured, stale, close neighbour, the arm above) waits for that
+# interval, so an arm that keeps losing clearly is probed less and less
+# often: with the defaults a neighbour 10% slower is probed after 16, 32,
+# ... 1024 stable steps, and after warm-up its probes (a control_interval
+# hold and the switch steps around it) stay under 2% of steps. When the
+# acceptance (E at the current arm's depth, at least 1, pooled over arms)
+# moves by more than ACCEPTANCE_MOVE of its drafted part (E - 1; at least
+# ACCEPTANCE_MOVE_TOKENS tokens), or the bucket's batch size (an EWMA of its
+# stable steps) by more than BATCH_MOVE, since an arm's evidence started or
+# it last lost, the arm's back-off and evidence are dropped: what made it
+# lose may be gone, so it is probed again after online_probe_interval. A
+# move must also exceed ACCEPTANCE_NOISE_Z times the spread E shows at the
+# bucket's own control points (an EWMA of its variance, weight
+# ACCEPTANCE_NOISE_WEIGHT): at batch 1 the acceptance of single requests
+# moves E by tenths of a token from step to step, and that is noise, not
+# news. (The drafted part, not E: from drafts useless (E = 1) a small rise
+# is the whole news; E is an EWMA still converging after a phase change, so
+# an arm judged on a half-converged E is re-judged soon.) Older judgements
+# than the last BACKOFF_EVIDENCE slide out, so a slow drift of the arms'
+# speeds (one that moves neither the acceptance nor the batch size) still
+# reaches the verdict.
+BACKOFF_EVIDENCE = 8
 BACKOFF_Z = 2.0
 BACKOFF_FREE_LOSSES = 2
 BACKOFF_MAX_DOUBLINGS = 6
@@ -166,10 +181,12 @@ class _Arms:
         self.seed_ref: int | None = None      # arm the seed speeds are relative to
         self.seed: dict[int, tuple[float, int]] = {}   # arm -> (speed / speed of ref, samples)
         # Probe back-off: arm -> losses in a row (BACKOFF_*); arm ->
-        # last_seen step of the newest sample judged; arm -> (acceptance,
-        # batch size) when it was judged.
+        # last_seen step of the newest sample judged; arm -> (the current
+        # arm it was judged against, its last judged relative gaps); arm ->
+        # (acceptance, batch size) when its evidence started or it last lost.
         self.backoff: dict[Arm, int] = {}
         self.judged: dict[Arm, int] = {}
+        self.evidence: dict[Arm, tuple[Arm, deque[float]]] = {}
         self.context: dict[Arm, tuple[float, float]] = {}
         self.batch = 0.0                      # EWMA of the batch size of its stable steps
         self.acc_mean: float | None = None    # EWMA of E(max gamma) at its control points
@@ -257,8 +274,9 @@ class _Arms:
               acceptance: float) -> None:
         """Back-off bookkeeping at a control point (BACKOFF_*, ACCEPTANCE_MOVE, BATCH_MOVE):
         judge every arm with a sample newer than its last judgement against
-        the current arm `cur`; drop the back-off of arms whose context moved.
-        `means` are R estimates, `e` the E(arm) factors."""
+        the current arm `cur`, on its evidence (its judged gaps against
+        `cur`); drop the back-off and the evidence of arms whose context
+        moved. `means` are R estimates, `e` the E(arm) factors."""
         batch = self.batch
         # The acceptance signal's own spread at this bucket's control points
         # (an EWMA of its variance): at batch 1 E moves by tenths of a token
@@ -281,25 +299,38 @@ class _Arms:
                                            noise_e)
                     or abs(batch - b0) > BATCH_MOVE * max(b0, 1e-9)):
                 self.backoff.pop(g, None)
+                self.evidence.pop(g, None)
                 del self.context[g]
-        if cur not in means:
+        if cur not in means or means[cur] <= 0:
             return
         for g, seen in self.last_seen.items():
             if g == cur or self.judged.get(g) == seen or g not in means:
                 continue
             self.judged[g] = seen
-            gap = means[cur] - means[g]
+            against, gaps = self.evidence.get(g, (None, deque()))
+            if against != cur:
+                gaps = deque(maxlen=BACKOFF_EVIDENCE)
+                self.evidence[g] = (cur, gaps)
+                self.context[g] = (acceptance, batch)
+            gaps.append((means[cur] - means[g]) / means[cur])
+            n = len(gaps)
+            mean = sum(gaps) / n
+            spread = sum((x - mean) ** 2 for x in gaps) / (n - 1) if n > 1 else 0.0
             se_cur, se_g = self.standard_error(cur), self.standard_error(g)
-            noise = (math.hypot(e.get(cur, 1.0) * se_cur, e.get(g, 1.0) * se_g)
-                     if se_cur is not None and se_g is not None else math.inf)
-            if gap > BACKOFF_MIN_GAP * means[cur] and gap > BACKOFF_Z * noise:
+            # The current arm's window spans every judgement (its error is
+            # common to all of them); the probed arm's samples are mostly new
+            # at each probe, so its error averages out with the gaps'.
+            var = ((spread + (e.get(g, 1.0) * se_g / means[cur]) ** 2) / n
+                   + (e.get(cur, 1.0) * se_cur / means[cur]) ** 2
+                   if se_cur is not None and se_g is not None else math.inf)
+            if mean > BACKOFF_Z * math.sqrt(var):
                 self.backoff[g] = min(self.backoff.get(g, 0) + 1,
                                       BACKOFF_FREE_LOSSES + BACKOFF_MAX_DOUBLINGS)
                 self.context[g] = (acceptance, batch)
-            elif gap < BACKOFF_RESET_GAP * means[cur]:
-                # Nearly as good (or better): probe it at the normal rate.
+            elif mean <= 0.0:
+                # At least as good as the current arm, on the evidence:
+                # probe it at the normal rate.
                 self.backoff.pop(g, None)
-                self.context.pop(g, None)
 
     def seed_from(self, other: "_Arms", gamma: Arm) -> Arm:
         """Take the relative arm speeds of `other` (its own measurements and
