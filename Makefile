@@ -14,6 +14,7 @@ TORCH_PIN := torch==2.13.0
 HOST_STAMP := $(VENV)/.host-installed
 PROJECT_STAMP := $(VENV)/.project-installed
 DERIVED := models/derived/tiny-target-deep/config.json
+DERIVED_MIMO := models/derived/tiny-mimo-deep/config.json
 # vspec's custom ops (csrc/), CPU reference + CUDA composites; vllm_vspec.kernels.ops loads it from here.
 OPS_BUILD := build/csrc-cpu
 OPS_LIB := $(OPS_BUILD)/lib/libvspec_ops.so
@@ -24,7 +25,7 @@ PEER_ARGS ?=
 help:
 	@grep -E '^#   make' Makefile | sed 's/^#   //'
 
-install: $(PROJECT_STAMP) $(OPS_LIB) $(DERIVED)
+install: $(PROJECT_STAMP) $(OPS_LIB) $(DERIVED) $(DERIVED_MIMO)
 
 $(HOST_STAMP):
 	$(PY) -m venv $(VENV)
@@ -51,6 +52,9 @@ $(OPS_LIB): $(PROJECT_STAMP) $(wildcard csrc/*.h csrc/*.cpp) csrc/CMakeLists.txt
 # so that one step costs what a real target's step costs (see docs/models.md).
 $(DERIVED): $(PROJECT_STAMP) models/deepen.py models/tiny-target/model.safetensors
 	$(PYTHON) models/deepen.py
+# Its MiMo-style MTP checkpoint (symlinks): the target of the mtp-* bench variants.
+$(DERIVED_MIMO): $(DERIVED) models/tiny-mimo/config.json models/tiny-mimo/mtp.safetensors
+	$(PYTHON) models/deepen.py --mimo
 
 demo: install
 	$(BIN)/vllm-vspec demo --json results/demo.json

@@ -13,12 +13,23 @@ runs its real attention and MLP compute.
 Deterministic: the extra layers' other weights come from a seeded generator,
 and the output is byte-identical on every run. config.json is written last,
 so its presence (the Makefile's target) means the directory is complete.
+
+    .venv/bin/python models/deepen.py --mimo   # -> models/derived/tiny-mimo-deep
+
+`--mimo` derives the MiMo-style MTP checkpoint of the deepened target
+(the `mtp-*` bench variants' target): the deepened weights and tiny-mimo's
+MTP layer, both symlinked, under tiny-mimo's architecture. The appended
+layers add exactly 0 to the residual stream, so the final hidden state the
+MTP layer reads is the 4-layer target's and it drafts what tiny-mimo drafts;
+vLLM names an MTP layer by its index after the target's layers when it loads
+it (`model.mtp_layers.0` in the file either way).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -81,16 +92,48 @@ def deepen(src: Path, out: Path, extra_layers: int = EXTRA_LAYERS) -> None:
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
+# tiny-mimo's config keys that make a checkpoint MiMo-style (the rest is the target's).
+MIMO_KEYS = ("architectures", "num_nextn_predict_layers")
+# Files of the MiMo checkpoint that are symlinks: the weights of both parts.
+MIMO_LINKS = (("model.safetensors", "deep"), ("mtp.safetensors", "mimo"))
+
+
+def derive_mimo(deep: Path, mimo: Path, out: Path) -> None:
+    """out: a MiMo-style checkpoint of the deepened target `deep` with the
+    MTP layer of `mimo` (symlinks, no weights written; config.json last)."""
+    config = json.loads((deep / "config.json").read_text())
+    config.update({k: json.loads((mimo / "config.json").read_text())[k] for k in MIMO_KEYS})
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").unlink(missing_ok=True)
+    sources = {"deep": deep, "mimo": mimo}
+    for name in [n for n, _ in MIMO_LINKS] + [n for n in COPIED_FILES if (deep / n).exists()]:
+        src = sources[dict(MIMO_LINKS).get(name, "deep")] / name
+        link = out / name
+        link.unlink(missing_ok=True)
+        link.symlink_to(Path(os.path.relpath(src.resolve(), out.resolve())))
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--src", type=Path, default=MODELS_DIR / "tiny-target")
     parser.add_argument("--out", type=Path, default=MODELS_DIR / "derived" / "tiny-target-deep")
     parser.add_argument("--extra-layers", type=int, default=EXTRA_LAYERS)
+    parser.add_argument("--mimo", action="store_true",
+                        help="derive tiny-mimo-deep beside --out instead: the deepened "
+                             "target (already derived) with tiny-mimo's MTP layer")
     args = parser.parse_args()
     if args.extra_layers < 1:
         parser.error(f"--extra-layers={args.extra_layers} is not allowed: must be >= 1")
-    deepen(args.src, args.out, args.extra_layers)
-    print(f"wrote {args.out} ({args.extra_layers} zero-output layers added)")
+    if not args.mimo:
+        deepen(args.src, args.out, args.extra_layers)
+        print(f"wrote {args.out} ({args.extra_layers} zero-output layers added)")
+        return
+    if not (args.out / "config.json").is_file():
+        parser.error(f"--mimo: {args.out} is not derived yet (run without --mimo first)")
+    out = args.out.parent / "tiny-mimo-deep"
+    derive_mimo(args.out, MODELS_DIR / "tiny-mimo", out)
+    print(f"wrote {out} ({args.out.name} + the MTP layer of tiny-mimo, symlinked)")
 
 
 if __name__ == "__main__":

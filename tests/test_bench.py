@@ -396,7 +396,8 @@ def bench_inputs(tmp_path):
     draft = tmp_path / "draft"
     draft.mkdir()
     return ["--prompts", str(prompts), "--draft", str(draft), "--target", str(tmp_path / "t"),
-            "--eagle", str(tmp_path / "no-eagle"), "--out", str(tmp_path / "out")]
+            "--eagle", str(tmp_path / "no-eagle"), "--eagle3", str(tmp_path / "no-eagle3"),
+            "--out", str(tmp_path / "out")]
 
 
 def _variant_commands(out: str) -> dict[str, list[str]]:
@@ -645,8 +646,10 @@ def test_protocol_against_a_real_tiny_server_completes_every_request(tmp_path):
     from vllm_vspec.bench.server import Server, free_port
 
     repo = Path(__file__).resolve().parents[1]
+    # Eager: what is tested is the protocol's client; torch.compile of a
+    # target-only server is vLLM's own (a compiled vspec server: test_adaptive_serving).
     spec = ServerSpec(model=repo / "models/tiny-target", max_num_seqs=4,
-                      kv_cache_memory_bytes=64 << 20)
+                      kv_cache_memory_bytes=64 << 20, enforce_eager=True)
     prompts = workloads.load_prompts(repo / "models/prompts/code.jsonl")
     port = free_port()
     with Server(serve_argv(spec, [], port), port, tmp_path / "server.log") as srv:
@@ -714,17 +717,21 @@ def _vspec_of(cmd: list[str]) -> dict:
 def test_overhead_set_pairs_every_vspec_server_with_the_stock_one_it_stands_in_for(
         bench_inputs, tmp_path, capsys):
     from vllm_vspec.bench import overhead
-    eagle = tmp_path / "eagle"
-    eagle.mkdir()
-    cli.main(["bench", "--dry-run", *bench_inputs, "--eagle", str(eagle), "--variants", "overhead"])
+    for head in ("eagle", "eagle3"):
+        (tmp_path / head).mkdir()
+    cli.main(["bench", "--dry-run", *bench_inputs, "--eagle", str(tmp_path / "eagle"),
+              "--eagle3", str(tmp_path / "eagle3"), "--variants", "overhead"])
     out = capsys.readouterr().out
     cmds = _variant_commands(out)
     assert list(cmds) == ["target", "fixed-0", "fixed-1", "vspec-fixed-1", "fixed-2",
                           "vspec-fixed-2", "fixed-3", "vspec-fixed-3", "eagle-fixed-0",
                           "eagle-fixed-1", "eagle-vspec-fixed-1", "eagle-fixed-2",
-                          "eagle-vspec-fixed-2", "eagle-fixed-3", "eagle-vspec-fixed-3"]
+                          "eagle-vspec-fixed-2", "eagle-fixed-3", "eagle-vspec-fixed-3",
+                          "eagle3-fixed-0", "eagle3-fixed-1", "eagle3-vspec-fixed-1",
+                          "eagle3-fixed-2", "eagle3-vspec-fixed-2", "eagle3-fixed-3",
+                          "eagle3-vspec-fixed-3"]
     for g in (1, 2, 3):
-        for prefix, method in (("", "draft_model"), ("eagle-", "eagle")):
+        for prefix, method in (("", "draft_model"), ("eagle-", "eagle"), ("eagle3-", "eagle3")):
             stock = _spec_of(cmds[f"{prefix}fixed-{g}"])
             vspec = _spec_of(cmds[f"{prefix}vspec-fixed-{g}"])
             assert stock["method"] == vspec["method"] == method
@@ -740,6 +747,38 @@ def test_overhead_set_pairs_every_vspec_server_with_the_stock_one_it_stands_in_f
     assert "bursty" not in workloads
     assert [p.label for p in overhead.pairs(cmds)][:2] == ["fixed-0 / target",
                                                            "vspec-fixed-1 / fixed-1"]
+
+
+def _mtp_target(tmp_path) -> Path:
+    """A target directory whose config names one MTP layer (a MiMo-style checkpoint)."""
+    target = tmp_path / "mimo"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps({"architectures": ["MiMoForCausalLM"],
+                                                    "num_nextn_predict_layers": 1}))
+    return target
+
+
+def test_mtp_variants_exist_for_a_target_with_mtp_layers_and_draft_from_it(
+        bench_inputs, tmp_path, capsys):
+    from vllm_vspec.bench import overhead
+    args = bench_inputs + ["--target", str(_mtp_target(tmp_path))]
+    cli.main(["bench", "--dry-run", *args, "--variants", "mtp-fixed-2,mtp-online,overhead",
+              "--workloads", "steady-c1-code"])
+    cmds = _variant_commands(capsys.readouterr().out)
+    assert {"mtp-fixed-2", "mtp-online", "mtp-fixed-0", "mtp-vspec-fixed-1"} <= set(cmds)
+    # vLLM reads the MTP layers from the target: no draft model in the config
+    assert _spec_of(cmds["mtp-fixed-2"]) == {"method": "mtp", "num_speculative_tokens": 2}
+    assert _spec_of(cmds["mtp-online"]) == {"method": "mtp", "num_speculative_tokens": 4}
+    assert cmds["mtp-online"][3] == str(tmp_path / "mimo") == cmds["target"][3]
+    assert "mtp-fixed-0 / target" in [p.label for p in overhead.pairs(cmds)]
+
+
+def test_mtp_variants_without_mtp_layers_in_the_target_say_which_target_to_pass(
+        bench_inputs, capsys):
+    assert cli.main(["bench", "--dry-run", *bench_inputs, "--variants", "mtp-online"]) == 2
+    err = capsys.readouterr().err
+    assert "mtp-online is not available" in err
+    assert "--target models/derived/tiny-mimo-deep" in err
 
 
 def test_overhead_set_without_an_eagle_head_pairs_the_draft_model_only(bench_inputs, capsys):

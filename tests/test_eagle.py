@@ -129,13 +129,15 @@ def test_entropy_stop_shortens_drafts_and_keeps_outputs_exact(spec, prompts, ref
 
 
 # --------------------------------------------------------------- lossy rules
-def lossy_outputs(rule: dict, prompts: list[str]):
-    """Greedy outputs of eagle under a lossy rule, with each token's raw
-    logprob, its rank under the target, and the target's top logprob."""
+def lossy_outputs(rule: dict, prompts: list[str], spec: dict = EAGLE_SPEC, target=None):
+    """Greedy outputs of `spec` (eagle unless given; `target`: the engine's
+    model, the bundled target unless given) under a lossy rule, with each
+    token's raw logprob, its rank under the target, and the target's top
+    logprob."""
     from vllm import SamplingParams
 
-    llm = make_llm(speculative_config=EAGLE_SPEC, worker_cls=CPU_WORKER_CLS,
-                   additional_config={"vspec": rule})
+    llm = make_llm(*([target] if target else []), speculative_config=spec,
+                   worker_cls=CPU_WORKER_CLS, additional_config={"vspec": rule})
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=1)
     try:
         outs = llm.generate(prompts, params, use_tqdm=False)

@@ -119,6 +119,22 @@ def test_deepen_adds_28_layers_with_zero_output_projections(deepened):
             assert f.get_tensor(f"model.layers.{layer}.self_attn.q_proj.weight").any()
 
 
+def test_the_deepened_mimo_checkpoint_is_the_deepened_target_plus_tiny_mimos_mtp_layer(deepened):
+    for _ in range(2):   # re-deriving over an existing one is fine
+        subprocess.run([sys.executable, str(MODELS / "deepen.py"), "--out", str(deepened[0]),
+                        "--mimo"], check=True, capture_output=True)
+    out = deepened[0].parent / "tiny-mimo-deep"
+    config = json.loads((out / "config.json").read_text())
+    mimo = json.loads((MODELS / "tiny-mimo" / "config.json").read_text())
+    deep = json.loads((deepened[0] / "config.json").read_text())
+    assert config == {**deep, "architectures": mimo["architectures"],
+                      "num_nextn_predict_layers": mimo["num_nextn_predict_layers"]}
+    assert (out / "model.safetensors").resolve() == (deepened[0] / "model.safetensors").resolve()
+    assert (out / "mtp.safetensors").resolve() == \
+        (MODELS / "tiny-mimo" / "mtp.safetensors").resolve()
+    assert (out / "tokenizer.json").read_bytes() == (TARGET / "tokenizer.json").read_bytes()
+
+
 def test_deepened_target_gives_the_same_logits(deepened, tokenizer):
     from transformers import AutoModelForCausalLM
 

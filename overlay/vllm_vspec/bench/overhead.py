@@ -7,9 +7,10 @@ by side in the same rounds, each vspec server and its stock counterpart:
 - target-only (stock) vs vspec `fixed-0` (gamma 0 every step, K = MAX_GAMMA);
 - stock `fixed-g` (num_speculative_tokens g) vs vspec `vspec-fixed-g` (the
   vspec server of the defaults, K = MAX_GAMMA, policy `fixed` at gamma g),
-  g = 1..OVERHEAD_GAMMAS, for the draft model and, when its head exists,
-  for EAGLE (`eagle-fixed-g` vs `eagle-vspec-fixed-g`; EAGLE's gamma-0 pair
-  is `target` vs `eagle-fixed-0`);
+  g = 1..OVERHEAD_GAMMAS, for the draft model and, when its drafter exists,
+  for every other method of variants.METHOD_PREFIXES (EAGLE: `eagle-fixed-g`
+  vs `eagle-vspec-fixed-g`, its gamma-0 pair `target` vs `eagle-fixed-0`;
+  EAGLE-3 `eagle3-*`; MTP `mtp-*` when the target has MTP layers);
 
 and reports each pair's ratio (vspec / stock, of the medians over rounds)
 per workload. With `bench --paired` the two servers of a pair are up at
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from vllm_vspec.bench.variants import MAX_GAMMA, METHOD_PREFIXES, Variant
+from vllm_vspec.bench.variants import MAX_GAMMA, METHOD_PREFIXES, Variant, speculative_config
 
 # The name `--variants` takes for the whole set.
 SET_NAME = "overhead"
@@ -47,10 +48,6 @@ class Pair:
         return f"{self.vspec} / {self.stock}"
 
 
-def _spec(method: str, model: Path, k: int) -> dict:
-    return {"method": method, "model": str(model), "num_speculative_tokens": k}
-
-
 def vspec_fixed_variants(drafters: dict[str, Path | None]) -> list[Variant]:
     """vspec servers at a fixed gamma 1..OVERHEAD_GAMMAS for every available
     drafter: the defaults' server (K = MAX_GAMMA) with policy `fixed`.
@@ -61,7 +58,7 @@ def vspec_fixed_variants(drafters: dict[str, Path | None]) -> list[Variant]:
             continue
         prefix = METHOD_PREFIXES[method]
         out += [Variant(f"{prefix}vspec-fixed-{g}", "vspec-fixed",
-                        _spec(method, model, MAX_GAMMA),
+                        speculative_config(method, model, MAX_GAMMA),
                         vspec={"policy": "fixed", "fixed_gamma": g, "min_gamma": 0}, gamma=g)
                 for g in range(1, OVERHEAD_GAMMAS + 1)]
     return out

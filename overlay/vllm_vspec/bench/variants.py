@@ -43,54 +43,66 @@ class Variant:
         return wiring.serve_argv(wiring.engine_args(self.speculative_config, table))
 
 
-# The seed's --adaptive-refill-batch defaults per method.
-SEED_REFILL_BATCH = {"draft_model": 8, "eagle": 4, "eagle3": 4}
+# The seed's --adaptive-refill-batch defaults per method (mtp: EAGLE's; the
+# seed's MTP presets set none).
+SEED_REFILL_BATCH = {"draft_model": 8, "eagle": 4, "eagle3": 4, "mtp": 4}
 
 # Variant-name prefix -> vLLM speculative method. A method is offered only
 # when its drafter model exists (the eagle head lands after the draft model).
 # eagle3: models/tiny-eagle3 reads the target's layers 1, 2 and 4, which the
-# deepened target (zero layers appended) has unchanged.
-METHOD_PREFIXES = {"draft_model": "", "eagle": "eagle-", "eagle3": "eagle3-"}
+# deepened target (zero layers appended) has unchanged. mtp: the drafter is
+# the MTP layers of the target checkpoint itself, so its variants exist only
+# when the served target has them (models/derived/tiny-mimo-deep).
+METHOD_PREFIXES = {"draft_model": "", "eagle": "eagle-", "eagle3": "eagle3-", "mtp": "mtp-"}
+# Methods whose drafter lives in the target checkpoint: no `model` in their
+# speculative config (vLLM reads the draft layers from the target).
+TARGET_DRAFTED = ("mtp",)
 
 
-def _spec(method: str, model: Path, k: int, **extra: Any) -> dict[str, Any]:
-    return {"method": method, "model": str(model), "num_speculative_tokens": k, **extra}
+def speculative_config(method: str, model: Path, k: int, **extra: Any) -> dict[str, Any]:
+    """A variant's --speculative-config: `method` drafting with `model`, K = k."""
+    drafter = {} if method in TARGET_DRAFTED else {"model": str(model)}
+    return {"method": method, **drafter, "num_speculative_tokens": k, **extra}
 
 
 def _method_variants(method: str, model: Path, static_table: list[list[int]],
                      latency_profile: Path | None = None) -> list[Variant]:
     prefix = METHOD_PREFIXES[method]
-    out = [Variant(f"{prefix}fixed-{k}", "fixed", _spec(method, model, k), gamma=k)
+
+    def spec(k: int, **extra: Any) -> dict[str, Any]:
+        return speculative_config(method, model, k, **extra)
+
+    out = [Variant(f"{prefix}fixed-{k}", "fixed", spec(k), gamma=k)
            for k in range(1, MAX_GAMMA + 1)]
-    out.append(Variant(f"{prefix}static-table", "static", _spec(
-        method, model, MAX_GAMMA, num_speculative_tokens_per_batch_size=static_table)))
+    out.append(Variant(f"{prefix}static-table", "static", spec(
+        MAX_GAMMA, num_speculative_tokens_per_batch_size=static_table)))
     # The defaults: gamma 0..4, gamma 0 lazy for a draft model (gamma0_mode auto).
-    out.append(Variant(f"{prefix}online", "online", _spec(method, model, MAX_GAMMA),
+    out.append(Variant(f"{prefix}online", "online", spec(MAX_GAMMA),
                        vspec={"policy": "online"}))
     # Target-only steps inside a speculative vspec server: what a gamma-0
     # step costs there (lazy for a draft model: no draft forward at all).
-    out.append(Variant(f"{prefix}fixed-0", "vspec-fixed", _spec(method, model, MAX_GAMMA),
+    out.append(Variant(f"{prefix}fixed-0", "vspec-fixed", spec(MAX_GAMMA),
                        vspec={"policy": "fixed", "fixed_gamma": 0, "min_gamma": 0}))
     # gamma 1..4: speculating every step (min_gamma's default before gamma 0
     # became reachable by default; the runs in docs called gamma 0..4 `online-0`)
-    out.append(Variant(f"{prefix}online-1", "online", _spec(method, model, MAX_GAMMA),
+    out.append(Variant(f"{prefix}online-1", "online", spec(MAX_GAMMA),
                        vspec={"policy": "online", "min_gamma": 1}))
-    out.append(Variant(f"{prefix}online-p", "online", _spec(method, model, MAX_GAMMA),
+    out.append(Variant(f"{prefix}online-p", "online", spec(MAX_GAMMA),
                        vspec={"policy": "online", "reward_prefill_steps": True}))
     # Refill holding at the seed's group size (draft 8, EAGLE 4): measures
     # whether admitting arrivals in groups pays on this host.
-    out.append(Variant(f"{prefix}online-refill", "online", _spec(method, model, MAX_GAMMA),
+    out.append(Variant(f"{prefix}online-refill", "online", spec(MAX_GAMMA),
                        vspec={"policy": "online", "refill_batch": SEED_REFILL_BATCH[method]}))
     # Per-request verify budgets (issue 28, docs/verify-budget.md): every
     # request drafts the step's depth (0..4), the target verifies, per
     # request, the prefix the admission chose; budget-1 never drafts 0.
-    out.append(Variant(f"{prefix}budget", "online", _spec(method, model, MAX_GAMMA),
+    out.append(Variant(f"{prefix}budget", "online", spec(MAX_GAMMA),
                        vspec={"policy": "budget", "min_gamma": 0}))
-    out.append(Variant(f"{prefix}budget-1", "online", _spec(method, model, MAX_GAMMA),
+    out.append(Variant(f"{prefix}budget-1", "online", spec(MAX_GAMMA),
                        vspec={"policy": "budget", "min_gamma": 1}))
     if latency_profile is not None:
         # Goodput argmax from this host's latency profile of this drafter.
-        out.append(Variant(f"{prefix}profile", "online", _spec(method, model, MAX_GAMMA),
+        out.append(Variant(f"{prefix}profile", "online", spec(MAX_GAMMA),
                            vspec={"policy": "profile",
                                   "profile_path": str(latency_profile.resolve())}))
     if method == "eagle":
@@ -117,11 +129,11 @@ def _tree_variants(model: Path) -> list[Variant]:
     """EAGLE tree servers (vspec's worker verifies the trees: CPU host only).
     Family "tree-fixed": the report's best fixed choice covers linear and
     tree alike, its acceptance per position only the linear drafts."""
-    out = [Variant(f"eagle-tree-{g}x{w}", "tree-fixed", _spec("eagle", model, TREE_K),
+    out = [Variant(f"eagle-tree-{g}x{w}", "tree-fixed", speculative_config("eagle", model, TREE_K),
                    vspec={"policy": "fixed", "fixed_gamma": g, "max_gamma": MAX_GAMMA,
                           "tree_width": w, "min_tree_width": w}, gamma=g)
            for g, w in FIXED_TREES]
-    out.append(Variant("eagle-tree-online", "online", _spec("eagle", model, TREE_K),
+    out.append(Variant("eagle-tree-online", "online", speculative_config("eagle", model, TREE_K),
                        vspec={"policy": "online", "max_gamma": MAX_GAMMA,
                               "tree_width": ONLINE_TREE_WIDTH}))
     return out

@@ -27,6 +27,10 @@ from vllm_vspec.cli import HelpFormatter
 DEFAULT_TARGET = Path("models/derived/tiny-target-deep")
 DEFAULT_DRAFT = Path("models/tiny-draft")
 DEFAULT_EAGLE = Path("models/tiny-eagle")
+DEFAULT_EAGLE3 = Path("models/tiny-eagle3")
+# The MTP checkpoint of the deepened target (`make install` derives it): the
+# --target that offers the mtp-* variants.
+MTP_TARGET = Path("models/derived/tiny-mimo-deep")
 DEFAULT_PROMPTS = Path("models/prompts")
 DEFAULT_FAMILIES = ("code", "prose")
 DEFAULT_OUT = Path("results/bench")
@@ -49,11 +53,16 @@ def add_parser(subparsers) -> None:
                         "N, unset the protocol's own)")
     g = p.add_argument_group("serving benchmark (starts its own servers)")
     g.add_argument("--target", type=Path, default=DEFAULT_TARGET,
-                   help="target model (the deepened bundled target: `make install` derives it)")
+                   help="target model (the deepened bundled target: `make install` derives it); "
+                        "the mtp-* variants exist only for a target with MTP layers, e.g. "
+                        f"{MTP_TARGET} (the same target plus one MTP layer), and every ratio "
+                        "is then to target-only on that checkpoint")
     g.add_argument("--draft", type=Path, default=DEFAULT_DRAFT,
                    help="draft model for method draft_model")
     g.add_argument("--eagle", type=Path, default=DEFAULT_EAGLE,
                    help="EAGLE head; its variants (eagle-*) exist only if the path does")
+    g.add_argument("--eagle3", type=Path, default=DEFAULT_EAGLE3,
+                   help="EAGLE-3 head; its variants (eagle3-*) exist only if the path does")
     g.add_argument("--latency-profile", type=Path, default=DEFAULT_LATENCY_PROFILE,
                    help="latency profile of the draft model on this host (`vllm-vspec "
                         "profile` writes it); the `profile` variant exists only if it does")
@@ -71,7 +80,8 @@ def add_parser(subparsers) -> None:
     g.add_argument("--variants", default=",".join(variants.DEFAULT_VARIANTS),
                    help="comma-separated variant names, 'all', or 'overhead' (every vspec "
                         "server beside the stock one it stands in for: target vs fixed-0, "
-                        "fixed-g vs vspec-fixed-g, g = 1..3, draft model and EAGLE, with each "
+                        "fixed-g vs vspec-fixed-g, g = 1..3, for each drafter there is: draft "
+                        "model, EAGLE, EAGLE-3, MTP with an MTP --target; with each "
                         "pair's ratio; its workloads default to steady-c1-* and steady-c32-*); "
                         "target-only always runs")
     g.add_argument("--workloads", default=None,
@@ -165,7 +175,9 @@ def build_plan(args: argparse.Namespace) -> runner.Plan:
     if args.repeats < 1:
         raise SystemExit(f"--repeats {args.repeats}: must be at least 1")
     drafters = {"draft_model": args.draft if args.draft.exists() else None,
-                "eagle": args.eagle if args.eagle.exists() else None}
+                "eagle": args.eagle if args.eagle.exists() else None,
+                "eagle3": args.eagle3 if args.eagle3.exists() else None,
+                "mtp": args.target if mtp_layers(args.target) else None}
     profiles = ({"draft_model": args.latency_profile}
                 if drafters["draft_model"] and args.latency_profile.exists() else {})
     available = variants.all_variants(drafters, args.static_table, profiles)
@@ -221,14 +233,29 @@ def build_plan(args: argparse.Namespace) -> runner.Plan:
                        output_len, args.out, args.repeats)
 
 
+def mtp_layers(target: Path) -> int:
+    """MTP layers in a target checkpoint's config (`num_nextn_predict_layers`;
+    0 without them or without a readable config)."""
+    try:
+        config = json.loads((target / "config.json").read_text())
+    except (OSError, ValueError):
+        return 0
+    return int(config.get("num_nextn_predict_layers") or 0) if isinstance(config, dict) else 0
+
+
 def _unknown_variants(unknown: list[str], available: dict, args: argparse.Namespace) -> str:
     """One line: every variant name there is, and why those that need a
     model or a profile this run lacks are not available."""
-    every = variants.all_variants({"draft_model": args.draft, "eagle": args.eagle},
+    every = variants.all_variants({"draft_model": args.draft, "eagle": args.eagle,
+                                   "eagle3": args.eagle3, "mtp": args.target},
                                   args.static_table, {"draft_model": args.latency_profile})
     lacking = [f"{flag} {path}" for flag, path in (("--draft", args.draft),
-               ("--eagle", args.eagle), ("--latency-profile", args.latency_profile))
+               ("--eagle", args.eagle), ("--eagle3", args.eagle3),
+               ("--latency-profile", args.latency_profile))
                if not path.exists()]
+    if not mtp_layers(args.target):
+        lacking.append(f"MTP layers in --target {args.target} (mtp-* draft with the target's "
+                       f"own MTP layers: pass --target {MTP_TARGET})")
     why = ([f"not found: {', '.join(lacking)} (the variants that need them are "
             "unavailable; run from the repository or pass the paths)"] if lacking else [])
     return (f"--variants {','.join(unknown)} is not available: choose from "
@@ -264,6 +291,11 @@ def _serving_main(args: argparse.Namespace) -> int:
             data["overhead_pairs"] = pairs
         results.write_text(json.dumps(data, indent=2) + "\n")
         lines = report.bound_lines(bounds)
+        if any(v.speculative_config and v.speculative_config["method"] in
+               variants.TARGET_DRAFTED for v in plan.variants):
+            lines.insert(0, f"target: {plan.spec.model}; the mtp-* variants draft with its own "
+                            "MTP layers, so target-only and every ratio here are on that "
+                            "checkpoint")
         if pairs and args.paired:
             lines.append(f"overhead pairs: vspec / the stock server it stands in for, both up at "
                          f"once (median of per-round ratios; target >= "

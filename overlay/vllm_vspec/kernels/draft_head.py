@@ -204,6 +204,13 @@ def draft_head_for(model: torch.nn.Module, cfg) -> DraftHead:
     from vllm_vspec.config import VSpecConfigError
 
     head, proc = model.lm_head, model.logits_processor
+    # An EAGLE-3 head with its own smaller vocabulary scores draft ids and maps
+    # them to target ids in compute_logits (`d2t`, vLLM's draft_id_to_target_id):
+    # this head's rows, ids and active-vocabulary file would all be in the wrong space.
+    d2t = getattr(model, "draft_id_to_target_id", None)
+    if d2t is not None:
+        refuse_head(cfg, f"a drafter with the target's vocabulary (this head drafts over "
+                         f"{d2t.shape[0]} tokens of its own, mapped to target ids by a d2t table)")
     # The host scales (and may soft-cap) logits; greedy drafting would not
     # care, but the entropy stop reads the logits, so only plain heads are taken.
     if getattr(proc, "scale", 1.0) != 1.0 or getattr(proc, "soft_cap", None):
