@@ -166,6 +166,8 @@ class AscendPeerRun:
         self.tree = tree
         self.route_proposers = route_proposers
         self._pairs: list[tuple[type, type]] | None = None
+        self._read: set[str] = set()  # sys.modules keys host_bindings has read
+        self._bindings: list[tuple[object, str, type, type]] = []
         self.results: dict[str, dict] = {}
         self.routing: dict[str, Counter] = {}
         self.current = "<collection>"
@@ -187,6 +189,23 @@ class AscendPeerRun:
                          if not b.__module__.startswith(("vllm_ascend.vspec", "vllm_vspec"))]
                 self._pairs += [(h, ours) for h in hosts]
         return self._pairs
+
+    def host_bindings(self) -> list[tuple[object, str, type, type]]:
+        """(test module, name, host class, vspec class) for every name a
+        test module binds to a host proposer class that routing replaces.
+        A module is read once, when first seen (its names are bound at
+        import; each test's rebinding is undone after it), not every loaded
+        module again at every test of the overlaid run's 1,699."""
+        pairs = self.proposer_pairs()
+        for key, module in list(sys.modules.items()):
+            if key in self._read:
+                continue
+            self._read.add(key)
+            if getattr(module, "__name__", "").startswith(TEST_PACKAGE):
+                self._bindings += [(module, name, host, ours)
+                                   for name, value in vars(module).items()
+                                   for host, ours in pairs if value is host]
+        return self._bindings
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item) -> None:
@@ -218,16 +237,10 @@ def _vspec_routed_proposers(request, monkeypatch):
     if run is None or not run.route_proposers:
         yield
         return
-    pairs = run.proposer_pairs()
-    for module in list(sys.modules.values()):
-        if not getattr(module, "__name__", "").startswith(TEST_PACKAGE):
-            continue
-        for name, value in list(vars(module).items()):
-            for host, ours in pairs:
-                if value is host:
-                    monkeypatch.setattr(module, name, ours)
-                    if module.__name__ == getattr(request.module, "__name__", None):
-                        run.routed(f"proposer rebound: {host.__name__} -> {ours.__name__}")
+    for module, name, host, ours in run.host_bindings():
+        monkeypatch.setattr(module, name, ours)
+        if module.__name__ == getattr(request.module, "__name__", None):
+            run.routed(f"proposer rebound: {host.__name__} -> {ours.__name__}")
     yield
 
 
