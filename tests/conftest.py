@@ -30,6 +30,14 @@ def load_prompts(family: str, n: int) -> list[str]:
     return [json.loads(line)["prompt"] for line in lines if line.strip()][:n]
 
 
+_RUNNING: dict = {}  # "item": the test being set up or run (make_llm checks its marker)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item) -> None:
+    _RUNNING["item"] = item
+
+
 def make_llm(model: Path = TARGET, *, speculative_config: dict | None = None,
              vspec: dict | None = None, **overrides):
     """A small in-process vLLM engine; `vspec` (a table of VSpecConfig keys)
@@ -39,6 +47,10 @@ def make_llm(model: Path = TARGET, *, speculative_config: dict | None = None,
 
     from vllm_vspec.hosts import wiring
 
+    item = _RUNNING.get("item")
+    if item is not None and item.get_closest_marker("engine") is None:
+        raise RuntimeError(f"{item.nodeid} starts a vLLM engine but is not marked "
+                           f"`engine` (pytest.mark.engine): mark the test or its module")
     kwargs = dict(model=str(model), dtype="float32", max_model_len=512, seed=0,
                   gpu_memory_utilization=0.3, kv_cache_memory_bytes=128 << 20,
                   max_num_seqs=16, enforce_eager=True,
@@ -214,3 +226,89 @@ def reference(prompts) -> list[list[int]]:
         return greedy(llm, prompts)
     finally:
         close_llm(llm)
+
+
+# ---------------------------------------------------------------- peer suites
+PEER_RUN = pytest.StashKey["PeerRun"]()
+
+
+class PeerRun:
+    """One peer suite's command (a test marked `peer(command=[...])`),
+    started when collection ends and waited for by its test, which runs
+    last. The suites run their own pytest processes and read nothing this
+    session writes, so they run beside the rest of the session at a lower
+    priority (nice 10), on the CPU the session leaves idle (its tests mostly
+    run one thread at a time: 0.8 core-seconds a second measured, unit tests
+    and engine modules alike), instead of after it."""
+
+    def __init__(self, command: list[str], timeout_s: float):
+        import subprocess
+        import tempfile
+        import time
+
+        # The inner pytest must not inherit this run's options (-k, -x, ...).
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+        self.command, self.deadline = command, time.monotonic() + timeout_s
+        self.out, self.err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+        # Its own process group, so that a session ending early stops the
+        # suite's pytest processes too.
+        self.proc = subprocess.Popen(command, env=env, stdout=self.out, stderr=self.err,
+                                     start_new_session=True, preexec_fn=lambda: os.nice(10))
+
+    def wait(self) -> tuple[int, str, str]:
+        """(exit status, stdout, stderr); pytest.fail past the deadline."""
+        import subprocess
+        import time
+
+        try:
+            rc = self.proc.wait(timeout=max(1.0, self.deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.stop()
+            pytest.fail(f"{' '.join(self.command)}: still running at its deadline; stopped")
+        texts = []
+        for f in (self.out, self.err):
+            f.seek(0)
+            texts.append(f.read().decode(errors="replace"))
+        return rc, texts[0], texts[1]
+
+    def stop(self) -> None:
+        import signal
+
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait()
+
+
+def _peer_command(item) -> list[str] | None:
+    mark = item.get_closest_marker("peer")
+    return None if mark is None else mark.kwargs.get("command")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    # The peer suites' tests last: they only wait for what ran meanwhile.
+    items.sort(key=lambda item: _peer_command(item) is not None)
+
+
+def pytest_collection_finish(session) -> None:
+    if session.config.option.collectonly:
+        return
+    for item in session.items:
+        if (command := _peer_command(item)) is not None:
+            timeout_s = item.get_closest_marker("peer").kwargs["timeout_s"]
+            item.stash[PEER_RUN] = PeerRun(command, timeout_s)
+
+
+def pytest_sessionfinish(session) -> None:
+    for item in session.items:
+        run = item.stash.get(PEER_RUN, None)
+        if run is not None:
+            run.stop()
+
+
+@pytest.fixture
+def peer_run(request) -> tuple[int, str, str]:
+    """The result of this test's peer suite (started at collection end)."""
+    return request.node.stash[PEER_RUN].wait()

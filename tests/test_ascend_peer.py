@@ -165,24 +165,17 @@ def test_difference_patterns_are_fnmatch_node_ids():
 DEFAULT_HOST = tomllib.loads((HERE.parent / "patches" / "hosts.toml").read_text())["default"]
 
 
-@pytest.mark.peer
-def test_vllm_ascends_own_unit_tests_match_on_the_stock_and_the_overlaid_tree():
+@pytest.mark.peer(command=[sys.executable, str(HERE / "ascend_peer" / "ascend_peer.py"),
+                          "--host", DEFAULT_HOST], timeout_s=2400)
+def test_vllm_ascends_own_unit_tests_match_on_the_stock_and_the_overlaid_tree(peer_run):
     """What `make ascend-peer-test` runs for the default pin: its tests/ut on
     both trees, compared test by test (prepares the trees and the isolated
-    venv under .cache/ascend-peer on first use). Exit 1: an unlisted
-    difference or an overlaid run that never reached vspec's classes; exit
-    2: the trees, the venv or pytest itself failed. Other pins run with
-    `make ascend-peer-test HOST=...` (0.30.0rc2's 8,259 tests a tree take
-    about 17 minutes here: too long for every `make test`)."""
-    host = DEFAULT_HOST
-    import os
-    import subprocess
-
-    # The inner pytest must not inherit this run's options (-k, -x, ...).
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
-    proc = subprocess.run([sys.executable, str(HERE / "ascend_peer" / "ascend_peer.py"),
-                           "--host", host], env=env, capture_output=True, text=True,
-                          timeout=2400)
-    assert proc.returncode == 0, (
-        f"ascend peer suite ({host}) exited {proc.returncode} (make ascend-peer-test "
-        f"HOST={host} reproduces it):\n{proc.stdout[-12000:]}\n{proc.stderr[-4000:]}")
+    venv on first use), started when collection ends (conftest.PeerRun).
+    Exit 1: an unlisted difference or an overlaid run that never reached
+    vspec's classes; exit 2: the trees, the venv or pytest itself failed.
+    Other pins run with `make ascend-peer-test HOST=...` (0.30.0rc2's 8,259
+    tests a tree take about 17 minutes here: too long for every `make test`)."""
+    rc, out, err = peer_run
+    assert rc == 0, (
+        f"ascend peer suite ({DEFAULT_HOST}) exited {rc} (make ascend-peer-test "
+        f"HOST={DEFAULT_HOST} reproduces it):\n{out[-12000:]}\n{err[-4000:]}")

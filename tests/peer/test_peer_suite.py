@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
-import subprocess
 import sys
 import tarfile
 import tomllib
@@ -229,17 +227,15 @@ def test_download_keeps_nothing_when_the_hash_differs(tmp_path):
     assert dest.read_bytes() == archive.read_bytes()
 
 
-@pytest.mark.peer
-def test_vllms_scheduler_tests_match_stock_or_a_listed_difference():
+@pytest.mark.peer(command=[sys.executable, str(peer_suite.HERE / "peer_suite.py")],
+                  timeout_s=2400)
+def test_vllms_scheduler_tests_match_stock_or_a_listed_difference(peer_run):
     """What `make peer-test` runs: vLLM 0.32.0's own scheduler tests under
-    stock and every vspec variant (fetches the pinned sdist on first use).
-    Exit 1: an unlisted difference, a stock failure or an idle variant;
-    exit 2: the fetch, the vLLM pin or pytest itself failed."""
-    # The inner pytest must not inherit this run's options (-k, -x, ...).
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
-    proc = subprocess.run([sys.executable, str(peer_suite.HERE / "peer_suite.py")],
-                          env=env, capture_output=True, text=True, timeout=1200)
-    assert proc.returncode == 0, (
-        f"peer suite exited {proc.returncode} (make peer-test reproduces it; "
-        f"results/peer-suite.json has the comparison):\n"
-        f"{proc.stdout[-12000:]}\n{proc.stderr[-4000:]}")
+    stock and every vspec variant (fetches the pinned sdist on first use),
+    started when collection ends (conftest.PeerRun). Exit 1: an unlisted
+    difference, a stock failure or an idle variant; exit 2: the fetch, the
+    vLLM pin or pytest itself failed."""
+    rc, out, err = peer_run
+    assert rc == 0, (
+        f"peer suite exited {rc} (make peer-test reproduces it; "
+        f"results/peer-suite.json has the comparison):\n{out[-12000:]}\n{err[-4000:]}")
