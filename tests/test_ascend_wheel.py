@@ -18,6 +18,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -313,6 +314,13 @@ def test_abi_check_passes_against_the_patched_tree(built, vllm_023):
                      "vllm_ascend.spec_decode.llm_base_proposer.AscendSpecDecodeBaseProposer",
                      "vllm.v1.spec_decode.llm_base_proposer.SpecDecodeBaseProposer"]
     assert "vllm_ascend.vspec.sampler.VSpecAscendRejectionSampler" in report.classes
+    # eagle3 and mtp are routed; the host's step3p5 MTP proposer is left to the host
+    fn = abi_check.Sources({"vllm_ascend": built[1] / "vllm_ascend"}).module(
+        "vllm_ascend.spec_decode")
+    tests = abi_check.factory_tests(next(n for n in fn.tree.body if getattr(
+        n, "name", "") == "get_spec_decode_method"), fn)
+    assert {t for methods, t, _ in tests if methods and "mtp" in methods} == \
+        {"speculative_config.use_step3p5_mtp"}
 
 
 # One mutation of the real host per class of drift: (host file, text, replacement,
@@ -352,6 +360,13 @@ MUTATIONS = {
         "        if self.num_speculative_tokens == 0:\n            return None\n",
         ("contract", "num_speculative_tokens"),
         "AscendSpecDecodeBaseProposer._propose assigns self.num_speculative_tokens on every call"),
+    # A new special case in the host's proposer factory for a routed method:
+    # routing would replace the proposer the host builds for it.
+    "host factory tests something new for a routed method": (
+        "spec_decode/__init__.py", "and speculative_config.use_step3p5_mtp():",
+        "and (speculative_config.use_step3p5_mtp() or is_glm_mtp(vllm_config)):",
+        ("keep_host", "eagle3"),
+        "tests is_glm_mtp before it builds a proposer for method eagle3"),
     "imported base class renamed": (
         "spec_decode/eagle_proposer.py", "class AscendEagleProposer(",
         "class AscendEagleDrafter(",
@@ -441,6 +456,9 @@ def test_make_wheel_host_builds_the_0_30_pin_with_its_own_overlay_selection(buil
     assert report.findings == [], "\n".join(f.line() for f in report.findings)
     assert "vllm_ascend.vspec.native_gamma.VSpecNativeEagleProposer" in report.classes
     assert ab.byte_compile(tree) == []
+    # mtp meets three host special cases there, each left to the host (keep_host)
+    keep = tomllib.loads(host.decode())["routing"]["keep_host"]
+    assert len(keep["mtp"]) == 3 and keep["eagle3"] == ["speculative_config.use_step3p5_mtp"]
 
 
 def test_make_wheel_refuses_a_host_that_is_not_pinned(tmp_path):

@@ -200,7 +200,9 @@ def _routing_with(tmp_path, host_toml: Path | None):
 def test_routing_selects_each_hosts_classes_from_its_overlay_selection(tmp_path, version, module):
     routing = _routing_with(tmp_path, REPO / "patches/vllm-ascend" / version / "overlay.toml")
     assert {m: p.partition(":")[0] for m, p in routing.PROPOSERS.items()} == \
-        {"eagle": f"vllm_ascend.vspec.{module}", "draft_model": f"vllm_ascend.vspec.{module}"}
+        {m: f"vllm_ascend.vspec.{module}" for m in ("eagle", "eagle3", "mtp", "draft_model")}
+    # the host builds one proposer class for eagle, eagle3 and mtp: so does routing
+    assert routing.PROPOSERS["eagle"] == routing.PROPOSERS["eagle3"] == routing.PROPOSERS["mtp"]
     sampler = "sampler" if version.startswith("0.23") else "native_gamma"
     assert routing.SAMPLER.startswith(f"vllm_ascend.vspec.{sampler}:")
 
@@ -211,3 +213,41 @@ def test_without_a_host_selection_routing_is_the_default_pins(tmp_path, pin):
 
     default = tomllib.loads((pin.patch_dir / "overlay.toml").read_text())["routing"]
     assert bare.PROPOSERS == default["proposers"] and bare.SAMPLER == default["sampler"]
+    assert bare.KEEP_HOST == default["keep_host"]
+
+
+def _mtp_engine(**draft):
+    """An Ascend engine config of method mtp whose speculative config answers
+    vLLM's model-family tests (use_gemma4_mtp, use_step3p5_mtp) as `draft`
+    says, and names the draft's model type for the host's multi-KV test."""
+    config = _engine_config("mtp")
+    for test in ("use_gemma4_mtp", "use_step3p5_mtp"):
+        setattr(config.speculative_config, test, lambda v=draft.get(test, False): v)
+    config.speculative_config.draft_model_config = SimpleNamespace(
+        hf_config=SimpleNamespace(model_type=draft.get("model_type", "mimo")))
+    return config
+
+
+@pytest.mark.parametrize("version", ["0.23.0.post1", "0.30.0rc2"])
+def test_engines_the_host_drafts_with_a_proposer_of_its_own_keep_it_with_vspec_off(
+        tmp_path, monkeypatch, version):
+    # Stand-in of 0.30's module-level test (multi_kv_cache_group_proposer.py
+    # is_multi_kv_cache_group_mtp: the draft's model type in an allowlist).
+    multi_kv = types.ModuleType("vllm_ascend.spec_decode.multi_kv_cache_group_proposer")
+    multi_kv.is_multi_kv_cache_group_mtp = lambda cfg: (
+        cfg.speculative_config.draft_model_config.hf_config.model_type == "glm5_next_mtp")
+    monkeypatch.setitem(sys.modules, multi_kv.__name__, multi_kv)
+    routing = _routing_with(tmp_path, REPO / "patches/vllm-ascend" / version / "overlay.toml")
+    assert routing.vspec_settings(_mtp_engine()).policy == "online"     # routed: vspec on
+    assert routing.vspec_settings(_engine_config("eagle3")).policy == "online"
+    kept = {"step3p5": _mtp_engine(use_step3p5_mtp=True)}
+    if version == "0.30.0rc2":
+        kept |= {"gemma4": _mtp_engine(use_gemma4_mtp=True),
+                 "multi-KV": _mtp_engine(model_type="glm5_next_mtp")}
+    else:   # 0.23 builds AscendEagleProposer for those: routed
+        assert routing.vspec_settings(_mtp_engine(use_gemma4_mtp=True)) is not None
+        assert routing.vspec_settings(_mtp_engine(model_type="glm5_next_mtp")) is not None
+    for case, config in kept.items():
+        assert routing.vspec_settings(config) is None, case
+        assert routing.proposer_cls_for("mtp", config) is None, case
+        assert routing.scheduler_cls_for(config) is None, case   # nor vspec's scheduler

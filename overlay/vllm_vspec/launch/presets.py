@@ -552,29 +552,34 @@ METHOD_ROWS = (
      "and there is nothing to catch up (no drafter state), so a gamma-0 step is a target-only "
      "step; `sync` on vLLM's worker (it searches, asked for 0 tokens)",
      "lossy rules on vspec's worker (they read only the target's logits and the draft ids; "
-     "not engine-tested with ngram)", ""),
+     "not engine-tested with ngram)", "`tree_width` > 1 (EAGLE-1 only)"),
     ("suffix", "not supported (refused at start-up with vspec on; `enabled: false` runs "
-     "vLLM's fixed K): vLLM 0.32's SuffixDecodingProposer asserts that every step drafts K, "
-     "and its dependency arctic-inference 0.1.1 (sdist only) is not installed by "
-     "`make install`", "", "", ""),
-    ("eagle3", "supported: vLLM CPU (tested here on vspec's worker with the bundled head "
-     "models/tiny-eagle3); the Ascend overlay does not route it yet (stock vLLM-Ascend eagle3, "
-     "fixed K)",
+     "vLLM's fixed K): vLLM 0.32's SuffixDecodingProposer asserts that every step drafts K. "
+     "Its dependency arctic-inference (0.3.0 on the index, sdist only) builds here (`pip "
+     "wheel`, isolated build, 8 min on 2 shared cores, 2026-12-02) and its SuffixDecodingCache "
+     "runs on CPU, but `make install` does not install it: it registers a vLLM general "
+     "plugin (which patches vLLM only at its VLLM_PATCH_VERSION, 0.26.0)", "", "", ""),
+    ("eagle3", "supported: vLLM CPU (tested here on vspec's worker and on vLLM's, with the "
+     "bundled head models/tiny-eagle3 and a head with a draft vocabulary of its own, a `d2t` "
+     "map); Ascend overlay: routed to vspec's EAGLE proposer, as vLLM-Ascend routes eagle3 to "
+     "its EAGLE proposer (built and ABI-checked, not yet run on NPU)",
      "`sync`: the head's first pass still runs over the step's tokens, asked for 0 drafts (it "
      "reads the target's hidden states of several layers at every position, which a skipped "
      "step does not keep, and its own KV must cover them); `lazy` refused",
-     "lossy rules, entropy stop, draft traces (vspec's worker); active vocabulary and int8 "
-     "draft LM head only for a head with the target's vocabulary (no `d2t` map); none of "
-     "these is engine-tested with eagle3 (the engine tests cover strict exactness and the "
-     "per-step gamma)",
-     "`gamma0_mode` `lazy`, `tree_width` > 1 (EAGLE-1 only)"),
-    ("mtp", "supported: vLLM CPU (tested here on vspec's worker with the bundled MiMo-style "
-     "checkpoint models/tiny-mimo: the target plus one MTP layer, which vLLM reuses for every "
-     "draft position); the Ascend overlay does not route it yet (stock vLLM-Ascend mtp, fixed K)",
+     "lossy rules, entropy stop, draft traces, and for a head with the target's vocabulary "
+     "the active vocabulary and int8 draft LM head (vspec's worker; each engine-tested here)",
+     "`gamma0_mode` `lazy`, `tree_width` > 1 (EAGLE-1 only); with a `d2t` head "
+     "`draft_active_vocab_ids` and `draft_lm_head_quantization` (when the head loads)"),
+    ("mtp", "supported: vLLM CPU (tested here on vspec's worker and on vLLM's, with the "
+     "bundled MiMo-style checkpoint models/tiny-mimo: the target plus one MTP layer, which vLLM "
+     "reuses for every draft position); Ascend overlay: routed to vspec's EAGLE proposer, except "
+     "for the engines vLLM-Ascend drafts with an MTP proposer of its own (0.23: step3p5 MTP; "
+     "0.30: also gemma4 and multi-KV-cache-group MTP), which keep it with vspec off, a fixed K "
+     "(built and ABI-checked, not yet run on NPU)",
      "`sync`: the MTP layer's first pass still runs over the step's tokens, asked for 0 drafts "
      "(it reads the target's last hidden state at every position, which a skipped step does "
      "not keep); `lazy` refused",
-     "lossy rules, entropy stop, draft traces (vspec's worker; not engine-tested with mtp)",
+     "lossy rules, entropy stop, draft traces (vspec's worker; each engine-tested here)",
      "`gamma0_mode` `lazy`, `tree_width` > 1 (EAGLE-1 only)"),
 )
 

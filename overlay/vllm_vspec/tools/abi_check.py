@@ -42,6 +42,17 @@ Only host methods that run count (the first host definition in the MRO, and
 not one our classes override without calling it). A routed class the tree
 lacks is a finding too.
 
+And `keep_host`, for the methods the host's routing sends to our proposers:
+the host's `get_spec_decode_method` (vllm_ascend/spec_decode/__init__.py)
+builds its own proposer for some engines of a routed method (vLLM-Ascend's
+step3p5 MTP proposer; on 0.30 also gemma4 and multi-KV-cache-group MTP).
+Every test it makes on the way to a proposer of a routed method (a call in
+an `if` whose branch the method can take) must be listed for that method in
+host.toml's `[routing.keep_host]`, so that routing leaves those engines to
+the host, and every listed test must be one the host makes for that method
+and exist (a SpeculativeConfig method of the host's vLLM, or a function of
+the named module).
+
 `vllm-vspec doctor` (doctor.py) chooses the hosts and prints the report.
 """
 
@@ -462,7 +473,9 @@ class Finding:
     host: str
     cls: str
     member: str
-    kind: str  # override | call | attribute | import | base | constructor | host object | contract
+    # override | call | attribute | import | base | constructor | host object
+    # | contract | keep_host
+    kind: str
     ours: str  # file:line
     theirs: str  # file:line, or "" when the host lacks it
     problem: str
@@ -817,9 +830,9 @@ def check_host_objects(host_name: str, sources: Sources,
 HOST_SELECTION = "host.toml"  # in vllm_ascend/vspec/: the host's overlay.toml
 
 
-def routed_classes(roots: dict[str, Path]) -> list[str] | None:
-    """Qualified names of the classes the host's routing selects (its
-    host.toml, from a directory or a wheel), or None without one."""
+def host_routing(roots: dict[str, Path]) -> dict | None:
+    """The `[routing]` table of the host's host.toml (from a directory or a
+    wheel), or None without one."""
     root = roots.get("vllm_ascend.vspec")
     if root is None:
         return None
@@ -830,9 +843,15 @@ def routed_classes(roots: dict[str, Path]) -> list[str] | None:
     else:
         path = root / HOST_SELECTION
         text = path.read_text() if path.is_file() else None
-    if text is None:
+    return None if text is None else tomllib.loads(text).get("routing", {})
+
+
+def routed_classes(roots: dict[str, Path]) -> list[str] | None:
+    """Qualified names of the classes the host's routing selects (its
+    host.toml), or None without one."""
+    routing = host_routing(roots)
+    if routing is None:
         return None
-    routing = tomllib.loads(text).get("routing", {})
     paths = list(routing.get("proposers", {}).values())
     paths += [routing["sampler"]] if "sampler" in routing else []
     return [p.replace(":", ".") for p in paths]
@@ -958,6 +977,111 @@ def check_routed(host_name: str, sources: Sources, roots: dict[str, Path]
     return checked, _dedupe(findings)
 
 
+# The host function that picks a proposer per method, and its vLLM's config
+# class whose methods a `speculative_config.<name>` test calls.
+SPEC_DECODE_FACTORY = ("vllm_ascend.spec_decode", "get_spec_decode_method")
+SPECULATIVE_CONFIG = "vllm.config.speculative.SpeculativeConfig"
+
+
+def _compared_methods(test: ast.AST, param: str) -> set[str] | None:
+    """The method names an `if` test compares `param` with (`== "x"`,
+    `in ("x", "y")`), or None when it compares none."""
+    found: set[str] | None = None
+    for node in ast.walk(test):
+        if not (isinstance(node, ast.Compare) and isinstance(node.left, ast.Name)
+                and node.left.id == param and len(node.ops) == 1):
+            continue
+        right = node.comparators[0]
+        values = right.elts if isinstance(right, (ast.Tuple, ast.List, ast.Set)) else [right]
+        names = {v.value for v in values if isinstance(v, ast.Constant)
+                 and isinstance(v.value, str)}
+        if isinstance(node.ops[0], (ast.Eq, ast.In)):
+            found = names if found is None else found & names
+    return found
+
+
+def _test_name(call: ast.Call, mod: Module) -> str:
+    """A test as host.toml names it: `speculative_config.<method>` for a
+    method called on the speculative config, `<module>:<function>` for an
+    imported function, else the call as written."""
+    dotted = _dotted(call.func) or ast.unparse(call.func)
+    parts = dotted.split(".")
+    if "speculative_config" in parts[:-1]:
+        return f"speculative_config.{parts[-1]}"
+    if len(parts) == 1 and dotted in mod.imports:
+        module, _, name = mod.imports[dotted].rpartition(".")
+        return f"{module}:{name}"
+    return dotted
+
+
+def factory_tests(fn: ast.FunctionDef, mod: Module) -> list[tuple[set[str] | None, str, int]]:
+    """(methods that can reach it, or None for any; test; line) of every call
+    in an `if` test of the factory function."""
+    param = fn.args.args[0].arg if fn.args.args else "method"
+    out: list[tuple[set[str] | None, str, int]] = []
+
+    def walk(stmts: list[ast.stmt], methods: set[str] | None) -> None:
+        for st in stmts:
+            if not isinstance(st, ast.If):
+                continue
+            compared = _compared_methods(st.test, param)
+            branch = methods if compared is None else (
+                compared if methods is None else methods & compared)
+            out.extend((branch, _test_name(c, mod), st.lineno)
+                       for c in ast.walk(st.test) if isinstance(c, ast.Call))
+            walk(st.body, branch)
+            walk(st.orelse, methods)
+
+    walk(fn.body, None)
+    return out
+
+
+def check_keep_host(host_name: str, sources: Sources, roots: dict[str, Path]
+                    ) -> tuple[int, list[Finding]]:
+    """The `keep_host` rule (module docstring)."""
+    routing = host_routing(roots)
+    module_name, fn_name = SPEC_DECODE_FACTORY
+    mod = sources.module(module_name) if routing is not None else None
+    fn = next((n for n in mod.tree.body if isinstance(n, ast.FunctionDef)
+               and n.name == fn_name), None) if mod is not None else None
+    if fn is None:
+        return 0, []
+    where = f"{roots['vllm_ascend.vspec']}/{HOST_SELECTION}"
+    keep = routing.get("keep_host", {})
+    tests = factory_tests(fn, mod)
+    config = resolve(sources, SPECULATIVE_CONFIG)
+    checked, findings = 0, []
+    for method in routing.get("proposers", {}):
+        made = {t: line for methods, t, line in tests if methods is None or method in methods}
+        listed = list(keep.get(method, []))
+        for test, line in made.items():
+            checked += 1
+            if test not in listed:
+                findings.append(Finding(
+                    host_name, "[routing.keep_host]", method, "keep_host", where,
+                    f"{mod.path}:{line}",
+                    f"{fn_name} tests {test} before it builds a proposer for method {method}, "
+                    f"and host.toml does not list it: routing would replace whatever proposer "
+                    "the host builds when it holds (add it to the method's list)"))
+        for test in listed:
+            checked += 1
+            if test not in made:
+                findings.append(Finding(
+                    host_name, "[routing.keep_host]", method, "keep_host", where, mod.path,
+                    f"lists {test}, which {fn_name} does not test for method {method}"))
+            module, sep, name = test.partition(":")
+            target = sources.module(module) if sep else None
+            if sep and (target is None or name not in (_module_names(target) or {name})):
+                findings.append(Finding(host_name, "[routing.keep_host]", method, "keep_host",
+                                        where, "", f"{test}: no such function in this host"))
+            elif not sep and config is not None and test.startswith("speculative_config.") \
+                    and test.rpartition(".")[2] not in class_members(config):
+                findings.append(Finding(host_name, "[routing.keep_host]", method, "keep_host",
+                                        where, config.where(),
+                                        f"{test}: {config.qualname} has no such method"))
+    return checked, findings
+
+
 def check_host(name: str, roots: dict[str, Path]) -> HostReport:
     sources = Sources(roots)
     report = HostReport(name, {k: str(v) for k, v in sorted(roots.items())})
@@ -972,9 +1096,10 @@ def check_host(name: str, roots: dict[str, Path]) -> HostReport:
         checked, findings = check_class(name, sources, ref)
         report.checked += checked
         report.findings += findings
-    checked, findings = check_routed(name, sources, roots)
-    report.checked += checked
-    report.findings += findings
+    for check in (check_routed, check_keep_host):
+        checked, findings = check(name, sources, roots)
+        report.checked += checked
+        report.findings += findings
     if not report.classes and not report.findings:
         report.skipped = "no adapter class subclasses this host"
     return report
