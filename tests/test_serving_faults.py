@@ -10,7 +10,8 @@ one target-only server (bench/server.py), started side by side. Then:
    server's, the over-long prompt gets a clean 400 from both, and the vspec
    server's `vspec:committed_tokens_total` grew by the completion tokens its
    clients were told (usage), plus at most K a request that a stop string
-   cut inside a multi-token step (the frontend drops those after the stop);
+   cut inside a multi-token step (the frontend drops those after the stop),
+   and vLLM verified draft tokens (the preset really speculates);
 2. faults: streaming clients hang up mid-answer beside complete requests;
    those still equal target-only, and later requests too;
 3. SIGTERM with requests in flight (last: it stops the server): every
@@ -200,9 +201,13 @@ async def _send_all(base_url: str, model: str, reqs: list[dict],
                                       for i, r in enumerate(reqs)))
 
 
-def _committed(base_url: str) -> float:
+def _counter(base_url: str, name: str) -> float:
     page = httpx.get(f"{base_url}/metrics", timeout=10.0).text
-    return sum(v for name, _, v in parse_metrics(page) if name == "vspec:committed_tokens_total")
+    return sum(v for n, _, v in parse_metrics(page) if n == name)
+
+
+def _committed(base_url: str) -> float:
+    return _counter(base_url, "vspec:committed_tokens_total")
 
 
 def _differences(reqs, got, want) -> list[str]:
@@ -273,6 +278,8 @@ def test_64_mixed_concurrent_requests_equal_target_only_and_the_metrics_count(se
     k = presets.load(presets.preset_path(PRESET)).launch.gamma
     cut = sum(len(g["texts"]) for r, g in zip(reqs, got) if "stop" in r["body"])
     assert told <= after - before <= told + k * cut, (after - before, told, cut)
+    assert _counter(vspec.base_url, "vllm:spec_decode_num_draft_tokens_total") > 0, (
+        "the tiny-draft preset verified no draft token")
     _log_has_no_traceback(vspec)
 
 
