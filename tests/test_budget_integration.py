@@ -198,7 +198,7 @@ def test_no_plan_admits_everything():
 
 # ------------------------------------------------------ draft probabilities
 def test_top_probability_is_the_softmax_of_the_argmax():
-    from vllm_vspec.hosts.vllm.draft_probs import top_probability
+    from vllm_vspec.hosts.draft_observers import top_probability
 
     logits = torch.tensor([[1.0, 3.0, 2.0], [0.0, 0.0, 0.0], [5.0, -1.0, 4.9]])
     ids, q = top_probability(logits)
@@ -207,49 +207,8 @@ def test_top_probability_is_the_softmax_of_the_argmax():
     assert torch.allclose(q, want)
 
 
-class _HostProposer:
-    """Stands in for vLLM's proposer: `propose(n)` drafts n greedy tokens."""
-
-    use_local_argmax_reduction = False
-
-    def __init__(self, *args, **kwargs) -> None:
-        torch.manual_seed(0)
-        self.weight = torch.randn(8, 11)
-        self.hidden = [torch.randn(3, 8) for _ in range(4)]
-
-    def _draft_logits(self, hidden):
-        return hidden @ self.weight, None
-
-    def _greedy_sample(self, hidden):
-        return (hidden @ self.weight).argmax(-1)
-
-    def propose(self, n):
-        if n == 0:
-            return torch.empty(3, 0, dtype=torch.int64)
-        return torch.stack([self._greedy_sample(h) for h in self.hidden[:n]], dim=1)
-
-
-def test_the_proposer_records_each_drafted_tokens_probability():
-    from vllm_vspec.hosts.vllm.draft_probs import DraftProbsMixin
-
-    class Proposer(DraftProbsMixin, _HostProposer):
-        pass
-
-    plain = _HostProposer()
-    scored = Proposer(record_draft_probs=True)
-    drafts = scored.propose(3)
-    assert torch.equal(drafts, plain.propose(3))          # the same greedy tokens
-    probs = scored.take_draft_probs()
-    assert probs.shape == drafts.shape
-    want = torch.stack([torch.softmax(h @ plain.weight, -1).max(-1).values
-                        for h in plain.hidden[:3]], dim=1)
-    assert torch.allclose(probs, want)
-    assert scored.take_draft_probs() is None               # handed over once
-    scored.propose(0)
-    assert scored.take_draft_probs() is None               # depth 0: nothing
-    off = Proposer()
-    off.propose(2)
-    assert off.take_draft_probs() is None and not off.record_draft_probs
+# The proposer's recording of each drafted token's probability (the
+# DraftProbs observer): tests/test_draft_observers.py.
 
 
 def test_the_runner_hands_probabilities_cut_to_each_draft():
@@ -262,9 +221,8 @@ def test_the_runner_hands_probabilities_cut_to_each_draft():
             return DraftTokenIds(["a", "b"], [[1, 2, 3], [4]])   # "b" cut by a stop
 
     class Runner(DraftProbsRunnerMixin, Host):
-        drafter = SimpleNamespace(record_draft_probs=True,
-                                  take_draft_probs=lambda: torch.tensor([[.5, .25, .125],
-                                                                          [.75, .5, .5]]))
+        drafter = SimpleNamespace(draft_probs=SimpleNamespace(
+            take=lambda: torch.tensor([[.5, .25, .125], [.75, .5, .5]])))
 
     out = Runner().take_draft_token_ids()
     assert isinstance(out, ScoredDraftTokenIds) and isinstance(out, DraftTokenIds)

@@ -59,7 +59,8 @@ def _call_site(method, rows, histories, discard):
                 for r, h in zip(ids, histories)}
     batch = SimpleNamespace(num_reqs=len(rows), req_ids=ids, vocab_size=VOCAB,
                             num_tokens_no_spec=[len(h) for h in histories])
-    drafter = SimpleNamespace(backup_next_token_ids=_Buffer(16), vspec_ops=ops.load())
+    drafter = SimpleNamespace(backup_next_token_ids=_Buffer(16), vspec_ops=ops.load(),
+                              observers=())
     mask = torch.zeros(16, dtype=torch.bool)
     mask[:len(rows)] = torch.tensor(discard)
     return method(drafter, torch.tensor(rows, dtype=torch.int32), requests, batch, mask)
@@ -77,9 +78,9 @@ def host_kernels():
 def test_the_commit_op_gives_what_vllms_own_computation_gives(host_kernels, case):
     from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
 
-    from vllm_vspec.hosts.vllm.commit_op import CommitOpMixin
+    from vllm_vspec.hosts.vllm.proposers import VSpecProposer
 
-    ours = _call_site(CommitOpMixin.prepare_next_token_ids_padded, *case)
+    ours = _call_site(VSpecProposer.prepare_next_token_ids_padded, *case)
     host = _call_site(SpecDecodeBaseProposer.prepare_next_token_ids_padded, *case)
     for name, got, want in zip(("next_token_ids", "valid_sampled_tokens_count"), ours, host):
         assert got.tolist() == want.tolist(), (name, case)
@@ -103,7 +104,7 @@ def test_the_engine_commits_every_decode_step_with_the_op(prompts, reference, ba
     """draft_model on vspec's worker, gamma cycling 4, 0, 3, 1, 2 (widths 1..5);
     `torch`: the compiled library hidden (VSPEC_OPS_LIB=none), so the engine
     serves through the torch fallback (issue 24) and says so."""
-    from vllm_vspec.hosts.vllm.commit_op import CommitOpMixin
+    from vllm_vspec.hosts.vllm.proposers import VSpecProposer
     from vllm_vspec.hosts.vllm.worker import CPU_WORKER_CLS
     from vllm_vspec.kernels import ops
 
@@ -116,7 +117,7 @@ def test_the_engine_commits_every_decode_step_with_the_op(prompts, reference, ba
                    worker_cls=CPU_WORKER_CLS, vspec={"policy": "cycle", "min_gamma": 0})
     try:
         drafter = runner_of(llm).drafter
-        assert isinstance(drafter, CommitOpMixin), type(drafter).__mro__
+        assert isinstance(drafter, VSpecProposer), type(drafter).__mro__
         assert (drafter.vspec_ops is ops.TORCH_OPS) == (backend == "torch")
         if backend == "torch":
             assert ops.backend() == "torch fallback: VSPEC_OPS_LIB=none"

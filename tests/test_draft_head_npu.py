@@ -2,8 +2,9 @@
 its CPU twin (vLLM-Ascend needs torch_npu; nothing here runs on an NPU).
 
 Spec:
-- DraftHeadTap (vllm_ascend/vspec/draft_head_tap.py) is what vLLM-Ascend's
-  merged draft loop reads logits from: with an active vocabulary, the argmax
+- DraftLogitsTap (vllm_ascend/vspec/draft_head_tap.py) with the head
+  npu_draft_head builds is what vLLM-Ascend's merged draft loop reads
+  logits from: with an active vocabulary, the argmax
   of what it returns is the token the CPU path drafts (DraftHead's sorted
   ids, ties to the smaller id), every other column is -inf, across calls of
   changing row counts; without a restriction or int8 it is the host's own
@@ -18,7 +19,8 @@ Spec:
 - The NPU proposers over a stand-in host whose merged draft loop drafts
   each position as `model.compute_logits(h).argmax(-1)`: a pure-greedy step
   drafts from the active vocabulary and a step with a sampled request from
-  the full head; the entropy tap wraps the head tap; the four traces record
+  the full head; the entropy stop observes the head's logits (one tap); the
+  four traces record
   a step as on CPU (the step's gamma and its drafts, without the invalid
   columns the NPU proposer pads its result with, the head, committed tokens
   with discarded rows empty, one IO record per draft pass, the target's
@@ -104,6 +106,13 @@ def _settings(**vspec) -> VSpecConfig:
     return VSpecConfig.from_dict(vspec, 4)
 
 
+def _install(tap_module, proposer, settings):
+    """The head tap of `proposer` (no observers), or None without a head."""
+    head = tap_module.npu_draft_head(proposer, settings)
+    return None if head is None else tap_module.DraftLogitsTap(proposer.model, head,
+                                                               ()).install(proposer)
+
+
 def _tap_proposer(weight, full_graph=False, tp=1):
     return SimpleNamespace(model=_TinyDraft(weight), use_cuda_graph=full_graph,
                            vllm_config=SimpleNamespace(
@@ -113,8 +122,8 @@ def _tap_proposer(weight, full_graph=False, tp=1):
 # ------------------------------------------------------------ the head tap
 def test_tap_argmax_is_the_cpu_paths_draft_token(tap_module, weight, tmp_path):
     proposer = _tap_proposer(weight)
-    tap = tap_module.DraftHeadTap.maybe_install(
-        proposer, _settings(draft_active_vocab_ids=_ids_file(tmp_path)))
+    tap = _install(
+        tap_module, proposer, _settings(draft_active_vocab_ids=_ids_file(tmp_path)))
     assert proposer.model is tap and proposer.model.lm_head is tap.inner.lm_head
     tap.restricted = True
     for rows in (5, 2, 9):   # the kept full-width buffer shrinks and grows
@@ -134,18 +143,18 @@ def test_tap_argmax_is_the_cpu_paths_draft_token(tap_module, weight, tmp_path):
 
 def test_unrestricted_tap_defers_to_the_host(tap_module, weight, tmp_path):
     proposer = _tap_proposer(weight)
-    tap = tap_module.DraftHeadTap.maybe_install(
-        proposer, _settings(draft_active_vocab_ids=_ids_file(tmp_path)))
+    tap = _install(
+        tap_module, proposer, _settings(draft_active_vocab_ids=_ids_file(tmp_path)))
     hidden = torch.randn(3, HIDDEN)
     torch.testing.assert_close(tap.compute_logits(hidden), hidden @ weight.T)
     assert tap.name == "full" and tap.inner.host_logits_calls == 1
-    assert tap_module.DraftHeadTap.maybe_install(_tap_proposer(weight), _settings()) is None
+    assert _install(tap_module, _tap_proposer(weight), _settings()) is None
 
 
 def test_int8_tap_returns_the_int8_heads_full_logits(tap_module, weight):
     proposer = _tap_proposer(weight, full_graph=True)   # int8 has no per-step choice
-    tap = tap_module.DraftHeadTap.maybe_install(
-        proposer, _settings(draft_lm_head_quantization="w8a8"))
+    tap = _install(
+        tap_module, proposer, _settings(draft_lm_head_quantization="w8a8"))
     hidden = torch.randn(4, HIDDEN)
     want, _ = tap.head.logits(hidden, restricted=False)
     assert torch.equal(tap.compute_logits(hidden), want)
@@ -161,8 +170,8 @@ def test_tap_refusals_name_the_key(tap_module, npu_host, weight, tmp_path, full_
                                    lmhead_tp, key, needle):
     npu_host.lmhead_tp = lmhead_tp
     with pytest.raises(VSpecConfigError) as err:
-        tap_module.DraftHeadTap.maybe_install(
-            _tap_proposer(weight, full_graph=full_graph, tp=tp),
+        _install(
+            tap_module, _tap_proposer(weight, full_graph=full_graph, tp=tp),
             _settings(draft_active_vocab_ids=_ids_file(tmp_path)))
     assert err.value.key == key and needle in str(err.value)
 
@@ -276,8 +285,7 @@ BATCH = 3
 
 def _npu_proposer(proposers, weight, vspec):
     bases = proposers.VSpecEagleProposer.__bases__
-    assert bases[:-1] == (proposers.TraceMixin, proposers.VSpecProposerMixin,
-                          proposers.DraftHeadMixin)
+    assert bases[:-1] == (proposers.VSpecProposerMixin,)
     cls = type("LoopProposer", bases[:-1] + (_LoopHost,), {})
     config = _engine_config("eagle", 4, vspec=vspec)
     config.full_graphs = vspec.get("ascend_draft_full_graph", False)
@@ -340,19 +348,29 @@ def test_pure_greedy_steps_draft_from_the_active_vocabulary(proposers, npu_host,
     hidden = torch.randn(BATCH, HIDDEN)
     next_token = torch.tensor([9, 4, 11])   # the commit op's last valid tokens
     greedy = _step(proposer, 3, [0.0, 0.0, 0.0], hidden)
-    head = proposer._head_tap.head
+    head = proposer.drafting.tap.head
     assert greedy.tolist() == _host_drafts(weight, hidden, next_token, 3, head).tolist()
-    assert set(greedy.flatten().tolist()) <= set(ACTIVE) and proposer.head_in_use == "active"
+    assert set(greedy.flatten().tolist()) <= set(ACTIVE)
+    assert proposer.drafting.head_in_use == "active"
     sampled = _step(proposer, 3, [0.0, 0.7, 0.0], hidden)
     assert sampled.tolist() == _host_drafts(weight, hidden, next_token, 3).tolist()
-    assert proposer.head_in_use == "full" and sampled.tolist() != greedy.tolist()
+    assert proposer.drafting.head_in_use == "full" and sampled.tolist() != greedy.tolist()
 
 
-def test_entropy_tap_reads_the_heads_logits(proposers, npu_host, weight, tmp_path):
+def test_entropy_stop_observes_the_heads_logits(proposers, npu_host, weight, tmp_path):
     proposer = _npu_proposer(proposers, weight, {"draft_active_vocab_ids": _ids_file(tmp_path),
                                                  "entropy_stop": True})
-    assert type(proposer.model).__name__ == "EntropyTap"
-    assert proposer.model.inner is proposer._head_tap
+    drafting = proposer.drafting
+    assert type(proposer.model).__name__ == "DraftLogitsTap"   # one tap on the model
+    assert drafting.tap.observers == (drafting.entropy,)
+    drafting.tap.restricted = True
+    drafting.new_pass()
+    logits = proposer.model.compute_logits(torch.randn(BATCH, HIDDEN))
+    off = torch.ones(VOCAB, dtype=torch.bool)
+    off[ACTIVE] = False
+    assert torch.isinf(logits[:, off]).all()                   # the active vocabulary's
+    torch.testing.assert_close(drafting.entropy.entropy[0, :BATCH],
+                               drafting.entropy.stop.entropy(logits))
 
 
 def test_an_active_vocabulary_is_refused_with_full_draft_graphs(proposers, npu_host, weight,
@@ -376,7 +394,7 @@ def test_traces_record_a_step_as_on_cpu(proposers, npu_host, weight, tmp_path):
                                                  "draft_active_vocab_ids": _ids_file(tmp_path)})
     hidden = torch.randn(BATCH, HIDDEN)
     drafts = _step(proposer, 2, [0.0, 0.5, 0.0], hidden, discard=[2])
-    proposer.traces.tracer.close()
+    proposer.drafting.traces.tracer.close()
     (draft,) = traces.read_jsonl(paths["draft_trace_path"])
     assert (draft["gamma"], draft["head"]) == (2, "full")
     assert [r["draft"] for r in draft["requests"]] == drafts.tolist()

@@ -98,38 +98,40 @@ class _DraftModel(torch.nn.Module):
         return hidden_states
 
 
-def _proposer_with_entropy_stop(**vspec):
+def _drafting(**vspec):
+    """A stand-in NPU proposer's drafter options (drafting.AscendDrafting),
+    after its draft model loaded."""
     from types import SimpleNamespace
 
-    from vllm_ascend.vspec.entropy_tap import EntropyTap
+    from vllm_ascend.vspec.drafting import AscendDrafting
     from vllm_vspec.config import VSpecConfig
 
     proposer = SimpleNamespace(model=_DraftModel(), max_num_speculative_tokens=3,
                                runner=SimpleNamespace(max_num_reqs=4),
                                device=torch.device("cpu"))
-    settings = VSpecConfig.from_dict({"entropy_stop": True, **vspec}, 3)
-    return proposer, EntropyTap.maybe_install(proposer, settings)
+    drafting = AscendDrafting(proposer, VSpecConfig.from_dict(vspec, 3))
+    drafting.loaded()
+    return proposer, drafting
 
 
-def test_entropy_tap_is_transparent_and_installed_only_when_on():
-    from vllm_ascend.vspec.entropy_tap import EntropyTap
-    from vllm_vspec.config import VSpecConfig
-
-    proposer, tap = _proposer_with_entropy_stop()
-    assert proposer.model is tap
+def test_the_logits_tap_is_transparent_and_installed_only_when_needed():
+    proposer, drafting = _drafting(entropy_stop=True)
+    tap = drafting.tap
+    assert proposer.model is tap and tap.observers == drafting.observers == (drafting.entropy,)
     assert proposer.model(torch.zeros(1)).item() == 1.0  # forward reaches the draft model
     assert proposer.model.lm_head is tap.inner.lm_head  # so do its attributes
-    assert EntropyTap.maybe_install(proposer, VSpecConfig()) is None  # entropy_stop off
+    proposer, drafting = _drafting()                      # no head, no entropy stop
+    assert drafting.tap is None and isinstance(proposer.model, _DraftModel)
 
 
-def test_entropy_tap_invalidates_drafts_from_the_first_uncertain_position():
-    _, tap = _proposer_with_entropy_stop(entropy_topk=2, entropy_threshold=0.5)
+def test_entropy_stop_invalidates_drafts_from_the_first_uncertain_position():
+    proposer, drafting = _drafting(entropy_stop=True, entropy_topk=2, entropy_threshold=0.5)
     sure, unsure = [20.0, 0.0], [0.0, 0.0]  # entropy ~0 and ln 2 > 0.5 ** 2
-    tap.reset()
+    drafting.new_pass()
     for row in ([sure, sure], [sure, unsure], [unsure, sure]):  # draft positions 0, 1, 2
-        tap.compute_logits(torch.tensor(row))
+        proposer.model.compute_logits(torch.tensor(row))
     draft = torch.tensor([[11, 12, 13], [21, 22, 23]])
-    assert tap.cut(draft).tolist() == [[11, 12, -1], [21, -1, -1]]
+    assert drafting.entropy.cut(draft).tolist() == [[11, 12, -1], [21, -1, -1]]
 
 
 # ------------------------------------------------------------------------------

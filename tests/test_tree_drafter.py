@@ -41,8 +41,8 @@ import torch
 
 from conftest import EAGLE, close_llm, greedy, make_llm, runner_of
 from vllm_vspec.kernels import tree
-from vllm_vspec.hosts.vllm.tree.proposer import (TreeDraftMixin, check_tree_drafting,
-                                                    pass_layout)
+from vllm_vspec.hosts.vllm.proposers import VSpecEagleProposer
+from vllm_vspec.hosts.vllm.tree.proposer import check_tree_drafting, pass_layout
 from vllm_vspec.hosts.vllm.worker import CPU_WORKER_CLS
 from vllm_vspec.config import VSpecConfigError
 
@@ -55,20 +55,15 @@ TOKENS = 24                           # per request
 
 
 # ------------------------------------------------------------ refusals
-class _Stub(TreeDraftMixin):
-    """A tree-capable proposer's attributes, without an engine."""
-
-
-def stub(**changes) -> _Stub:
-    proposer = object.__new__(_Stub)
+def stub(**changes) -> SimpleNamespace:
+    """A tree-capable proposer's attributes (it has `tree`), without an engine."""
     fields = dict(speculative_config=SimpleNamespace(method="eagle"), parallel_drafting=False,
                   supports_mm_inputs=False, uses_mrope=False, use_local_argmax_reduction=False,
-                  use_heterogeneous_vocab=False, entropy_stop=None, traces=None,
+                  use_heterogeneous_vocab=False, tree=object(), entropy=None, traces=None,
                   vllm_config=SimpleNamespace(
                       scheduler_config=SimpleNamespace(async_scheduling=False)))
     fields.update(changes)
-    proposer.__dict__.update(fields)
-    return proposer
+    return SimpleNamespace(**fields)
 
 
 REFUSED = {
@@ -79,7 +74,7 @@ REFUSED = {
     "M-RoPE": (dict(uses_mrope=True), "M-RoPE"),
     "local argmax": (dict(use_local_argmax_reduction=True), "local argmax"),
     "heterogeneous vocab": (dict(use_heterogeneous_vocab=True), "heterogeneous"),
-    "entropy stop": (dict(entropy_stop=object()), "entropy_stop"),
+    "entropy stop": (dict(entropy=object()), "entropy_stop"),
     "traces": (dict(traces=object()), "traces"),
     "async scheduling": (dict(vllm_config=SimpleNamespace(
         scheduler_config=SimpleNamespace(async_scheduling=True))), "async"),
@@ -235,17 +230,17 @@ def drafted(engine, prompts):
     checks replay copies of the runner's arguments before its real call in a
     linear EAGLE run)."""
     drafter = runner_of(engine).drafter
-    assert isinstance(drafter, TreeDraftMixin), type(drafter)
+    assert isinstance(drafter, VSpecEagleProposer), type(drafter)
     steps: list[dict] = []
 
     def check_then_propose(**kwargs):
         if len(steps) < STEPS:
             step = {"linear": type(drafter).propose(
                 drafter, num_speculative_tokens=LINEAR_GAMMA, **fresh(kwargs)),
-                "width1": drafter.propose_tree(LINEAR_GAMMA, 1, **fresh(kwargs)),
-                "gamma0": drafter.propose_tree(0, 2, **fresh(kwargs))}
+                "width1": drafter.tree.propose_tree(LINEAR_GAMMA, 1, **fresh(kwargs)),
+                "gamma0": drafter.tree.propose_tree(0, 2, **fresh(kwargs))}
             for gamma, width in TREES:
-                step[gamma, width] = (drafter.propose_tree(gamma, width, **fresh(kwargs)),
+                step[gamma, width] = (drafter.tree.propose_tree(gamma, width, **fresh(kwargs)),
                                       brute_force_tree(drafter, kwargs, gamma, width))
             steps.append(step)
         return type(drafter).propose(drafter, **kwargs)

@@ -1,10 +1,14 @@
-"""The drafter's LM head options on the NPU path (not yet run on NPU).
+"""The one tap on the NPU draft model's logits, and the head options it
+serves (not yet run on NPU).
 
-vLLM-Ascend 0.23's merged draft loop (`_run_merged_draft`) takes every
-greedy draft token as `self.model.compute_logits(h).argmax(-1)`, so vspec's
-head (vllm_vspec.kernels.draft_head.DraftHead, the host-agnostic core) sits where
-those logits come from: a ModelTap around the draft model whose
-`compute_logits` returns
+vLLM-Ascend's merged draft loop (`_run_merged_draft`) takes every greedy
+draft token as `self.model.compute_logits(h).argmax(-1)`, so that call is
+where vspec drafts from: `DraftLogitsTap`, a ModelTap (model_tap.py) around
+the draft model, whose `compute_logits` runs the draft head and then shows
+the logits it returns to each observer of the proposer's list, in order
+(hosts/draft_observers.py: the entropy stop's buffer, entropy_tap.py; the
+diagnostics traces). The head (vllm_vspec.kernels.draft_head.DraftHead, the
+host-agnostic core; `npu_draft_head` builds it) gives
 
 - with an active vocabulary (on a pure-greedy step): the active rows' logits
   written into their columns of a full-width row that is -inf everywhere
@@ -20,7 +24,7 @@ those logits come from: a ModelTap around the draft model whose
   vLLM-Ascend's own W8A16 / W8A8-dynamic linear methods call. Where
   torch_npu lacks one, or the shapes or dtype are outside what it takes,
   the engine stops at start-up naming the key and the reason.
-- otherwise the host's own compute_logits.
+- otherwise (no head: only observers) the host's own compute_logits.
 
 The target verifies with its own full head, so strict acceptance stays
 exact. A full ACL graph of the draft loop (`ascend_draft_full_graph`, the default) would
@@ -35,6 +39,7 @@ from typing import Any
 import torch
 
 from vllm_ascend.vspec.model_tap import ModelTap
+from vllm_vspec.hosts.draft_observers import DraftObserver
 from vllm_vspec.kernels import draft_head
 from vllm_vspec.config import VSpecConfig, VSpecConfigError
 from vllm_vspec.core.drafter_keys import refuse_head, wants_head
@@ -118,49 +123,56 @@ class NpuInt8Matmul:
 draft_head.INT8_MATMULS["npu"] = NpuInt8Matmul
 
 
-class DraftHeadTap(ModelTap):
-    """Wraps the draft model (ModelTap) with vspec's head. `restricted` is
-    set per step by the proposer (the active vocabulary drafts pure-greedy
-    steps only)."""
+def npu_draft_head(proposer: Any, settings: VSpecConfig | None) -> DraftHead | None:
+    """The draft head of `proposer` (its loaded draft model's LM head) when
+    the settings ask for one; None otherwise. Raises VSpecConfigError naming
+    the key when this drafter cannot take it."""
+    if settings is None or not wants_head(settings):
+        return None
+    # Imported here: only a head needs it, and stand-in hosts lack it.
+    from vllm_ascend.utils import lmhead_tp_enable
 
-    def __init__(self, model: torch.nn.Module, head: DraftHead):
+    if proposer.vllm_config.parallel_config.tensor_parallel_size != 1 or lmhead_tp_enable():
+        refuse_head(settings, "only with tensor_parallel_size 1 and no LM-head tensor "
+                    "parallelism (the head is not sharded)")
+    if settings.draft_active_vocab_ids and proposer.use_cuda_graph:
+        refuse_head(settings, "only with ascend_draft_full_graph false (the default keeps "
+                    "the draft model's ACL graphs): a captured draft graph would fix "
+                    "one head, and the active vocabulary is chosen per step "
+                    "(pure-greedy steps only)")
+    return draft_head_for(proposer.model, settings)
+
+
+class DraftLogitsTap(ModelTap):
+    """Wraps the draft model (ModelTap): `compute_logits` is the head's, then
+    the observers see it (module docstring). `restricted` is set per step by
+    the proposer (the active vocabulary drafts pure-greedy steps only)."""
+
+    def __init__(self, model: torch.nn.Module, head: DraftHead | None,
+                 observers: tuple[DraftObserver, ...]):
         super().__init__(model)
         self.head = head
+        self.observers = observers
         self.restricted = False
         self._full_width: torch.Tensor | None = None  # [rows, V], -inf off the active ids
-
-    @classmethod
-    def maybe_install(cls, proposer: Any, settings: VSpecConfig | None) -> "DraftHeadTap | None":
-        """Wrap `proposer.model` when the settings ask for a draft head; None
-        otherwise. Raises VSpecConfigError naming the key when this drafter
-        cannot take it."""
-        if settings is None or not wants_head(settings):
-            return None
-        # Imported here: only a head needs it, and stand-in hosts lack it.
-        from vllm_ascend.utils import lmhead_tp_enable
-
-        if proposer.vllm_config.parallel_config.tensor_parallel_size != 1 or lmhead_tp_enable():
-            refuse_head(settings, "only with tensor_parallel_size 1 and no LM-head tensor "
-                        "parallelism (the head is not sharded)")
-        if settings.draft_active_vocab_ids and proposer.use_cuda_graph:
-            refuse_head(settings, "only with ascend_draft_full_graph false (the default keeps "
-                        "the draft model's ACL graphs): a captured draft graph would fix "
-                        "one head, and the active vocabulary is chosen per step "
-                        "(pure-greedy steps only)")
-        return cls(proposer.model, draft_head_for(proposer.model, settings)).install(proposer)
 
     @property
     def name(self) -> str:
         """The head this step drafts from (the draft trace's `head`)."""
-        return self.head.name(self.restricted)
+        return "full" if self.head is None else self.head.name(self.restricted)
 
     def compute_logits(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any
                        ) -> torch.Tensor:
-        got = self.head.logits(hidden_states, restricted=self.restricted)
+        got = None if self.head is None else self.head.logits(hidden_states,
+                                                              restricted=self.restricted)
         if got is None:
-            return self.inner.compute_logits(hidden_states, *args, **kwargs)
-        logits, ids = got
-        return logits if ids is None else self._spread(logits, ids)
+            logits = self.inner.compute_logits(hidden_states, *args, **kwargs)
+        else:
+            logits, ids = got
+            logits = logits if ids is None else self._spread(logits, ids)
+        for observer in self.observers:
+            observer.sampled(hidden_states, logits, None)
+        return logits
 
     def _spread(self, logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """Active logits [rows, n] in their full-vocabulary columns."""

@@ -1,10 +1,10 @@
 """A transparent wrapper around the NPU proposer's draft model (not yet run on NPU).
 
 vLLM-Ascend's merged draft loop calls `self.model(...)` and
-`self.model.compute_logits(h)` on the draft model, so vspec's per-logits
-features (entropy_tap.py, draft_head_tap.py) wrap the model and override
-`compute_logits`; everything else reaches the model unchanged. Taps nest:
-the last installed is outermost.
+`self.model.compute_logits(h)` on the draft model, so vspec's one tap
+(draft_head_tap.DraftLogitsTap: the draft head, then the observers) wraps
+the model and overrides `compute_logits`; everything else reaches the model
+unchanged.
 """
 
 from __future__ import annotations

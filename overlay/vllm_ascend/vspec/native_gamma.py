@@ -32,8 +32,8 @@ What the host lacks, and this module adds:
   draft KV of the step's tokens) and its draft is dropped: a `[batch, 0]`
   draft, what the host returns for K = 0 (as on 0.23 and vLLM 0.32);
 - the step's gamma checked (0 <= gamma <= K, 1 + gamma <= 16), naming it;
-- entropy stop (entropy_tap.py), vspec's draft head (DraftHeadMixin) and the
-  diagnostics traces (TraceMixin), the same mixins as on 0.23;
+- entropy stop, vspec's draft head and the diagnostics traces, through the
+  base shared with 0.23 (drafting.VSpecAscendProposer);
 - the draft model runs eagerly under vspec (the host's own `use_cuda_graph`
   switch, llm_base_proposer.py:239-273): the host captures one draft graph at
   the configured K (dummy_run's loop over `num_speculative_tokens`, line 888),
@@ -53,9 +53,9 @@ from vllm.logger import init_logger
 
 from vllm_ascend.spec_decode.draft_proposer import AscendDraftModelProposer
 from vllm_ascend.spec_decode.eagle_proposer import AscendEagleProposer
-from vllm_ascend.vspec.entropy_tap import EntropyTap
+from vllm_ascend.vspec.drafting import VSpecAscendProposer
 from vllm_ascend.vspec.gamma import valid_gamma
-from vllm_ascend.vspec.proposers import DraftHeadMixin, TraceMixin, run_draft_eagerly
+from vllm_ascend.vspec.proposers import run_draft_eagerly
 from vllm_ascend.vspec.routing import vspec_settings
 from vllm_ascend.vspec.sampler import VSpecAscendRejectionSampler
 
@@ -63,12 +63,10 @@ from vllm_ascend.vspec.sampler import VSpecAscendRejectionSampler
 logger = init_logger(f"vllm.{__name__}")
 
 
-class NativeGammaMixin:
+class NativeGammaMixin(VSpecAscendProposer):
     """What vspec adds to a host proposer that drafts the step's K itself.
     Mixed in before the host proposer; `max_num_speculative_tokens` (the
-    configured K) is what EntropyTap and TraceMixin size and validate by."""
-
-    _entropy_tap: EntropyTap | None = None
+    configured K) is what the entropy stop's buffer is sized by."""
 
     # Extends AscendSpecDecodeBaseProposer.__init__: records the configured K
     # (the host's __init__ sets num_speculative_tokens to it; each _propose
@@ -87,33 +85,25 @@ class NativeGammaMixin:
 
             run_draft_eagerly(self, _maybe_eager_context)
 
-    # Extends AscendSpecDecodeBaseProposer.load_model: entropy stop wraps the
-    # draft model once it exists.
-    def load_model(self, *args: Any, **kwargs: Any) -> None:
-        super().load_model(*args, **kwargs)
-        self._entropy_tap = EntropyTap.maybe_install(self, vspec_settings(self.vllm_config))
-
     # Extends AscendSpecDecodeBaseProposer._propose: the host drafts the K it
-    # is passed; gamma 0 still runs the first draft pass. NPUModelRunner
-    # passes every argument by keyword (model_runner_v1.py:2098-2114).
+    # is passed, as one drafter step of vspec's drafter options
+    # (drafting.AscendDrafting.propose); gamma 0 still runs the first draft
+    # pass. NPUModelRunner passes every argument by keyword
+    # (model_runner_v1.py:2098-2114).
     def _propose(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         gamma = valid_gamma(kwargs["num_speculative_tokens"], self.max_num_speculative_tokens)
-        if self._entropy_tap is not None:
-            self._entropy_tap.reset()
-        draft = super()._propose(*args, **{**kwargs, "num_speculative_tokens": max(gamma, 1)})
-        if gamma == 0:
-            return draft[:, :0]
-        if self._entropy_tap is not None:
-            draft = self._entropy_tap.cut(draft)
-        return draft
+        self.drafting.new_pass()
+        draft = self.drafting.propose(
+            lambda: super(NativeGammaMixin, self)._propose(
+                *args, **{**kwargs, "num_speculative_tokens": max(gamma, 1)}), kwargs, gamma)
+        return draft[:, :gamma]
 
 
-class VSpecNativeEagleProposer(TraceMixin, NativeGammaMixin, DraftHeadMixin, AscendEagleProposer):
+class VSpecNativeEagleProposer(NativeGammaMixin, AscendEagleProposer):
     """EAGLE drafting at the host's per-step K, with vspec's gamma 0 and options."""
 
 
-class VSpecNativeDraftModelProposer(TraceMixin, NativeGammaMixin, DraftHeadMixin,
-                                    AscendDraftModelProposer):
+class VSpecNativeDraftModelProposer(NativeGammaMixin, AscendDraftModelProposer):
     """Draft-model drafting at the host's per-step K, with vspec's gamma 0 and options."""
 
 

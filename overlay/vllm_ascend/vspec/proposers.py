@@ -32,10 +32,9 @@ Invariants:
   drafts nothing after the first draft pass has kept the draft model's KV
   cache aligned.
 
-Two more mixins carry vspec's drafter options onto the NPU (not yet run on
-NPU), over the host-agnostic core: DraftHeadMixin (active vocabulary and
-int8 LM head, draft_head_tap.py over vllm_vspec.kernels.draft_head) and TraceMixin
-(the diagnostics traces, vllm_vspec.hosts.diagnostics.DrafterTraces).
+vspec's drafter options (active vocabulary and int8 LM head, entropy stop,
+diagnostics traces) come from drafting.VSpecAscendProposer, the base shared
+with the 0.30 proposers (native_gamma.py), over the host-agnostic core.
 """
 
 from __future__ import annotations
@@ -47,22 +46,17 @@ from typing import Any, Callable, Iterator, Mapping
 import torch
 from vllm.config import CUDAGraphMode
 from vllm.logger import init_logger
-from vllm.v1.sample.sampler import _SAMPLING_EPS
 
 from vllm_ascend.compilation import acl_graph
 from vllm_ascend.compilation.acl_graph import ACLGraphWrapper
 from vllm_ascend.spec_decode.draft_proposer import AscendDraftModelProposer
 from vllm_ascend.spec_decode.eagle_proposer import AscendEagleProposer
-from vllm_ascend.vspec.draft_head_tap import DraftHeadTap
-from vllm_ascend.vspec.entropy_tap import EntropyTap
 from vllm_ascend.vspec import graph_params
+from vllm_ascend.vspec.drafting import VSpecAscendProposer
 from vllm_ascend.vspec.gamma import step_gamma
 from vllm_ascend.vspec.routing import vspec_settings
 from vllm_vspec.kernels import ops
-from vllm_vspec.hosts.vllm.commit_op import backup_tokens
 from vllm_vspec.hosts.vllm.verify_width import pad_drafts
-from vllm_vspec.hosts.diagnostics import DrafterTraces, TraceOptions
-from vllm_vspec.core.drafter_keys import pure_greedy
 
 # Under "vllm.": vLLM configures only its own logger tree.
 logger = init_logger(f"vllm.{__name__}")
@@ -83,13 +77,14 @@ def run_draft_eagerly(proposer: Any, maybe_eager_context: Callable[[Any], Any]) 
         proposer.maybe_eager_context = maybe_eager_context(proposer.vllm_config)
 
 
-class VSpecProposerMixin:
-    """Per-step gamma on top of AscendSpecDecodeBaseProposer. Mixed in before
-    the host proposer so its attributes shadow the host's."""
+class VSpecProposerMixin(VSpecAscendProposer):
+    """Per-step gamma on top of AscendSpecDecodeBaseProposer (vLLM-Ascend
+    0.23), with vspec's drafter options (drafting.py). Mixed in before the
+    host proposer so its attributes shadow the host's."""
 
     _vspec_active_gamma: int | None = None  # set only inside _drafting
     _vspec_runnables: Mapping[int, Any] = MappingProxyType({})  # gamma < K -> graph wrapper
-    _entropy_tap: EntropyTap | None = None
+    commits_with_vspec_op = True
     # Key the host's draft graph parameters by gamma (graph_params.py); off
     # only in the test that shows what the host's token-count keys do.
     vspec_key_graph_params: bool = True
@@ -138,7 +133,6 @@ class VSpecProposerMixin:
     # merged draft in a full graph, add one wrapper per smaller gamma.
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         super().load_model(*args, **kwargs)
-        self._entropy_tap = EntropyTap.maybe_install(self, vspec_settings(self.vllm_config))
         host = self._vspec_max_runnable
         if not isinstance(host, ACLGraphWrapper):
             return
@@ -150,7 +144,8 @@ class VSpecProposerMixin:
         }
 
     # Extends AscendSpecDecodeBaseProposer._propose: drafts the scheduler's
-    # gamma for this step instead of the configured K, then applies entropy stop.
+    # gamma for this step instead of the configured K, as one drafter step
+    # of vspec's drafter options (drafting.AscendDrafting.propose).
     # NPUModelRunner.propose_draft_token_ids passes every argument by keyword.
     def _propose(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         if not self._vspec_checked_graphs:
@@ -161,25 +156,9 @@ class VSpecProposerMixin:
         # draft model's KV for this step's tokens, and drops its one draft: the
         # drafter stays aligned for when speculation resumes (vLLM 0.32 does the same).
         with self._drafting(max(gamma, 1)):
-            draft = super()._propose(*args, **kwargs)
-        if self._entropy_tap is not None:
-            draft = self._entropy_tap.cut(draft)
+            draft = self.drafting.propose(
+                lambda: super(VSpecProposerMixin, self)._propose(*args, **kwargs), kwargs, gamma)
         return pad_drafts(draft, gamma, self.max_num_speculative_tokens)
-
-    # Extends AscendSpecDecodeBaseProposer.prepare_next_token_ids_padded: the
-    # same two results (next token ids, valid sampled token counts) from one
-    # kernel; the host's discarded-request indices become a mask.
-    def prepare_next_token_ids_padded(self, sampled_token_ids: torch.Tensor, requests: dict,
-                                      gpu_input_batch: Any, discard_request_indices: torch.Tensor,
-                                      num_discarded_requests: int
-                                      ) -> tuple[torch.Tensor, torch.Tensor]:
-        batch = sampled_token_ids.shape[0]
-        backup = backup_tokens(self.backup_next_token_ids, requests, gpu_input_batch)
-        discard = torch.zeros(batch, dtype=torch.bool, device=sampled_token_ids.device)
-        discard[discard_request_indices[:num_discarded_requests].long()] = True
-        num_valid, next_token = self.vspec_ops.commit_accepted(
-            sampled_token_ids, discard, backup[:batch], gpu_input_batch.vocab_size)
-        return next_token, num_valid
 
     # Extends AscendSpecDecodeBaseProposer.dummy_run: graph capture runs once
     # per gamma so every gamma has its own graph, captured into its own
@@ -201,8 +180,7 @@ class VSpecProposerMixin:
     def _drafting(self, gamma: int | None) -> Iterator[None]:
         """Bind the step's gamma; the maximum again afterwards, even on error."""
         self._vspec_active_gamma = gamma
-        if self._entropy_tap is not None:
-            self._entropy_tap.reset()
+        self.drafting.new_pass()
         try:
             yield
         finally:
@@ -237,98 +215,9 @@ def _warn_if_padding_keeps_no_graph(vllm_config: Any) -> None:
                        getattr(mode, "name", mode))
 
 
-class DraftHeadMixin:
-    """vspec's draft LM head (active vocabulary, int8) in the host's merged
-    draft loop, through a DraftHeadTap around the draft model. After
-    VSpecProposerMixin in the MRO, so the entropy tap (installed there) wraps
-    this one and reads the logits this head produces, as on CPU."""
-
-    _head_tap: DraftHeadTap | None = None
-
-    # Extends AscendSpecDecodeBaseProposer.load_model: the drafter's LM head
-    # exists only now (EAGLE: the target's, shared inside load_model).
-    def load_model(self, *args: Any, **kwargs: Any) -> None:
-        super().load_model(*args, **kwargs)
-        self._head_tap = DraftHeadTap.maybe_install(self, vspec_settings(self.vllm_config))
-
-    # Extends AscendSpecDecodeBaseProposer._propose: the active vocabulary
-    # drafts only steps whose batch is pure greedy (its premise).
-    def _propose(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        if self._head_tap is not None:
-            self._head_tap.restricted = pure_greedy(kwargs["sampling_metadata"])
-        return super()._propose(*args, **kwargs)
-
-    @property
-    def head_in_use(self) -> str:
-        """`active` when this step drafts from the active vocabulary, else `full`."""
-        return "full" if self._head_tap is None else self._head_tap.name
-
-
-class TraceMixin:
-    """Writes the diagnostics traces of each drafter step (DrafterTraces).
-    First in the MRO: VSpecProposerMixin's prepare_next_token_ids_padded
-    replaces the host's without calling on, and the trace must see it."""
-
-    traces: DrafterTraces | None = None
-
-    # Extends AscendSpecDecodeBaseProposer.__init__: opens the traces the
-    # settings turn on (the host's runner names the batch's requests).
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        settings = vspec_settings(self.vllm_config)
-        if settings is not None:
-            self.traces = DrafterTraces.open(TraceOptions.from_config(settings), self.runner,
-                                             _SAMPLING_EPS)
-
-    # Extends AscendSpecDecodeBaseProposer.load_model: the IO trace hooks the
-    # draft model (the outermost wrapper: it sees every pass the host makes).
-    def load_model(self, *args: Any, **kwargs: Any) -> None:
-        super().load_model(*args, **kwargs)
-        if self.traces is not None:
-            self.traces.watch(self.model)
-
-    # Extends AscendSpecDecodeBaseProposer.prepare_next_token_ids_padded (the
-    # first drafter call of a step): starts the step with its committed tokens.
-    def prepare_next_token_ids_padded(self, sampled_token_ids: torch.Tensor, requests: dict,
-                                      gpu_input_batch: Any, discard_request_indices: torch.Tensor,
-                                      num_discarded_requests: int
-                                      ) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.traces is not None:
-            rows = sampled_token_ids.tolist()
-            discard = [False] * len(rows)
-            for i in discard_request_indices[:num_discarded_requests].tolist():
-                discard[i] = True
-            self.traces.begin_step(rows, discard)
-        return super().prepare_next_token_ids_padded(sampled_token_ids, requests, gpu_input_batch,
-                                                     discard_request_indices,
-                                                     num_discarded_requests)
-
-    # Extends SpecDecodeBaseProposer.prepare_next_token_ids_cpu (padded
-    # drafter batch off): as above, from the host's token lists.
-    def prepare_next_token_ids_cpu(self, sampled_token_ids: list[list[int]], requests: dict,
-                                   gpu_input_batch: Any, num_scheduled_tokens: dict
-                                   ) -> torch.Tensor:
-        if self.traces is not None:
-            self.traces.begin_step([list(t) for t in sampled_token_ids])
-        return super().prepare_next_token_ids_cpu(sampled_token_ids, requests, gpu_input_batch,
-                                                  num_scheduled_tokens)
-
-    # Extends AscendSpecDecodeBaseProposer._propose: times the step and writes
-    # its records: the step's gamma drafts, not the invalid columns
-    # VSpecProposerMixin pads the result with. NPUModelRunner passes every
-    # argument by keyword.
-    def _propose(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        if self.traces is None:
-            return super()._propose(*args, **kwargs)
-        gamma = step_gamma(kwargs.get("scheduler_output"), self.max_num_speculative_tokens)
-        return self.traces.propose(lambda: super(TraceMixin, self)._propose(*args, **kwargs),
-                                   kwargs, lambda: self.head_in_use, gamma)
-
-
-class VSpecEagleProposer(TraceMixin, VSpecProposerMixin, DraftHeadMixin, AscendEagleProposer):
+class VSpecEagleProposer(VSpecProposerMixin, AscendEagleProposer):
     """EAGLE / EAGLE-1 drafting with per-step gamma on the NPU."""
 
 
-class VSpecDraftModelProposer(TraceMixin, VSpecProposerMixin, DraftHeadMixin,
-                              AscendDraftModelProposer):
+class VSpecDraftModelProposer(VSpecProposerMixin, AscendDraftModelProposer):
     """Serial draft-model drafting with per-step gamma on the NPU."""

@@ -34,10 +34,10 @@ never for throughput numbers (the engine logs a warning saying so).
 Every safetensors file carries metadata `{"format": "vspec-draft-io/1" or
 "vspec-target-hidden/1", "step": "N"}`.
 
-`DrafterTraces` records them for any host: the proposers of vspec's vLLM
-adapter (hosts/vllm/proposers.py) and of the Ascend overlay
-(vllm_ascend/vspec/proposers.py) only call it from the host methods they
-extend.
+`DrafterTraces` records them for any host: it is an observer of the
+drafter's steps (hosts/draft_observers.py) in the list of vspec's vLLM
+proposers (hosts/vllm/proposers.py) and of the Ascend overlay's
+(vllm_ascend/vspec/proposers.py).
 """
 
 from __future__ import annotations
@@ -50,6 +50,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import torch
+
+from vllm_vspec.hosts.draft_observers import DraftObserver
 
 logger = logging.getLogger(f"vllm.{__name__}")
 
@@ -145,37 +147,45 @@ class Tracer:
                   metadata={"format": fmt, "step": str(self.step)})
 
 
-class DrafterTraces:
-    """One drafter's traces, recorded from the host methods a proposer
-    extends (the same on vLLM 0.32 and vLLM-Ascend 0.23):
+class DrafterTraces(DraftObserver):
+    """One drafter's traces, as an observer of its steps
+    (hosts/draft_observers.py; the same hooks on vLLM 0.32 and vLLM-Ascend):
 
-    - `begin_step(rows, discard)` from the method that receives the step's
-      sampled tokens (prepare_next_token_ids_padded / _cpu): starts a step;
-    - `watch(model)` once the draft model is loaded (the IO trace's hook);
-    - `propose(call, kwargs, head)` around the propose call, whose keyword
+    - `loaded(model)`: the IO trace hooks the draft model;
+    - `committed(sampled, discard)`: starts a step with the target's tokens;
+    - `begin(kwargs)` / `end(drafts)` around the propose call, whose keyword
       arguments (`target_token_ids`, `target_positions`,
       `target_hidden_states`, `next_token_ids`, `common_attn_metadata`,
-      `sampling_metadata`, `num_rejected_tokens_gpu`) both hosts name alike.
+      `sampling_metadata`, `num_rejected_tokens_gpu`) both hosts name alike:
+      the call is timed with the device synchronised and the step's records
+      are written. `drafts` are the step's drafted columns.
 
     `runner.input_batch.req_ids` names the batch's rows; a request is greedy
-    when its temperature is below `greedy_eps` (the host sampler's)."""
+    when its temperature is below `greedy_eps` (the host sampler's); `head()`
+    names the head the step drafted from (the draft trace's `head`)."""
 
-    def __init__(self, options: TraceOptions, runner: Any, greedy_eps: float) -> None:
+    def __init__(self, options: TraceOptions, runner: Any, greedy_eps: float,
+                 head: Callable[[], str]) -> None:
         self.tracer = Tracer(options)
         self._runner = runner
         self._greedy_eps = greedy_eps
+        self._head = head
         self._sampled: list[list[int]] | None = None   # this step's committed tokens
         self._passes: list[dict[str, torch.Tensor]] | None = None  # set inside propose
+        self._kwargs: Mapping[str, Any] | None = None
+        self._start = 0.0
 
     @classmethod
-    def open(cls, options: TraceOptions | None, runner: Any,
-             greedy_eps: float) -> "DrafterTraces | None":
+    def open(cls, options: TraceOptions | None, runner: Any, greedy_eps: float,
+             head: Callable[[], str]) -> "DrafterTraces | None":
         """The traces `options` turns on, or None when none is."""
-        return cls(options, runner, greedy_eps) if options is not None and options.any else None
+        if options is None or not options.any:
+            return None
+        return cls(options, runner, greedy_eps, head)
 
-    def watch(self, model: torch.nn.Module) -> None:
+    def loaded(self, model: torch.nn.Module) -> None:
         """With the IO trace on, record every forward pass of `model` made
-        inside `propose` (eager passes only: a graph replay bypasses hooks)."""
+        inside propose (eager passes only: a graph replay bypasses hooks)."""
         if self.tracer.options.draft_io_trace_dir:
             model.register_forward_hook(self._record_pass, with_kwargs=True)
 
@@ -188,21 +198,17 @@ class DrafterTraces:
         rec[f"pass{i}.output"] = output[0] if isinstance(output, tuple) else output
         self._passes.append({k: _cpu(v) for k, v in rec.items()})
 
-    def begin_step(self, rows: list[list[int]], discard: list[bool] | None = None) -> None:
-        """Start a drafter step whose target committed `rows` (one list per
+    def committed(self, sampled: Any, discard: torch.Tensor | None) -> None:
+        """Start a drafter step whose target committed `sampled` (one row per
         batch row; negative ids are padding), none for a `discard`ed row."""
         self.tracer.begin_step()
-        discard = discard or [False] * len(rows)
-        self._sampled = [[] if d else [t for t in r if t >= 0] for r, d in zip(rows, discard)]
+        rows = sampled.tolist() if torch.is_tensor(sampled) else [list(t) for t in sampled]
+        flags = [False] * len(rows) if discard is None else discard[:len(rows)].tolist()
+        self._sampled = [[] if d else [t for t in r if t >= 0] for r, d in zip(rows, flags)]
 
-    def propose(self, call: Callable[[], torch.Tensor], kwargs: Mapping[str, Any],
-                head: Callable[[], str], gamma: int | None = None) -> torch.Tensor:
-        """Run the host's propose (`call`, given `kwargs`), timing it with the
-        device synchronised, and write the step's records; `head()` names the
-        head the step drafted from, once it has run. `gamma`: the step's
-        drafted columns, where the host pads what propose returns beyond them
-        (the Ascend overlay: K columns, invalid drafts after gamma); None: all."""
+    def begin(self, kwargs: Mapping[str, Any]) -> None:
         tracer = self.tracer
+        self._kwargs = kwargs
         self._passes = [] if tracer.options.draft_io_trace_dir else None
         if tracer.options.target_hidden_trace_dir:
             cad = kwargs["common_attn_metadata"]
@@ -214,17 +220,19 @@ class DrafterTraces:
             if kwargs.get("num_rejected_tokens_gpu") is not None:
                 hidden["num_rejected_tokens"] = kwargs["num_rejected_tokens_gpu"]
             tracer.target_hidden(hidden)
-        start = time.perf_counter()
-        try:
-            drafts = call()
-            if drafts.device.type != "cpu":
-                torch.accelerator.synchronize()
-            ms = (time.perf_counter() - start) * 1e3
-        finally:
-            passes, self._passes = self._passes, None
-        drafted = drafts if gamma is None else drafts[:, :gamma]
+        self._start = time.perf_counter()
+
+    def end(self, drafts: torch.Tensor | None) -> None:
+        passes, self._passes = self._passes, None
+        kwargs, self._kwargs = self._kwargs, None
+        if drafts is None:
+            return  # the call raised: no records
+        if drafts.device.type != "cpu":
+            torch.accelerator.synchronize()
+        ms = (time.perf_counter() - self._start) * 1e3
+        tracer = self.tracer
         req_ids = list(self._runner.input_batch.req_ids[:drafts.shape[0]])
-        tracer.draft(req_ids, drafted, ms, head())
+        tracer.draft(req_ids, drafts, ms, self._head())
         if self._sampled is not None:
             m = kwargs["sampling_metadata"]
             temp = m.temperature
@@ -234,9 +242,8 @@ class DrafterTraces:
             self._sampled = None
         if passes is not None:
             tensors = {k: v for rec in passes for k, v in rec.items()}
-            tensors["draft_token_ids"] = drafted
+            tensors["draft_token_ids"] = drafts
             tracer.draft_io(tensors)
-        return drafts
 
 
 __all__ = ["TraceOptions", "Tracer", "DrafterTraces", "DRAFT_IO_FORMAT", "TARGET_HIDDEN_FORMAT"]

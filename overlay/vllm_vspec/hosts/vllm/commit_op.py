@@ -9,7 +9,9 @@ kernel"). vspec's proposers on both hosts replace that computation with one
 call of vspec's op (csrc/ops.h), so the CPU engine tests run the very call
 site the NPU runs, with the CPU twin of the AscendC kernel.
 
-No vLLM import: the Ascend overlay's proposers use `backup_tokens` too.
+`commit_accepted` is that call for both hosts' proposers (the vLLM one's
+prepare_next_token_ids_padded, hosts/vllm/proposers.py, and the Ascend
+overlay's); no vLLM import, so the overlay can use it.
 """
 
 from __future__ import annotations
@@ -17,8 +19,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-
-from vllm_vspec.kernels import ops
 
 
 def backup_tokens(buffer: Any, requests: dict, input_batch: Any) -> torch.Tensor:
@@ -33,25 +33,15 @@ def backup_tokens(buffer: Any, requests: dict, input_batch: Any) -> torch.Tensor
     return buffer.gpu
 
 
-class CommitOpMixin:
-    """Mixed into vspec's vLLM proposers (proposers.py) before the host class."""
-
-    # extends SpecDecodeBaseProposer.__init__: loads the ops at start-up: the
-    # compiled library, else the torch implementation with one warning
-    # (kernels/ops.py load) naming why.
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.vspec_ops = ops.load(torch.device(self.device).type)
-
-    # extends SpecDecodeBaseProposer.prepare_next_token_ids_padded (vLLM 0.32):
-    # the same two results, from vspec's commit op instead of the host kernel.
-    def prepare_next_token_ids_padded(self, sampled_token_ids: torch.Tensor, requests: dict,
-                                      gpu_input_batch: Any,
-                                      discard_request_mask: torch.Tensor
-                                      ) -> tuple[torch.Tensor, torch.Tensor]:
-        batch = sampled_token_ids.shape[0]
-        backup = backup_tokens(self.backup_next_token_ids, requests, gpu_input_batch)
-        num_valid, next_token = self.vspec_ops.commit_accepted(
-            sampled_token_ids, discard_request_mask[:batch], backup[:batch],
-            gpu_input_batch.vocab_size)
-        return next_token, num_valid
+def commit_accepted(proposer: Any, sampled_token_ids: torch.Tensor, requests: dict,
+                    input_batch: Any, discard: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """What `prepare_next_token_ids_padded` returns on both hosts, (next token
+    ids [B], valid sampled token counts [B]), from one call of vspec's op
+    (`proposer.vspec_ops`, kernels/ops.py load) on the rejection sampler's
+    rows (`sampled_token_ids` [B, 1 + K], -1 after the accepted prefix);
+    `discard` bool [B] marks the rows that commit nothing."""
+    batch = sampled_token_ids.shape[0]
+    backup = backup_tokens(proposer.backup_next_token_ids, requests, input_batch)
+    num_valid, next_token = proposer.vspec_ops.commit_accepted(
+        sampled_token_ids, discard, backup[:batch], input_batch.vocab_size)
+    return next_token, num_valid

@@ -168,7 +168,7 @@ class VSpecRunnerMixin:
         out = super().take_draft_token_ids()
         if not self._entropy_stop:
             return out
-        lengths = self.drafter.take_draft_lengths()
+        lengths = self.drafter.entropy.take()
         if out is None or lengths is None:
             return out
         # Drafts and lengths share the row order of the batch they were

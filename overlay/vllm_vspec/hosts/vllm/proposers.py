@@ -1,24 +1,38 @@
-"""Draft proposers with vspec's additions to vLLM's.
+"""vspec's draft proposers on vLLM 0.32: one subclass per host proposer class.
 
-- The per-request entropy stop (entropy.py): each proposer records, while
-  drafting, the top-k entropy of every draft distribution it takes a greedy
-  token from, and after drafting turns them into per-request draft lengths
-  (EntropyStop.lengths). The model runner cuts each request's draft to that
-  length before the scheduler sees it, so a stop only ever shortens the
-  gamma the scheduler asked for.
-- The catch-up pass of a lazy gamma 0 (draft_lag.py, draft model only):
-  after steps that skipped the drafter, it writes the draft KV of the
-  positions those steps processed before the drafter drafts again.
-- The draft LM head options (draft_head.py): greedy draft tokens from an
-  active vocabulary and/or int8 weights. The target verifies with its own
-  full head, so strict acceptance stays exact.
-- The diagnostics traces (diagnostics.py): per drafter step, draft tokens,
-  draft forward inputs/outputs, target hidden states and committed tokens.
-- Tree drafting for EAGLE (tree/proposer.py, `propose_tree`).
-- The drafter's probability of each drafted token, for policy `budget`
-  (draft_probs.py: recorded from the logits the greedy token came from).
+PROPOSERS maps vLLM's class to ours: DraftModelProposer ->
+VSpecDraftModelProposer, EagleProposer (EAGLE-1, EAGLE-3, MTP) ->
+VSpecEagleProposer. Both extend the host's methods through VSpecProposer,
+where each extension is written once:
 
-PROPOSERS maps vLLM's proposer class to ours.
+- `_greedy_sample`, where every greedy draft token comes from: the draft
+  head (kernels/draft_head.py: an active vocabulary on pure-greedy steps
+  and/or int8 weights; else the drafter's own LM head) gives the logits,
+  the token is their argmax mapped to a full-vocabulary id, and then each
+  observer of `observers` sees them, in list order (hosts/draft_observers.py).
+  With no head and no observer that reads logits it is the host's own (which
+  also covers local argmax reduction and a draft vocabulary of its own). The
+  target verifies with its own full head, so strict acceptance stays exact.
+- `propose`: the observers begin and end each drafter step around it; on the
+  EAGLE proposer, the call tree/eagle_drafter asked for drafts a tree
+  (tree/proposer.TreeDrafting, `tree`).
+- `prepare_next_token_ids_padded` / `_cpu`: the first drafter calls of a
+  step; the observers see the committed tokens, and the padded one commits
+  through vspec's op (commit_op.py).
+- `load_model`: the head is built on the loaded LM head; the observers see
+  the model.
+
+The observers, in order (those the settings turn on): the tree step's first
+pass (EAGLE, `tree`), the draft probabilities for policy `budget`
+(`draft_probs`), the entropy stop's record (`entropy`: per-request draft
+lengths the runner cuts each draft to, so a stop only ever shortens the
+gamma the scheduler asked for) and the diagnostics traces (`traces`,
+hosts/diagnostics.py: per drafter step, draft tokens, draft forward
+inputs/outputs, target hidden states and committed tokens).
+
+The draft-model proposer also has the catch-up pass of a lazy gamma 0
+(draft_lag.py): after steps that skipped the drafter, it writes the draft
+KV of the positions those steps processed before the drafter drafts again.
 """
 
 from __future__ import annotations
@@ -31,37 +45,62 @@ from vllm.v1.sample.sampler import _SAMPLING_EPS
 from vllm.v1.spec_decode.draft_model import DraftModelProposer
 from vllm.v1.spec_decode.eagle import EagleProposer
 
-from vllm_vspec.hosts.vllm.commit_op import CommitOpMixin
-from vllm_vspec.hosts.vllm.draft_probs import DraftProbsMixin
+from vllm_vspec.hosts.vllm.commit_op import commit_accepted
 from vllm_vspec.hosts.vllm.drafter_batch import drafter_batch, run_pass
-from vllm_vspec.hosts.vllm.tree.proposer import TreeDraftMixin
+from vllm_vspec.hosts.vllm.tree.proposer import TreeDrafting
 from vllm_vspec.config import VSpecConfig, VSpecConfigError
 from vllm_vspec.hosts.diagnostics import DrafterTraces, TraceOptions
+from vllm_vspec.hosts.draft_observers import DraftObserver, DraftProbs, EntropyRecord
 from vllm_vspec.core.drafter_keys import drafter_features, pure_greedy, refuse_head, wants_head
+from vllm_vspec.kernels import ops
 from vllm_vspec.kernels.draft_head import DraftHead, draft_head_for
 from vllm_vspec.core.draft_lag import Segment, catch_up_passes
 from vllm_vspec.kernels.entropy import EntropyStop
 
 
-class DraftHeadMixin:
-    """Greedy draft tokens from vspec's DraftHead (active vocabulary, int8
-    weights) when configured; `_draft_logits` is where every greedy draft
-    distribution of our proposers comes from."""
+class VSpecProposer:
+    """vspec's extensions of a SpecDecodeBaseProposer subclass (module
+    docstring), mixed in before the host class; its subclasses below are
+    the proposers the runner builds."""
 
-    # extends SpecDecodeBaseProposer.__init__: keeps the head settings; the
-    # head replaces the greedy path, so vLLM's other greedy variants are excluded.
-    def __init__(self, *args, head_config: VSpecConfig | None = None, **kwargs) -> None:
+    drafts_trees = False  # True: the proposer has tree drafting (`tree`, first observer)
+
+    # extends SpecDecodeBaseProposer.__init__: loads vspec's ops (the compiled
+    # library, else the torch implementation with one warning naming why:
+    # kernels/ops.py load) and builds the head settings and the observers.
+    def __init__(self, *args, head_config: VSpecConfig | None = None,
+                 entropy_stop: EntropyStop | None = None, traces: TraceOptions | None = None,
+                 record_draft_probs: bool = False, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        self.vspec_ops = ops.load(torch.device(self.device).type)
+        # The host's own greedy variants never hold the full logits.
+        partial_logits = (self.use_local_argmax_reduction
+                          or getattr(self, "use_heterogeneous_vocab", False))
         self.head_config = head_config
         self.draft_head: DraftHead | None = None
         self._pure_greedy = False
-        if head_config is None:
-            return
-        if self.use_local_argmax_reduction or getattr(self, "use_heterogeneous_vocab", False):
-            refuse_head(head_config, "not with local argmax reduction or a heterogeneous "
-                        "draft vocabulary")
-        if self.vllm_config.parallel_config.tensor_parallel_size != 1:
-            refuse_head(head_config, "only with tensor_parallel_size 1 (the head is not sharded)")
+        if head_config is not None:
+            if partial_logits:
+                refuse_head(head_config, "not with local argmax reduction or a heterogeneous "
+                            "draft vocabulary")
+            if self.vllm_config.parallel_config.tensor_parallel_size != 1:
+                refuse_head(head_config,
+                            "only with tensor_parallel_size 1 (the head is not sharded)")
+        self.entropy = None if entropy_stop is None else EntropyRecord(entropy_stop)
+        if self.entropy is not None and (
+                self.speculative_config.draft_sample_method != "greedy" or partial_logits):
+            raise VSpecConfigError(
+                "entropy_stop", True,
+                "only with greedy draft sampling over the target's vocabulary "
+                "(draft_sample_method='greedy', no local argmax reduction, "
+                "no heterogeneous vocab)")
+        self.tree = TreeDrafting(self) if self.drafts_trees else None
+        # With partial logits the drafts are not scored, and draft as before.
+        self.draft_probs = DraftProbs() if record_draft_probs and not partial_logits else None
+        self.traces = DrafterTraces.open(traces, kwargs.get("runner"), _SAMPLING_EPS,
+                                         lambda: self.head_in_use)
+        self.observers: tuple[DraftObserver, ...] = tuple(
+            o for o in (self.tree, self.draft_probs, self.entropy, self.traces) if o is not None)
 
     # extends SpecDecodeBaseProposer.load_model: the drafter's LM head exists
     # only now (EAGLE: the target's, shared inside load_model).
@@ -69,13 +108,8 @@ class DraftHeadMixin:
         super().load_model(*args, **kwargs)
         if self.head_config is not None:
             self.draft_head = draft_head_for(self.model, self.head_config)
-
-    # extends SpecDecodeBaseProposer.propose: notes whether this step's batch
-    # is pure greedy (the active vocabulary is used only then). The runner
-    # passes every argument by keyword.
-    def propose(self, *args, **kwargs) -> torch.Tensor:
-        self._pure_greedy = pure_greedy(kwargs["sampling_metadata"])
-        return super().propose(*args, **kwargs)
+        for observer in self.observers:
+            observer.loaded(self.model)
 
     @property
     def head_in_use(self) -> str:
@@ -84,77 +118,85 @@ class DraftHeadMixin:
 
     def _draft_logits(self, hidden_states: torch.Tensor
                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(logits, ids): column j of logits scores token ids[j] (ids None:
-        token j)."""
+        """(logits, ids) of the draft head: column j of logits scores token
+        ids[j] (ids None: token j)."""
         head = self.draft_head
         got = None if head is None else head.logits(hidden_states, restricted=self._pure_greedy)
         return got if got is not None else (self.model.compute_logits(hidden_states), None)
 
-    # extends SpecDecodeBaseProposer._greedy_sample: argmax over our head,
-    # mapped back to full-vocabulary ids.
+    # extends SpecDecodeBaseProposer._greedy_sample, the one call every greedy
+    # draft token of the host's propose comes from: the head's argmax, then
+    # the observers see its logits (module docstring).
     def _greedy_sample(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        if self.draft_head is None:
+        if self.draft_head is None and not any(o.reads_logits for o in self.observers):
             return super()._greedy_sample(hidden_states)
         logits, ids = self._draft_logits(hidden_states)
-        return DraftHead.to_full_ids(logits.argmax(dim=-1), ids)
+        tokens = DraftHead.to_full_ids(logits.argmax(dim=-1), ids)
+        for observer in self.observers:
+            observer.sampled(hidden_states, logits, ids)
+        return tokens
 
-
-class EntropyStopMixin:
-    """Adds entropy recording to a SpecDecodeBaseProposer subclass (off when
-    built without an EntropyStop)."""
-
-    # extends SpecDecodeBaseProposer.__init__: keeps the stop settings; the
-    # stop reads the draft logits, so drafting must be greedy over the full vocab.
-    def __init__(self, *args, entropy_stop: EntropyStop | None = None, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.entropy_stop = entropy_stop
-        self._entropies: list[torch.Tensor] = []
-        self._draft_lengths: torch.Tensor | None = None
-        if entropy_stop is None:
-            return
-        spec = self.speculative_config
-        if (spec.draft_sample_method != "greedy" or self.use_local_argmax_reduction
-                or getattr(self, "use_heterogeneous_vocab", False)):
-            raise VSpecConfigError(
-                "entropy_stop", True,
-                "only with greedy draft sampling over the target's vocabulary "
-                "(draft_sample_method='greedy', no local argmax reduction, "
-                "no heterogeneous vocab)")
-
-    # extends SpecDecodeBaseProposer._greedy_sample: same greedy token (from
-    # DraftHeadMixin's logits), and records the top-k entropy of its distribution.
-    def _greedy_sample(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        if self.entropy_stop is None:
-            return super()._greedy_sample(hidden_states)
-        # With an active vocabulary the entropy is over the active ids.
-        logits, ids = self._draft_logits(hidden_states)
-        self._entropies.append(self.entropy_stop.entropy(logits))
-        return DraftHead.to_full_ids(logits.argmax(dim=-1), ids)
-
-    # extends SpecDecodeBaseProposer.propose: turns this step's entropies into
-    # per-request draft lengths, in the row order of the returned drafts.
+    # extends SpecDecodeBaseProposer.propose: one drafter step, which the
+    # observers begin and end; the active vocabulary drafts only a pure-greedy
+    # batch (its premise). The runner passes every argument by keyword.
     def propose(self, *args, **kwargs) -> torch.Tensor:
-        if self.entropy_stop is None:
-            return super().propose(*args, **kwargs)
-        self._entropies = []
-        drafts = super().propose(*args, **kwargs)
-        if drafts.shape[-1] > 0:
-            # Sequential drafting records one [B] entropy per position;
-            # parallel drafting one [B*K]; both reshape to the drafts' [B, K].
-            entropies = torch.stack(self._entropies, dim=-1).reshape(drafts.shape)
-            self._draft_lengths = self.entropy_stop.lengths(entropies)
-        self._entropies = []
+        self._pure_greedy = pure_greedy(kwargs["sampling_metadata"])
+        width = None if self.tree is None else self.tree.take_width()
+        for observer in self.observers:
+            observer.begin(kwargs)
+        drafts = None
+        try:
+            drafts = (self.host_propose(*args, **kwargs) if width is None
+                      else self.tree.propose_as_tree(width, kwargs))
+        finally:
+            for observer in self.observers:
+                observer.end(drafts)
         return drafts
 
-    def take_draft_lengths(self) -> torch.Tensor | None:
-        """Per-request draft lengths of the last `propose`, once (None when
-        nothing was drafted since the last call)."""
-        lengths, self._draft_lengths = self._draft_lengths, None
-        return lengths
+    def host_propose(self, *args, **kwargs) -> torch.Tensor:
+        """The host's propose alone (a tree step's first pass)."""
+        return super().propose(*args, **kwargs)
+
+    # extends SpecDecodeBaseProposer.prepare_next_token_ids_padded (the first
+    # drafter call of a step): the same two results from vspec's commit op
+    # instead of the host kernel (commit_op.py); the observers see the step's
+    # committed tokens first.
+    def prepare_next_token_ids_padded(self, sampled_token_ids, requests, gpu_input_batch,
+                                      discard_request_mask):
+        batch = sampled_token_ids.shape[0]
+        for observer in self.observers:
+            observer.committed(sampled_token_ids, discard_request_mask[:batch])
+        return commit_accepted(self, sampled_token_ids, requests, gpu_input_batch,
+                               discard_request_mask[:batch])
+
+    # extends SpecDecodeBaseProposer.prepare_next_token_ids_cpu (the first
+    # drafter call of a step without a padded batch): the observers see the
+    # step's committed tokens.
+    def prepare_next_token_ids_cpu(self, sampled_token_ids, requests, gpu_input_batch,
+                                   num_scheduled_tokens):
+        for observer in self.observers:
+            observer.committed(sampled_token_ids, None)
+        return super().prepare_next_token_ids_cpu(sampled_token_ids, requests,
+                                                  gpu_input_batch, num_scheduled_tokens)
 
 
-class CatchUpMixin:
-    """Adds the lazy-gamma-0 catch-up pass to a draft-model proposer."""
+class VSpecEagleProposer(VSpecProposer, EagleProposer):
+    """vLLM's EagleProposer (EAGLE-1, EAGLE-3, MTP) with vspec's head,
+    observers and tree drafting (`tree`, EAGLE-1: tree/proposer.py)."""
+
+    drafts_trees = True
+
+    # extends SpecDecodeBaseProposer.set_inputs_first_pass: a tree step keeps
+    # the position of each request's sampled row and the step's metadata.
+    def set_inputs_first_pass(self, *args, **kwargs):
+        num_tokens, rows, cad = super().set_inputs_first_pass(*args, **kwargs)
+        self.tree.first_pass_inputs(rows, cad)
+        return num_tokens, rows, cad
+
+
+class VSpecDraftModelProposer(VSpecProposer, DraftModelProposer):
+    """vLLM's DraftModelProposer with vspec's head and observers, and the
+    lazy-gamma-0 catch-up pass (`catch_up`)."""
 
     def catch_up(self, cad: CommonAttentionMetadata, segments: list[Segment],
                  token_ids: np.ndarray) -> None:
@@ -197,62 +239,6 @@ class CatchUpMixin:
         run_pass(self, part_cad, n, slots)
 
 
-class TraceMixin:
-    """Writes the diagnostics traces of each drafter step (diagnostics.DrafterTraces)."""
-
-    # extends SpecDecodeBaseProposer.__init__: opens the traces (the runner
-    # names the batch's requests).
-    def __init__(self, *args, traces: TraceOptions | None = None, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.traces = DrafterTraces.open(traces, kwargs.get("runner"), _SAMPLING_EPS)
-
-    # extends SpecDecodeBaseProposer.load_model: the IO trace hooks the draft model.
-    def load_model(self, *args, **kwargs) -> None:
-        super().load_model(*args, **kwargs)
-        if self.traces is not None:
-            self.traces.watch(self.model)
-
-    # extends SpecDecodeBaseProposer.prepare_next_token_ids_padded (the
-    # first drafter call of a step): starts the step with its committed tokens.
-    def prepare_next_token_ids_padded(self, sampled_token_ids, requests, gpu_input_batch,
-                                      discard_request_mask):
-        if self.traces is not None:
-            rows = sampled_token_ids.tolist()
-            self.traces.begin_step(rows, discard_request_mask[:len(rows)].tolist())
-        return super().prepare_next_token_ids_padded(sampled_token_ids, requests,
-                                                     gpu_input_batch, discard_request_mask)
-
-    # extends SpecDecodeBaseProposer.prepare_next_token_ids_cpu: as above,
-    # without a padded batch.
-    def prepare_next_token_ids_cpu(self, sampled_token_ids, requests, gpu_input_batch,
-                                   num_scheduled_tokens):
-        if self.traces is not None:
-            self.traces.begin_step([list(t) for t in sampled_token_ids])
-        return super().prepare_next_token_ids_cpu(sampled_token_ids, requests,
-                                                  gpu_input_batch, num_scheduled_tokens)
-
-    # extends SpecDecodeBaseProposer.propose: times the call and writes the
-    # step's records. The runner passes every argument by keyword.
-    def propose(self, *args, **kwargs) -> torch.Tensor:
-        if self.traces is None:
-            return super().propose(*args, **kwargs)
-        return self.traces.propose(lambda: super(TraceMixin, self).propose(*args, **kwargs),
-                                   kwargs, lambda: self.head_in_use)
-
-
-# TraceMixin comes first: CommitOpMixin's prepare_next_token_ids_padded
-# replaces the host's without calling on, and the trace must see it.
-class VSpecEagleProposer(TraceMixin, CommitOpMixin, EntropyStopMixin, TreeDraftMixin,
-                         DraftProbsMixin, DraftHeadMixin, EagleProposer):
-    """vLLM's EagleProposer with the entropy stop, tree drafting
-    (`propose_tree`), the draft head options and the diagnostics traces."""
-
-
-class VSpecDraftModelProposer(TraceMixin, CommitOpMixin, CatchUpMixin, EntropyStopMixin,
-                              DraftProbsMixin, DraftHeadMixin, DraftModelProposer):
-    """vLLM's DraftModelProposer with the entropy stop, the catch-up pass, the
-    draft head options and the diagnostics traces."""
-
 
 PROPOSERS: dict[type, type] = {
     EagleProposer: VSpecEagleProposer,
@@ -271,7 +257,7 @@ def vspec_proposer(host_drafter, vllm_config, device, runner, cfg: VSpecConfig,
     features `cfg` turns on (`catch_up` needs one that has the catch-up pass)."""
     cls = PROPOSERS.get(type(host_drafter))
     drafter = type(host_drafter).__name__
-    if catch_up and not (cls is not None and issubclass(cls, CatchUpMixin)):
+    if catch_up and not (cls is not None and hasattr(cls, "catch_up")):
         raise VSpecConfigError("gamma0_mode", "lazy", "only with speculative method "
                                f"draft_model (this engine drafts with {drafter})")
     if cls is None:

@@ -1,12 +1,12 @@
 """The EAGLE tree drafter in the runner's tree steps (docs/eagle-tree.md 4.4).
 
 `EagleTreeDrafter` is a `tree_verify.TreeDrafter` (the runner's
-`tree_drafter`) over the engine's own EAGLE proposer (TreeDraftMixin): for a
-tree step it runs the rest of the runner's `propose_draft_token_ids` chain
-(vspec's runner mixins, then the host, which prepares the drafter's inputs
-from the verify forward: after a tree step, the accepted path's rows,
-tree/verify.py) with the proposer's next `propose` turned into
-`propose_tree`. The scheduler chooses the step's (gamma, width)
+`tree_drafter`) over the engine's own EAGLE proposer's tree drafting (its
+`tree`, tree/proposer.TreeDrafting): for a tree step it runs the rest of
+the runner's `propose_draft_token_ids` chain (vspec's runner mixins, then
+the host, which prepares the drafter's inputs from the verify forward:
+after a tree step, the accepted path's rows, tree/verify.py) with the
+proposer's next `propose` turned into `propose_tree`. The scheduler chooses the step's (gamma, width)
 (VSpecScheduler, `vspec_tree_width`). Its own module: tree_verify imports
 the proposers.
 """
@@ -29,7 +29,7 @@ class EagleTreeDrafter:
                      ) -> tree.DraftTree | None:
         if width == 1:
             return None
-        drafter = runner.drafter
+        drafter = runner.drafter.tree
         drafter.propose_next_as_tree(width)
         try:
             super(TreeVerifyMixin, runner).propose_draft_token_ids(**propose_args)

@@ -1,16 +1,19 @@
 """Tree drafting for vspec's EAGLE proposer (docs/eagle-tree.md 4.4).
 
-`TreeDraftMixin.propose_tree(gamma, width, **propose kwargs)` drafts a
+`TreeDrafting.propose_tree(gamma, width, **propose kwargs)` drafts a
 (gamma, width) beam per request (tree.py: the layout, the beam rule and
 `grow_tree`, which this drives) and returns the draft list (tokens [B,
 gamma * W], depth-major, beam-rank order) and the parents [B, 1 + gamma * W].
+The EAGLE proposer (proposers.VSpecEagleProposer) owns one as `tree`.
 
-- First pass: the host's own, `propose(num_speculative_tokens=1, ...)` on
+- First pass: the host's own propose, with num_speculative_tokens 1, on
   the same inputs as a linear step (the rows of the verify forward the
-  runner hands over). While it runs, `set_inputs_first_pass` keeps the row
-  each request samples from (its position p: the root row, whose input is
-  the root token) and `_greedy_sample` keeps that row's hidden state and
-  draft logits, from which depth 1 is drafted.
+  runner hands over). While it runs, the proposer's
+  `set_inputs_first_pass` hands over the row each request samples from
+  (`first_pass_inputs`: its position p, the root row, whose input is the
+  root token), and the drafting keeps that row's hidden state and draft
+  logits, as an observer of the proposer's greedy sample (`sampled`), from
+  which depth 1 is drafted.
 - Depth d + 1 (d = 1 .. gamma - 1): one drafter forward of B * W queries,
   the W depth-d nodes of each request: input token the node's, hidden state
   the output at its parent (EAGLE-1 feeds the state its LM head read), RoPE
@@ -37,12 +40,14 @@ propose_tree runs it for width > 1, and the runner runs it at start-up when
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.spec_decode.utils import PADDING_SLOT_ID
 
 from vllm_vspec.kernels import tree
+from vllm_vspec.hosts.draft_observers import DraftObserver
 from vllm_vspec.hosts.vllm.drafter_batch import drafter_batch, run_pass
 from vllm_vspec.hosts.vllm.tree.attention import TreeQueries, tree_builders
 from vllm_vspec.config import VSpecConfigError, tree_refusal
@@ -64,14 +69,13 @@ def tree_drafting_refusal(proposer) -> str | None:
     """Why `proposer` cannot draft trees wider than 1, or None: the
     config.TREE_REFUSALS its own options meet."""
     spec = proposer.speculative_config
-    if not isinstance(proposer, TreeDraftMixin):
+    if getattr(proposer, "tree", None) is None:
         return f"only with speculative method eagle (this engine drafts with {spec.method})"
     return tree_refusal(
         method=spec.method, parallel_drafting=proposer.parallel_drafting,
         multimodal=proposer.supports_mm_inputs, mrope=proposer.uses_mrope,
         partial_logits=proposer.use_local_argmax_reduction or proposer.use_heterogeneous_vocab,
-        entropy_stop=getattr(proposer, "entropy_stop", None) is not None,
-        traces=getattr(proposer, "traces", None) is not None,
+        entropy_stop=proposer.entropy is not None, traces=proposer.traces is not None,
         async_scheduling=proposer.vllm_config.scheduler_config.async_scheduling)
 
 
@@ -83,20 +87,21 @@ def check_tree_drafting(proposer, width: int) -> None:
         raise VSpecConfigError("tree_width", width, reason)
 
 
-class TreeDraftMixin:
-    """Adds `propose_tree` to an EAGLE proposer (before DraftHeadMixin in the
-    MRO: its first pass samples through DraftHeadMixin's logits)."""
+class TreeDrafting(DraftObserver):
+    """Tree steps of an EAGLE proposer (module docstring). As an observer of
+    the proposer's greedy sample it reads the logits only during a tree
+    step's first pass, which it keeps."""
 
-    # extends SpecDecodeBaseProposer.__init__: no tree step in progress.
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, proposer: Any) -> None:
+        self.proposer = proposer
         self._first_pass: _FirstPass | None = None
         self._next_width: int | None = None      # set by propose_next_as_tree
         self._tree: tree.DraftTree | None = None  # what that propose drafted
 
     def propose_next_as_tree(self, width: int) -> None:
-        """Make the next `propose` call (the host runner's, with the inputs
-        it prepares) draft a tree of `width` instead; `take_tree` returns it."""
+        """Make the proposer's next `propose` call (the host runner's, with
+        the inputs it prepares) draft a tree of `width` instead; `take_tree`
+        returns it."""
         self._next_width, self._tree = width, None
 
     def take_tree(self) -> tree.DraftTree | None:
@@ -105,13 +110,17 @@ class TreeDraftMixin:
         drafted, self._tree, self._next_width = self._tree, None, None
         return drafted
 
-    # extends SpecDecodeBaseProposer.propose: the call propose_next_as_tree
-    # asked for drafts a tree; the host gets its draft list (node i > 0 is
-    # entry i - 1). The runner passes every argument by keyword.
-    def propose(self, *args, **kwargs) -> torch.Tensor:
+    def take_width(self) -> int | None:
+        """The width propose_next_as_tree asked the next propose call for
+        (None: a linear step), once."""
         width, self._next_width = self._next_width, None
-        if width is None:
-            return super().propose(*args, **kwargs)
+        return width
+
+    def propose_as_tree(self, width: int, kwargs: dict) -> torch.Tensor:
+        """The propose call propose_next_as_tree asked for: the host gets the
+        tree's draft list (node i > 0 is entry i - 1). `kwargs`: the runner's
+        propose arguments."""
+        kwargs = dict(kwargs)
         gamma = kwargs.pop("num_speculative_tokens")
         tokens, parents = self.propose_tree(gamma, width, **kwargs)
         root = kwargs["next_token_ids"].to(tokens.dtype).reshape(-1, 1)
@@ -125,24 +134,25 @@ class TreeDraftMixin:
         (tokens int64 [B, gamma * width], parents int64 [B, 1 + gamma *
         width]) in tree.py's layout; the root (node 0) is the request's
         next token (`next_token_ids`)."""
+        p = self.proposer
         gamma = num_speculative_tokens
         self._check_tree_step(gamma, width, kwargs)
         first = _FirstPass()
         self._first_pass = first
         try:
             # The host's first pass; its one draft token is depth 1's best.
-            super().propose(num_speculative_tokens=min(gamma, 1), **kwargs)
+            p.host_propose(num_speculative_tokens=min(gamma, 1), **kwargs)
         finally:
             self._first_pass = None
         batch = kwargs["next_token_ids"].shape[0]
         if gamma == 0:
-            return (torch.empty(batch, 0, dtype=torch.int64, device=self.device),
-                    torch.full((batch, 1), tree.NO_NODE, dtype=torch.int64, device=self.device))
+            return (torch.empty(batch, 0, dtype=torch.int64, device=p.device),
+                    torch.full((batch, 1), tree.NO_NODE, dtype=torch.int64, device=p.device))
         nodes = tree.num_nodes(gamma, width)
         # node_hidden[:, i]: the drafter's output at node i (its children's input).
         node_hidden = first.hidden.new_empty(batch, nodes, first.hidden.shape[-1])
         node_hidden[:, 0] = first.hidden
-        every = torch.arange(batch, device=self.device).unsqueeze(1)
+        every = torch.arange(batch, device=p.device).unsqueeze(1)
 
         def depth_logits(drafted: tree.DraftTree, frontier: torch.Tensor) -> torch.Tensor:
             parent = drafted.parents.gather(1, frontier)
@@ -158,43 +168,45 @@ class TreeDraftMixin:
 
     def _check_tree_step(self, gamma: int, width: int, kwargs: dict) -> None:
         """The runner's side of the contract: a feasible shape, a greedy batch."""
-        check_tree_drafting(self, width)
-        k = self.speculative_config.num_speculative_tokens
+        p = self.proposer
+        check_tree_drafting(p, width)
+        k = p.speculative_config.num_speculative_tokens
         if gamma < 0 or width < 1 or gamma * width > k:
             # K sizes the drafter's buffers and the lookahead KV slots.
             raise ValueError(f"tree (gamma={gamma}, width={width}) is not allowed: "
                              f"gamma >= 0, width >= 1, gamma * width <= "
                              f"num_speculative_tokens={k}")
         batch = kwargs["next_token_ids"].shape[0]
-        if batch * width > self.max_num_tokens:
+        if batch * width > p.max_num_tokens:
             raise ValueError(f"tree width {width} at batch {batch} exceeds the drafter's "
-                             f"{self.max_num_tokens} tokens per pass")
-        if self._enable_probabilistic_draft_probs and not kwargs["sampling_metadata"].all_greedy:
+                             f"{p.max_num_tokens} tokens per pass")
+        if p._enable_probabilistic_draft_probs and not kwargs["sampling_metadata"].all_greedy:
             raise ValueError("tree drafting is greedy (top-width draft logits): a batch "
                              "with a sampled request drafts linearly (docs/eagle-tree.md 4.2)")
-        if width > 1 and not tree_builders(self.draft_attn_groups):
+        if width > 1 and not tree_builders(p.draft_attn_groups):
             raise RuntimeError("tree drafting needs vspec's tree attention backend "
                                "(tree/attention.py) on the drafter's layers")
 
-    # extends SpecDecodeBaseProposer.set_inputs_first_pass: in a tree step,
-    # keeps the position of each request's sampled row and the step's metadata.
-    def set_inputs_first_pass(self, *args, **kwargs):
-        num_tokens, rows, cad = super().set_inputs_first_pass(*args, **kwargs)
+    def first_pass_inputs(self, rows: torch.Tensor, cad: CommonAttentionMetadata) -> None:
+        """From the proposer's set_inputs_first_pass (`rows`: each request's
+        sampled row): in a tree step, keeps their positions and the step's
+        metadata."""
         first = self._first_pass
         if first is not None:
             first.cad = cad
-            first.positions = self.positions[rows].to(torch.int64)
-        return num_tokens, rows, cad
+            first.positions = self.proposer.positions[rows].to(torch.int64)
 
-    # extends SpecDecodeBaseProposer._greedy_sample: in a tree step, keeps the
-    # root row's hidden state and draft logits (DraftHeadMixin's head).
-    def _greedy_sample(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    @property
+    def reads_logits(self) -> bool:
+        return self._first_pass is not None
+
+    # The proposer's greedy sample in a tree step's first pass: the root
+    # row's hidden state and draft logits.
+    def sampled(self, hidden: torch.Tensor, logits: torch.Tensor,
+                ids: torch.Tensor | None) -> None:
         first = self._first_pass
-        if first is None:
-            return super()._greedy_sample(hidden_states)
-        first.hidden = hidden_states
-        first.logits, first.ids = self._draft_logits(hidden_states)
-        return DraftHead.to_full_ids(first.logits.argmax(dim=-1), first.ids)
+        if first is not None:
+            first.hidden, first.logits, first.ids = hidden, logits, ids
 
     def _tree_pass(self, first: _FirstPass, tokens: torch.Tensor, hidden: torch.Tensor,
                    parents: torch.Tensor, depth: int, width: int
@@ -203,29 +215,30 @@ class TreeDraftMixin:
         tokens [B, W] (full-vocabulary ids), hidden [B, W, H] (their
         parents' outputs), parents [B, 1 + depth * W] (the tree so far).
         Returns (output hidden [B, W, H], draft logits [B, W, V'])."""
+        p = self.proposer
         batch = tokens.shape[0]
         n = batch * width
         block_table = first.cad.block_table_tensor[:batch]
-        layout = pass_layout(first.positions, block_table, self.block_size,
-                             self.max_model_len, depth, width)
-        self.input_ids[:n] = tokens.reshape(n).to(torch.int32)
-        self.positions[:n] = layout.positions.reshape(n)
-        self.hidden_states[:n] = hidden.reshape(n, -1)
+        layout = pass_layout(first.positions, block_table, p.block_size,
+                             p.max_model_len, depth, width)
+        p.input_ids[:n] = tokens.reshape(n).to(torch.int32)
+        p.positions[:n] = layout.positions.reshape(n)
+        p.hidden_states[:n] = hidden.reshape(n, -1)
         cad = drafter_batch(first.cad, query_lens=torch.full((batch,), width, dtype=torch.int32),
                             seq_lens=layout.seq_lens, block_table=block_table,
                             slots=layout.slots, prefilling=False)
         # A chain's mask is causal: width 1 runs the host kernel as it is.
-        builders = tree_builders(self.draft_attn_groups) if width > 1 else []
+        builders = tree_builders(p.draft_attn_groups) if width > 1 else []
         queries = layout.queries(parents) if builders else None
         for builder in builders:
             builder.set_tree(queries)
         try:
-            last, _ = run_pass(self, cad, n, layout.slots, draft_index=depth)
+            last, _ = run_pass(p, cad, n, layout.slots, draft_index=depth)
         finally:
             for builder in builders:
                 builder.set_tree(None)
         out = last[:n]
-        logits, _ = self._draft_logits(out)
+        logits, _ = p._draft_logits(out)
         return out.reshape(batch, width, -1), logits.reshape(batch, width, -1)
 
 
