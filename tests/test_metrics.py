@@ -4,15 +4,18 @@ stats (the values, not only the names)."""
 from __future__ import annotations
 
 import itertools
-from types import SimpleNamespace
 
 import pytest
 from prometheus_client import REGISTRY
 from vllm.v1.metrics.stats import IterationStats, SchedulerStats
 from vllm.v1.spec_decode.metrics import SpecDecodingStats
 
+from conftest import engine_config
+from vllm_vspec.config import VSpecConfigError
 from vllm_vspec.hosts.vllm.metrics import VSpecStatLogger
 from vllm_vspec.hosts.wiring import SCHEDULER_CLS
+
+STOCK_SCHEDULER = "vllm.v1.core.sched.scheduler.Scheduler"
 
 K = 4
 _engines = itertools.count(100)   # collectors are process-global: one engine label per test
@@ -20,10 +23,7 @@ _engines = itertools.count(100)   # collectors are process-global: one engine la
 
 @pytest.fixture
 def logger() -> VSpecStatLogger:
-    config = SimpleNamespace(
-        scheduler_config=SimpleNamespace(scheduler_cls=SCHEDULER_CLS),
-        speculative_config=SimpleNamespace(num_speculative_tokens=K),
-        additional_config={"vspec": {"policy": "online"}})
+    config = engine_config("draft_model", K, {"policy": "online"}, scheduler_cls=SCHEDULER_CLS)
     return VSpecStatLogger(config, engine_index=next(_engines))
 
 
@@ -88,9 +88,29 @@ def test_every_series_is_present_zero_valued_before_the_first_step(logger):
 
 
 def test_an_engine_without_the_vspec_scheduler_records_nothing():
-    config = SimpleNamespace(
-        scheduler_config=SimpleNamespace(scheduler_cls="vllm.v1.core.sched.scheduler.Scheduler"),
-        speculative_config=SimpleNamespace(num_speculative_tokens=K), additional_config={})
+    config = engine_config("draft_model", K, scheduler_cls=STOCK_SCHEDULER)
     stock = VSpecStatLogger(config, engine_index=next(_engines))
     step(stock, 1.0, tokens=2, drafts=(4,))
     assert value(stock, "vspec:steps_total", 4) is None
+
+
+def test_vspec_settings_with_vllms_scheduler_are_refused_naming_the_fix():
+    config = engine_config("draft_model", K, {"policy": "online"}, scheduler_cls=STOCK_SCHEDULER)
+    with pytest.raises(VSpecConfigError, match="--scheduler-cls") as err:
+        VSpecStatLogger(config, engine_index=next(_engines))
+    assert err.value.key == "vspec"
+
+
+@pytest.mark.parametrize("vspec", [{"enabled": False}, {"policy": "online"}],
+                         ids=["enabled-false", "manage-disable"])
+def test_vspec_off_by_its_resolved_settings_records_nothing(vspec, monkeypatch):
+    """The logger reads the settings the engine runs (wiring.resolve): off by
+    `enabled = false`, or by the default `vllm-vspec manage disable` stored
+    (a table without `enabled`), with or without vspec's scheduler."""
+    from vllm_vspec.core import install_state
+
+    monkeypatch.setattr(install_state, "default_enabled", lambda: "enabled" in vspec)
+    for scheduler in (SCHEDULER_CLS, STOCK_SCHEDULER):
+        off = VSpecStatLogger(engine_config("draft_model", K, vspec, scheduler_cls=scheduler),
+                              engine_index=next(_engines))
+        assert not off.enabled, scheduler

@@ -427,6 +427,31 @@ def test_the_controller_is_told_a_trees_depth_not_its_node_count(monkeypatch, dr
         ((depth,), (1,), 2, drafted_width)
 
 
+@pytest.mark.parametrize("drafted_width, depth", [(3, 2), (1, 6)])
+def test_the_host_stats_count_a_trees_depth_so_vspec_gamma_is_its_depth(drafted_width, depth):
+    # vspec:gamma (metrics.py) reads vLLM's per-position draft counts in the
+    # API-server process; vspec's scheduler makes them count a verified tree
+    # by its depth, from the width the runner reported (update_from_output
+    # notes the processed step's vspec_verified_width as _stats_width).
+    from types import SimpleNamespace
+
+    from vllm_vspec.hosts.vllm.metrics import verified_gamma
+
+    scheduler = _padding_scheduler(async_scheduling=False, cudagraph_mode="PIECEWISE",
+                                   capture=40)
+    scheduler.log_stats, scheduler.num_spec_tokens = True, 6
+    scheduler._stats_width = drafted_width
+    stats = scheduler.make_spec_decoding_stats(None, num_draft_tokens=6, num_accepted_tokens=1,
+                                               num_invalid_spec_tokens=None, request_id="r")
+    assert (stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens) == (1, depth, 1)
+    assert verified_gamma(SimpleNamespace(spec_decoding_stats=stats)) == depth
+    # Grammar-invalidated entries are not verified: a width-3 tree of 6 with 2
+    # invalid is 4 entries, depth 2 (linear: 4 positions).
+    stats = scheduler.make_spec_decoding_stats(None, num_draft_tokens=6, num_accepted_tokens=0,
+                                               num_invalid_spec_tokens={"r": 2}, request_id="r")
+    assert stats.num_draft_tokens == (2 if drafted_width == 3 else 4)
+
+
 def test_no_bookkeeping_where_nothing_is_padded():
     scheduler = _padding_scheduler(async_scheduling=False, cudagraph_mode="PIECEWISE", capture=40)
     scheduler._set_gamma(_scheduled({"a": []}), 2)

@@ -51,16 +51,23 @@ MAX_TREE_WIDTH = 8
 TREE_PLATFORMS = ("cpu",)
 
 # Why draft trees (tree_width > 1) cannot run, in one table: (fact, refused
-# when, why, formatted with the fact's value). Each check asks tree_refusal
-# with the facts it knows: the settings (VSpecConfig.validate), the engine
-# at start-up (hosts/wiring.py: method, device, scheduling) and the drafter
-# at the runner's start-up (hosts/vllm/tree/proposer.py: its options).
-# The reasons are docs/eagle-tree.md 4.4.5's, plus the vspec options that
-# read linear drafts.
+# when, why, formatted with the fact's value); the first row a fact meets
+# is the reason given. Each check asks tree_refusal with the facts it knows:
+# the settings (VSpecConfig.validate: policy, entropy stop), the engine at
+# start-up (hosts/wiring.py: method, device, scheduling) and the drafter at
+# the runner's start-up (hosts/vllm/tree/proposer.py: its options). The
+# reasons are docs/eagle-tree.md 4.4.5's, plus the vspec options that read
+# linear drafts.
 TREE_REFUSALS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
+    ("method", lambda m: m == "ngram",
+     "only with speculative method eagle (EAGLE-1), not with method ngram (trees are built "
+     "from EAGLE-1 draft beams; method ngram drafts from the request's own tokens, with no "
+     "draft model)"),
     # EAGLE-3, MTP, DFlash: the state fed to the next depth is not the one
     # the LM head reads (or comes from combined target layers).
     ("method", lambda m: m != "eagle", "only with speculative method eagle (EAGLE-1), not {}"),
+    ("policy", lambda p: p == "budget",
+     "not with policy 'budget' (it admits prefixes of linear drafts)"),
     ("device", lambda d: d not in TREE_PLATFORMS,
      "only on the CPU host (this engine: {}); tree attention masks are not built for "
      "CUDA or Ascend attention yet"),
@@ -502,20 +509,17 @@ class VSpecConfig:
                                    f"at most num_speculative_tokens ({k}): a tree of depth 1 "
                                    "and width W drafts W nodes, and gamma * width <= "
                                    "num_speculative_tokens")
-        refused = self.tree_width > 1 and tree_refusal(entropy_stop=self.entropy_stop)
+        refused = self.tree_width > 1 and tree_refusal(policy=self.policy,
+                                                       entropy_stop=self.entropy_stop)
         if refused:
             raise VSpecConfigError("tree_width", self.tree_width,
                                    refused + "; turn one of them off")
-        if self.policy == "budget":
-            for key, bad, why in (
-                    ("tree_width", self.tree_width > 1,
-                     "1 with policy 'budget' (it admits prefixes of linear drafts)"),
-                    ("gamma0_mode", self.gamma0_mode == "sticky" and self.min_gamma == 0,
-                     "'auto', 'sync' or 'lazy' with policy 'budget' ('sticky' would hold "
-                     "draft depth 0 until the batch drains; the budget re-measures depth 1 "
-                     "every verify_budget_probe_interval steps)")):
-                if bad:
-                    raise VSpecConfigError(key, getattr(self, key), why)
+        if self.policy == "budget" and self.gamma0_mode == "sticky" and self.min_gamma == 0:
+            raise VSpecConfigError(
+                "gamma0_mode", self.gamma0_mode,
+                "'auto', 'sync' or 'lazy' with policy 'budget' ('sticky' would hold draft "
+                "depth 0 until the batch drains; the budget re-measures depth 1 every "
+                "verify_budget_probe_interval steps)")
         if self.entropy_stop and self.policy != "online":
             raise VSpecConfigError("entropy_stop", self.entropy_stop,
                                    "true only with policy='online'")

@@ -49,6 +49,13 @@ class StepFeedback:
     width: int = 1
 
 
+def drafted_depth(entries: int, width: int) -> int:
+    """The depth of a verified draft list of `entries` entries drafted at
+    tree `width` (W entries a depth, the last depth possibly cut by the
+    host's token budget; width 1: a linear draft, its length)."""
+    return -(-entries // width)
+
+
 @dataclass(frozen=True)
 class Decision:
     """What a step drafts, as the controller decided it (GammaController)."""

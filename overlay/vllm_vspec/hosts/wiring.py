@@ -215,13 +215,12 @@ NGRAM_PROMPT_LOOKUP = {"prompt_lookup_min": 2, "prompt_lookup_max": 4}
 # What vspec refuses per speculative method, in one list: (method, key, is
 # it set, why). resolve() checks it at start-up, before anything else is
 # built, and names the key; docs/configuration.md's method table says the
-# same. A method without rows takes every vspec key (draft_model, eagle; the
-# tree is refused for draft_model by _check_trees). n-gram drafting has no
-# draft model: no draft distribution, LM head, draft KV or draft forward.
+# same. A method without rows takes every vspec key (draft_model, eagle);
+# trees are refused for every method but eagle by _check_trees
+# (config.TREE_REFUSALS). n-gram drafting has no draft model: no draft
+# distribution, LM head, draft KV or draft forward.
 _NO_DRAFT_MODEL = "method ngram drafts from the request's own tokens, with no draft model"
 METHOD_REFUSALS: tuple[tuple[str, str, Any, str], ...] = (
-    ("ngram", "tree_width", lambda c: c.tree_width > 1,
-     f"1 with method ngram (trees are built from EAGLE-1 draft beams; {_NO_DRAFT_MODEL})"),
     ("ngram", "entropy_stop", lambda c: c.entropy_stop,
      f"false with method ngram (the stop reads the draft model's entropy; {_NO_DRAFT_MODEL})"),
     ("ngram", "gamma0_mode", lambda c: c.gamma0_mode == "sticky" and c.min_gamma == 0,

@@ -15,8 +15,9 @@ counters, without estimates of its own:
   per-position draft counts), which is the gamma the controller decided one
   step earlier (less only if every request was within reach of its length
   limit); 0 for a step that verified nothing; for a tree step, the tree's
-  node count (vLLM's stats count a tree's list entries; its depth and
-  width are in the controller's trace);
+  depth (vspec's scheduler counts a verified tree by its depth in the host
+  stats, VSpecScheduler.make_spec_decoding_stats, from the width the runner
+  drafted it with; the width is in the controller's trace);
 - committed tokens, and the step's seconds: from the previous step's
   output to this one's, counted only when requests remained after the
   previous step (an idle engine's wait is no step's cost: the controller's
@@ -41,9 +42,9 @@ from vllm.config import VllmConfig
 from vllm.v1.metrics.loggers import StatLoggerBase
 from vllm.v1.metrics.stats import IterationStats, SchedulerStats
 
-from vllm_vspec.config import VSpecConfig, VSpecConfigError
+from vllm_vspec.config import VSpecConfigError
 from vllm_vspec.core.steps import BusySince
-from vllm_vspec.hosts.wiring import SCHEDULER_CLS
+from vllm_vspec.hosts.wiring import SCHEDULER_CLS, resolve
 
 
 
@@ -54,17 +55,24 @@ def _uses_vspec_scheduler(vllm_config: VllmConfig) -> bool:
 
 
 def check_vspec_scheduler(vllm_config: VllmConfig) -> bool:
-    """True when this engine runs vspec. Raises when vspec settings were given
-    but the engine would silently ignore them (wrong scheduler class)."""
-    vspec = (vllm_config.additional_config or {}).get("vspec")
+    """True when this engine runs vspec: the settings it runs (wiring.resolve,
+    the one resolved object every part reads: None when vspec is off, by
+    `enabled = false` or by the default `vllm-vspec manage disable` stored)
+    and vspec's scheduler. Raises when vspec settings are on but the engine
+    would silently ignore them (vLLM's scheduler). An engine without
+    speculation, or a stock one that names no vspec settings, is not asked
+    (its settings are never resolved)."""
+    raw = (vllm_config.additional_config or {}).get("vspec")
     active = _uses_vspec_scheduler(vllm_config)
-    if (vspec is not None and not active and vllm_config.speculative_config is not None
-            and VSpecConfig.from_dict(vspec).enabled):  # disabled: stock vLLM, nothing ignored
+    if vllm_config.speculative_config is None or (raw is None and not active):
+        return False
+    settings = resolve(vllm_config)
+    if settings is not None and not active:
         raise VSpecConfigError(
-            "vspec", vspec, "settings that only take effect with the vspec "
+            "vspec", raw, "settings that only take effect with the vspec "
             f"scheduler: add --scheduler-cls {SCHEDULER_CLS} "
             "(or use `vllm-vspec serve`, which adds it)")
-    return active and vllm_config.speculative_config is not None
+    return settings is not None
 
 
 def verified_gamma(scheduler_stats: SchedulerStats | None) -> int:

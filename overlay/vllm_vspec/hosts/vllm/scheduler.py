@@ -39,7 +39,7 @@ from vllm_vspec.hosts.vllm.tree.verify import request_allows_tree
 from vllm_vspec.hosts.vllm.verify_width import VerifyWidth
 from vllm_vspec.core.controller import GammaController
 from vllm_vspec.core.refill import RefillGate
-from vllm_vspec.core.steps import BatchState, StepFeedback
+from vllm_vspec.core.steps import BatchState, StepFeedback, drafted_depth
 from vllm_vspec.hosts.wiring import resolve
 
 # Under "vllm.": vLLM configures only its own logger tree, so INFO from any
@@ -52,6 +52,7 @@ class VSpecScheduler(Scheduler):
 
     # policy budget: per-request verify budgets (budget_admission.py); None otherwise.
     _budget: BudgetAdmission | None = None
+    _stats_width = 1  # the tree width of the step update_from_output processes
 
     def __new__(cls, vllm_config, *args, **kwargs):
         # One user-facing name for both modes: under async scheduling the
@@ -211,6 +212,9 @@ class VSpecScheduler(Scheduler):
     # and committed tokens to the controller, after the host has consumed them.
     def update_from_output(self, scheduler_output: SchedulerOutput,
                            model_runner_output: ModelRunnerOutput):
+        # The width the step's verified drafts were drafted with, for
+        # make_spec_decoding_stats (called inside).
+        self._stats_width = getattr(scheduler_output, "vspec_verified_width", 1)
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         if self.vspec is None:
             return outputs
@@ -225,6 +229,20 @@ class VSpecScheduler(Scheduler):
             self.vspec.observe(fb, host_overhead_s=time.perf_counter() - started)
         self.vspec.step_processed(busy=self.has_unfinished_requests())
         return outputs
+
+    # extends Scheduler.make_spec_decoding_stats: a tree's verified drafts
+    # count as its depth (drafted_depth, the rule _feedback applies), so vLLM's
+    # spec-decode stats, and vspec:gamma read from them in the API-server
+    # process (metrics.py), count draft positions as for a linear draft.
+    def make_spec_decoding_stats(self, spec_decoding_stats, num_draft_tokens: int,
+                                 num_accepted_tokens: int,
+                                 num_invalid_spec_tokens: dict[str, int] | None, request_id: str):
+        valid = num_draft_tokens - (num_invalid_spec_tokens or {}).get(request_id, 0)
+        if self._stats_width > 1 and valid > 0:
+            num_draft_tokens, num_invalid_spec_tokens = drafted_depth(valid, self._stats_width), None
+        return super().make_spec_decoding_stats(spec_decoding_stats, num_draft_tokens,
+                                                num_accepted_tokens, num_invalid_spec_tokens,
+                                                request_id)
 
     # extends Scheduler.shutdown: one summary line of what the controller did.
     def shutdown(self) -> None:
@@ -286,8 +304,7 @@ def _feedback(so: SchedulerOutput, out: ModelRunnerOutput) -> StepFeedback:
             # counts its depth (the controller's per-position acceptance is
             # per depth): W list entries a depth, the last one possibly cut
             # by the host's token budget.
-            nodes = len(spec) - invalid.get(req_id, 0)
-            drafted.append(-(-nodes // width))
+            drafted.append(drafted_depth(len(spec) - invalid.get(req_id, 0), width))
             accepted.append(n_out - 1)
     return StepFeedback(drafted=tuple(drafted), accepted=tuple(accepted), committed=committed,
                         width=width)
