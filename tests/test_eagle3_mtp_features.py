@@ -41,6 +41,8 @@ from safetensors.torch import load_file, save_file
 from conftest import (MODELS, TARGET, assert_same_tokens, close_llm, counter, greedy, make_llm,
                       runner_of)
 from test_eagle import AFTER, ENTROPY, check_lossy, lossy_outputs, spec_counts
+# method -> (the engine's model: None for the bundled target, speculative config)
+from test_eagle3_mtp_engine import CYCLE, EAGLE3, K, SPECS
 from vllm_vspec.core import active_vocab
 from vllm_vspec.hosts.vllm.worker import CPU_WORKER_CLS
 from vllm_vspec.tools import traces
@@ -48,15 +50,6 @@ from vllm_vspec.tools.drafters import special_ids_of
 
 pytestmark = pytest.mark.engine
 
-K = 4
-EAGLE3 = MODELS / "tiny-eagle3"
-MIMO = MODELS / "tiny-mimo"
-# method -> (the engine's model: None for the bundled target, speculative config)
-SPECS = {
-    "eagle3": (None, {"method": "eagle3", "model": str(EAGLE3), "num_speculative_tokens": K}),
-    "mtp": (MIMO, {"method": "mtp", "num_speculative_tokens": K}),
-}
-CYCLE = {"policy": "cycle", "min_gamma": 0}
 VOCAB = 2048
 
 
