@@ -74,7 +74,10 @@ def test_collection_on_the_bundled_models_writes_samples_and_a_loadable_profile(
          "--target", str(REPO / "models/tiny-target"), "--draft", str(REPO / "models/tiny-draft"),
          "--kinds", "target,step", "--gammas", "2", "--batch-sizes", "1,3",
          "--prompt-lens", "16", "--decode-steps", "3", "--kv-cache-memory-bytes", str(64 << 20),
-         "--samples", str(samples), "--profile", str(profile)],
+         "--samples", str(samples), "--profile", str(profile),
+         # Eager: the engines run stock vLLM (torch.compile is its own part);
+         # what is ours is that the flag reaches the samples and the profile.
+         "--enforce-eager"],
         capture_output=True, text=True, timeout=900, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     raw = json.loads(samples.read_text())
@@ -83,6 +86,8 @@ def test_collection_on_the_bundled_models_writes_samples_and_a_loadable_profile(
     # 2 engines x 2 batch sizes x 3 decode steps, in collection order.
     assert kinds == [("target", None, 1)] * 3 + [("target", None, 3)] * 3 + \
         [("step", 2, 1)] * 3 + [("step", 2, 3)] * 3
+    assert raw["enforce_eager"] is True
     fitted = load_profile(profile)
     assert fitted.source == "measured" and "tiny-target" in fitted.note
+    assert "float32, eager" in fitted.note, fitted.note
     assert all(profile_predict(fitted, s) > 0 for s in raw["samples"])
