@@ -100,7 +100,10 @@ def test_catch_up_passes_of_nothing_is_no_pass():
     ("draft_model", False, True, "lazy"),
     ("draft_model", True, True, "sync"),    # lazy is built for sync scheduling
     ("draft_model", False, False, "sync"),  # the stock worker cannot skip the pass
-    ("eagle", False, True, "sync"),         # no target hidden states to catch up with
+    ("eagle", False, True, "lazy"),         # the skipped steps keep the target hidden states
+    ("eagle3", False, True, "lazy"),
+    ("eagle", True, True, "sync"),
+    ("mtp", False, True, "sync"),           # no catch-up built for an MTP layer
     ("ngram", False, True, "lazy"),     # nothing to catch up: the search is skipped
     ("ngram", True, True, "sync"),
     ("ngram", False, False, "sync"),
@@ -115,8 +118,15 @@ def test_gamma0_mode_does_not_matter_without_gamma_0():
     assert resolve_gamma0_mode(cfg, "eagle", True, False) == "sync"
 
 
-@pytest.mark.parametrize("method, async_sched", [("eagle", False), ("draft_model", True)])
-def test_explicit_lazy_where_it_cannot_work_names_the_key_and_the_fix(method, async_sched):
-    cfg = VSpecConfig(min_gamma=0, gamma0_mode="lazy")
+def test_auto_is_sync_for_eagle_trees():
+    cfg = VSpecConfig(min_gamma=0, tree_width=2)
+    assert resolve_gamma0_mode(cfg, "eagle", False, True) == "sync"
+
+
+@pytest.mark.parametrize("method, async_sched, tree_width", [
+    ("mtp", False, 1), ("draft_model", True, 1), ("eagle", False, 2)])
+def test_explicit_lazy_where_it_cannot_work_names_the_key_and_the_fix(method, async_sched,
+                                                                      tree_width):
+    cfg = VSpecConfig(min_gamma=0, gamma0_mode="lazy", tree_width=tree_width)
     with pytest.raises(VSpecConfigError, match=r"vspec\.gamma0_mode='lazy'.*use 'sync' or 'auto'"):
         resolve_gamma0_mode(cfg, method, async_sched, True)

@@ -13,7 +13,7 @@ from safetensors import safe_open
 from conftest import MODELS, TARGET, engine_config
 from vllm_vspec import cli
 from vllm_vspec.bench import variants
-from vllm_vspec.config import VSpecConfigError, resolve_gamma0_mode
+from vllm_vspec.config import VSpecConfigError
 from vllm_vspec.hosts import wiring
 from vllm_vspec.hosts.vllm.worker import CPU_WORKER_CLS
 from vllm_vspec.launch import presets
@@ -65,12 +65,15 @@ def test_the_mimo_checkpoint_is_the_target_plus_one_mtp_layer():
 
 # ------------------------------------------------------------ start-up
 @pytest.mark.parametrize("method", ["eagle3", "mtp"])
-def test_gamma_0_is_sync_and_lazy_or_trees_are_refused_naming_the_key(method):
+def test_gamma_0_is_lazy_for_eagle3_and_sync_for_mtp_and_refusals_name_the_key(method):
     cfg = wiring.resolve(engine_config(method=method, worker_cls=CPU_WORKER_CLS, vspec={}))
-    # auto on vspec's worker, synchronous scheduling: still sync for these methods
-    assert resolve_gamma0_mode(cfg, method, False, True) == "sync"
-    for table, key in (({"min_gamma": 0, "gamma0_mode": "lazy"}, "gamma0_mode"),
-                       ({"tree_width": 2}, "tree_width")):
+    # auto on vspec's worker, synchronous scheduling: EAGLE-3's skipped steps
+    # keep the target's hidden states for a catch-up; MTP has no catch-up
+    assert cfg.gamma0_mode == {"eagle3": "lazy", "mtp": "sync"}[method]
+    refusals = [({"tree_width": 2}, "tree_width")]
+    if method == "mtp":
+        refusals.append(({"min_gamma": 0, "gamma0_mode": "lazy"}, "gamma0_mode"))
+    for table, key in refusals:
         with pytest.raises(VSpecConfigError) as err:
             wiring.resolve(engine_config(method=method, worker_cls=CPU_WORKER_CLS, vspec=table))
         assert err.value.key == key

@@ -129,15 +129,17 @@ class ForwardCalls:
             h.remove()
 
 
-def test_fixed_gamma_0_with_a_draft_model_runs_the_forward_passes_of_target_only(
-        reference, prompts):
+@pytest.mark.parametrize("method, drafter", [("draft_model", DRAFT), ("eagle", EAGLE)])
+def test_fixed_gamma_0_runs_the_forward_passes_of_target_only(method, drafter, reference,
+                                                              prompts):
     """Issue 29: a vspec server held at gamma 0 does what a target-only
-    server does: no draft-model forward, no rejection sampler, and the
-    target forwards process exactly target-only's tokens (each prompt once,
-    then one token per request per step: the first decode step after the
+    server does: no drafter forward (draft model or EAGLE head: lazy, what
+    auto picks on vspec's worker), no rejection sampler, and the target
+    forwards process exactly target-only's tokens (each prompt once, then
+    one token per request per step: the first decode step after the
     prefill verifies no drafts, which it did when the prefill step drafted
     max_gamma); outputs exact."""
-    spec = {"method": "draft_model", "model": str(DRAFT), "num_speculative_tokens": K}
+    spec = {"method": method, "model": str(drafter), "num_speculative_tokens": K}
     llm = make_llm(speculative_config=spec, worker_cls=CPU_WORKER_CLS,
                    vspec={"policy": "fixed", "fixed_gamma": 0, "min_gamma": 0},
                    disable_log_stats=False)    # the prompt-token counters
@@ -153,8 +155,8 @@ def test_fixed_gamma_0_with_a_draft_model_runs_the_forward_passes_of_target_only
         cached = counter(llm, "vllm:prefix_cache_hits") - before["vllm:prefix_cache_hits"]
     finally:
         close_llm(llm)
-    assert_same_tokens(outputs, reference, "fixed gamma 0 with a draft model")
-    assert calls.draft_calls == 0, f"{calls.draft_calls} draft-model forwards at gamma 0"
+    assert_same_tokens(outputs, reference, f"fixed gamma 0 with {method}")
+    assert calls.draft_calls == 0, f"{calls.draft_calls} {method} drafter forwards at gamma 0"
     assert calls.rejection_calls == 0, f"{calls.rejection_calls} rejection-sampler calls"
     assert calls.sampler_calls == len(calls.target_tokens), "one plain sample per forward"
     # Target-only's tokens: every uncached prompt token once, then each

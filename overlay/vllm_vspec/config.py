@@ -253,14 +253,25 @@ class VSpecConfig:
     what a gamma-1 step does (measured on the CPU host). `lazy`: no draft
     forward at all; when speculation resumes, the drafter first catches up on
     the tokens it skipped (prefill-shaped passes within the token budget),
-    then drafts exactly as it would have (draft model only, synchronous
-    scheduling). With method ngram (no draft model, no drafter state) `lazy`
+    then drafts exactly as it would have (synchronous scheduling). With
+    method eagle or eagle3 (linear drafts) a skipped step keeps the target
+    hidden states of its tokens, which the head's catch-up reads
+    (`gamma0_retained_tokens` bounds them). With method ngram (no draft model, no drafter state) `lazy`
     skips the n-gram search and has nothing to catch up: a gamma-0 step is a
     target-only step. `sticky`: no draft forward and no catch-up; gamma stays 0
     until every request in flight then (and admitted meanwhile) has finished.
-    `auto`: `lazy` where it applies (method draft_model or ngram, synchronous
-    scheduling, vspec's worker), else `sync`. `lazy` and `sticky` need the
-    vspec worker (`worker_cls`)."""
+    `auto`: `lazy` where it applies (method draft_model, ngram, eagle or
+    eagle3 with tree_width 1; synchronous scheduling; vspec's worker), else
+    `sync`. `lazy` and `sticky` need the vspec worker (`worker_cls`)."""
+
+    gamma0_retained_tokens: int = ranged(8192, 1)
+    """`gamma0_mode` lazy with method eagle or eagle3: the most tokens whose
+    target hidden states skipped steps keep for the head's catch-up (a pool
+    of tokens x width x dtype bytes, outside vLLM's KV cache, allocated at
+    the first skipped step: the width is the target's hidden size, 3x for
+    eagle3; 8192 tokens of a 4096-wide bf16 target are 64 MiB). A skipped
+    step whose tokens would not fit runs sync instead: the head first
+    catches up on what its requests kept, which frees it."""
 
     tree_width: int = ranged(1, 1, MAX_TREE_WIDTH)
     """EXPERIMENTAL, CPU host only: the widest EAGLE draft tree the controller
@@ -546,8 +557,12 @@ class VSpecConfig:
 # draft KV, so its drafter catches up on the skipped tokens before it drafts
 # again (CATCH_UP_METHODS); ngram keeps no state (each pass searches the
 # request's token history), so skipping it leaves nothing behind.
-LAZY_GAMMA0_METHODS = ("draft_model", "ngram")
+# EAGLE-type heads read the target's hidden states, which a skipped step
+# keeps for their catch-up (HEAD_CATCH_UP_METHODS; linear drafts only: a
+# tree step's tokens are not consecutive positions).
+LAZY_GAMMA0_METHODS = ("draft_model", "ngram", "eagle", "eagle3")
 CATCH_UP_METHODS = ("draft_model",)
+HEAD_CATCH_UP_METHODS = ("eagle", "eagle3")
 
 
 def resolve_gamma0_mode(cfg: VSpecConfig, method: str, async_scheduling: bool,
@@ -559,14 +574,17 @@ def resolve_gamma0_mode(cfg: VSpecConfig, method: str, async_scheduling: bool,
     mode = cfg.gamma0_mode
     if cfg.min_gamma > 0:
         return "sync"
-    lazy_ok = method in LAZY_GAMMA0_METHODS and not async_scheduling
+    lazy_ok = (method in LAZY_GAMMA0_METHODS and not async_scheduling
+               and not (method in HEAD_CATCH_UP_METHODS and cfg.tree_width > 1))
     if mode == "auto":
         return "lazy" if lazy_ok and skips_draft_pass else "sync"
     if mode == "lazy" and not lazy_ok:
         raise VSpecConfigError(
-            "gamma0_mode", mode, "'lazy' only with speculative method draft_model or ngram "
-            f"under synchronous scheduling (this engine: method {method}, "
-            f"{'async' if async_scheduling else 'sync'} scheduling); use 'sync' or 'auto'")
+            "gamma0_mode", mode, "'lazy' only with speculative method "
+            f"{', '.join(LAZY_GAMMA0_METHODS)} (eagle and eagle3 with tree_width 1) under "
+            f"synchronous scheduling (this engine: method {method}, tree_width "
+            f"{cfg.tree_width}, {'async' if async_scheduling else 'sync'} scheduling); "
+            "use 'sync' or 'auto'")
     return mode
 
 

@@ -100,6 +100,10 @@ class DraftLag:
             self._stale_blocks.difference_update(covered.tolist())
         return segments
 
+    def first_missed(self, req_id: str) -> int | None:
+        """The first position of `req_id` the drafter has not seen (None: none)."""
+        return self._first_missed.get(req_id)
+
     @property
     def idle(self) -> bool:
         """Nothing to catch up and no stale block: a draft step needs no work here."""

@@ -542,10 +542,11 @@ METHOD_ROWS = (
      "lossy rules, entropy stop, active vocabulary and int8 draft LM head, draft traces "
      "(vspec's worker)", "`tree_width` > 1 (EAGLE-1 only)"),
     ("eagle", "supported: EAGLE-1, vLLM CPU (tested here), Ascend overlay (built, not yet run on NPU)",
-     "`sync`: the head still runs over the step's tokens (it needs the target's hidden "
-     "states, which a skipped step does not keep); `lazy` refused",
+     "`lazy` on vspec's worker under synchronous scheduling with linear drafts: no head "
+     "pass, the skipped steps keep the target's hidden states (`gamma0_retained_tokens`) and "
+     "the head catches up on them before it drafts again; `sync` elsewhere and with trees",
      "lossy rules, entropy stop, active vocabulary and int8 draft LM head, draft traces, "
-     "trees (EXPERIMENTAL, CPU host only)", "`gamma0_mode` `lazy`"),
+     "trees (EXPERIMENTAL, CPU host only)", "`gamma0_mode` `lazy` with `tree_width` > 1"),
     ("ngram", "supported: vLLM CPU (tested here on vspec's and vLLM's worker); the Ascend "
      "overlay does not route it (stock vLLM-Ascend n-gram, fixed K)",
      "`lazy` on vspec's worker under synchronous scheduling: the n-gram search is skipped "
@@ -563,12 +564,12 @@ METHOD_ROWS = (
      "bundled head models/tiny-eagle3 and a head with a draft vocabulary of its own, a `d2t` "
      "map); Ascend overlay: routed to vspec's EAGLE proposer, as vLLM-Ascend routes eagle3 to "
      "its EAGLE proposer (built and ABI-checked, not yet run on NPU)",
-     "`sync`: the head's first pass still runs over the step's tokens, asked for 0 drafts (it "
-     "reads the target's hidden states of several layers at every position, which a skipped "
-     "step does not keep, and its own KV must cover them); `lazy` refused",
+     "`lazy` on vspec's worker under synchronous scheduling: no head pass, the skipped steps "
+     "keep the target's hidden states of its layers (`gamma0_retained_tokens`) and the head "
+     "catches up on them before it drafts again; `sync` elsewhere",
      "lossy rules, entropy stop, draft traces, and for a head with the target's vocabulary "
      "the active vocabulary and int8 draft LM head (vspec's worker; each engine-tested here)",
-     "`gamma0_mode` `lazy`, `tree_width` > 1 (EAGLE-1 only); with a `d2t` head "
+     "`tree_width` > 1 (EAGLE-1 only); with a `d2t` head "
      "`draft_active_vocab_ids` and `draft_lm_head_quantization` (when the head loads)"),
     ("mtp", "supported: vLLM CPU (tested here on vspec's worker and on vLLM's, with the "
      "bundled MiMo-style checkpoint models/tiny-mimo: the target plus one MTP layer, which vLLM "

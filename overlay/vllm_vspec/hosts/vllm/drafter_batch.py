@@ -58,3 +58,25 @@ def run_pass(proposer: Any, cad: CommonAttentionMetadata, num_tokens: int,
                              num_tokens_across_dp=across_dp, cudagraph_runtime_mode=mode,
                              slot_mapping=proposer._get_slot_mapping(slot_count, slots)):
         return proposer.model(**model_kwargs)
+
+
+def segments_batch(cad: CommonAttentionMetadata, part: list[tuple[int, int, int]],
+                   block_size: int) -> tuple[torch.Tensor, torch.Tensor, CommonAttentionMetadata]:
+    """A prefill-shaped batch over catch-up segments (batch row, first, end):
+    one row per segment, its positions [first, end) attending causally to
+    [0, end). Returns (positions, the KV slot of each, the batch's `cad`),
+    tokens in segment order; slots come from the step's block table, where
+    the target wrote those positions."""
+    device = cad.block_table_tensor.device
+    lengths = torch.tensor([end - first for _, first, end in part], dtype=torch.int32)
+    positions = torch.cat([torch.arange(first, end) for _, first, end in part]).to(device)
+    rows = torch.tensor([row for row, _, _ in part], dtype=torch.long, device=device)
+    block_table = cad.block_table_tensor[rows]
+    local_row = torch.repeat_interleave(torch.arange(len(part), device=device),
+                                        lengths.to(device))
+    slots = (block_table[local_row, positions // block_size].long() * block_size
+             + positions % block_size)
+    seq_lens = torch.tensor([end for _, _, end in part], dtype=torch.int32)
+    return positions, slots, drafter_batch(cad, query_lens=lengths, seq_lens=seq_lens,
+                                           block_table=block_table, slots=slots,
+                                           prefilling=True)

@@ -38,8 +38,9 @@ from vllm_vspec.hosts.vllm.proposers import PROPOSERS, proposer_features, vspec_
 from vllm_vspec.hosts.vllm.tree.eagle_drafter import engine_tree_drafter
 from vllm_vspec.hosts.vllm.rejection_sampler import VSpecRejectionSampler, tokens_generated
 from vllm_vspec.hosts.vllm.tree.verify import TreeVerifyMixin
-from vllm_vspec.config import CATCH_UP_METHODS
+from vllm_vspec.config import CATCH_UP_METHODS, HEAD_CATCH_UP_METHODS, VSpecConfigError
 from vllm_vspec.core.draft_lag import DraftLag
+from vllm_vspec.hosts.vllm.head_lag import HeadLag
 from vllm_vspec.hosts.wiring import resolve
 
 
@@ -54,6 +55,7 @@ class VSpecRunnerMixin:
         self._gamma0_mode = "sync"
         self._catch_up = False  # lazy gamma 0 with a drafter that keeps state (draft KV)
         self._lag: DraftLag | None = None  # lazy gamma 0 only
+        self._head_lag: HeadLag | None = None  # lazy gamma 0, EAGLE-type drafter
         cfg = self.vspec_config = resolve(vllm_config)
         if cfg is None or not hasattr(self, "drafter"):
             return  # stock vLLM (no speculation, vspec off), or not the rank that drafts
@@ -70,6 +72,15 @@ class VSpecRunnerMixin:
             self.drafter = vspec_proposer(self.drafter, self.vllm_config, self.device, self,
                                           cfg, catch_up=self._catch_up)
             self._entropy_stop = cfg.entropy_stop
+        if self._gamma0_mode == "lazy" and self.speculative_config.method in HEAD_CATCH_UP_METHODS:
+            # The catch-up lays out one head input per position, as the
+            # host's default first pass does.
+            if self.drafter.needs_extra_input_slots or self.drafter.uses_mrope:
+                raise VSpecConfigError("gamma0_mode", "lazy", "'sync' or 'auto' with parallel "
+                                       "drafting or M-RoPE drafters (the head's catch-up "
+                                       "feeds one input per position)")
+            self._head_lag = HeadLag(self.drafter, cfg.gamma0_retained_tokens,
+                                     aux=self.use_aux_hidden_state_outputs)
 
     # extends GPUModelRunner.initialize_metadata_builders: the runner's own
     # attention group of the drafter's layers builds no metadata per step.
@@ -111,7 +122,10 @@ class VSpecRunnerMixin:
                                 spec_decode_metadata, common_attn_metadata, *args, **kwargs):
         skip = (self._gamma0_mode in ("lazy", "sticky")
                 and scheduler_output.num_spec_tokens_to_schedule == 0)
-        if self._catch_up:
+        if self._head_lag is not None:  # keeps the skipped hidden states (may end the skip)
+            skip = self._head_lag.track(self, scheduler_output, skip, hidden_states,
+                                        aux_hidden_states, common_attn_metadata)
+        elif self._catch_up:
             self._track_lag(scheduler_output, skip, common_attn_metadata)
         if skip:
             return torch.empty(self.input_batch.num_reqs, 0, dtype=torch.int64,

@@ -1,0 +1,152 @@
+"""Target hidden states that lazy gamma-0 steps keep for an EAGLE-type head.
+
+An EAGLE head's first pass at position p reads the target's hidden state
+of p (EAGLE-3: the target's auxiliary layers, combined by the head) and
+token p + 1, and writes the head's KV at p. A *lazy* gamma-0 step skips
+that pass, so the hidden states of the positions it processed must be kept
+until the head catches up on them (core/draft_lag.py says which positions
+lag) or until no request needs them any more.
+
+Entries are keyed by KV slot (physical block id * block_size + offset): the
+place whose head KV the catch-up writes. A request that starts from
+prefix-cached blocks a skipped pass wrote reads the entries its writer kept,
+so a key can be claimed by several requests; an entry lives while any
+request claims it. Each request's claims are the positions it will catch
+up on, in position order.
+
+The pool is one [capacity, width] tensor, allocated at the first retain
+(capacity x width x dtype bytes); `room` tells the caller whether a step's
+positions fit before it retains them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+
+class RetainedHidden:
+    """At most `capacity` tokens' hidden states, by KV slot, claimed per request."""
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be at least 1 token, got {capacity}")
+        self.capacity = capacity
+        self._pool: torch.Tensor | None = None
+        self._slot_of = np.full(0, -1, dtype=np.int64)      # KV slot -> pool row (-1: none)
+        self._key_of = np.full(capacity, -1, dtype=np.int64)  # pool row -> KV slot
+        self._refs = np.zeros(capacity, dtype=np.int32)       # requests claiming each row
+        self._free = list(range(capacity - 1, -1, -1))        # a stack of free pool rows
+        # req_id -> (positions, keys) it claims, ascending positions
+        self._claims: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+
+    def __len__(self) -> int:
+        """Pool rows in use."""
+        return self.capacity - len(self._free)
+
+    @property
+    def room(self) -> int:
+        return len(self._free)
+
+    def claimed(self, req_id: str) -> np.ndarray:
+        """The positions `req_id` claims."""
+        held = self._claims.get(req_id)
+        return np.empty(0, np.int64) if held is None else held[0]
+
+    def needed(self, keys: np.ndarray) -> int:
+        """Pool rows a retain of `keys` would take at most (keys held already reuse theirs)."""
+        return int(np.count_nonzero(self._rows(keys) < 0))
+
+    def retain(self, req_ids: Sequence[str], starts: Sequence[int], counts: Sequence[int],
+               keys: np.ndarray, values: torch.Tensor) -> None:
+        """Keep values[i] (row i of a step's tokens) at keys[i]: request j
+        owns the next counts[j] rows, positions starts[j], starts[j] + 1, ...
+        A request's earlier claims from its start on are replaced (a step
+        after rejected drafts processes those positions again)."""
+        if self._pool is None:
+            self._pool = torch.empty(self.capacity, values.shape[-1], dtype=values.dtype,
+                                     device=values.device)
+        for req_id, start in zip(req_ids, starts):
+            self._drop(req_id, lambda pos, s=start: pos >= s)
+        if self.needed(keys) > self.room:
+            raise ValueError(f"{self.needed(keys)} tokens do not fit in the {self.room} free "
+                             f"of {self.capacity}; check `room` first")
+        rows = self._rows(keys)
+        new = rows < 0
+        # Keys repeat only within one request's re-processed positions, which
+        # _drop released: every new key is distinct.
+        fresh = np.array([self._free.pop() for _ in range(int(new.sum()))], dtype=np.int64)
+        rows[new] = fresh
+        self._grow(int(keys.max()) + 1 if len(keys) else 0)
+        self._slot_of[keys[new]] = fresh
+        self._key_of[fresh] = keys[new]
+        self._pool[torch.from_numpy(rows).to(self._pool.device)] = values.to(self._pool.dtype)
+        offset = 0
+        for req_id, start, n in zip(req_ids, starts, counts):
+            self._claim(req_id, np.arange(start, start + n), keys[offset:offset + n])
+            offset += n
+
+    def adopt(self, req_id: str, positions: np.ndarray, keys: np.ndarray) -> int:
+        """`req_id` will catch up on `positions` (at `keys`, e.g. blocks it
+        found in the prefix cache): claim the entries that exist; returns
+        how many positions have none."""
+        held = self._rows(keys) >= 0
+        self._claim(req_id, positions[held], keys[held])
+        return int(len(keys) - held.sum())
+
+    def gather(self, keys: np.ndarray) -> tuple[np.ndarray, torch.Tensor | None]:
+        """(which keys have an entry, their values in key order)."""
+        rows = self._rows(keys)
+        held = rows >= 0
+        if self._pool is None or not held.any():
+            return held, None
+        return held, self._pool[torch.from_numpy(rows[held]).to(self._pool.device)]
+
+    def release(self, req_ids: Sequence[str]) -> None:
+        """These requests need none of their claims any more (caught up,
+        finished or preempted); entries no request claims are freed."""
+        for req_id in req_ids:
+            self._drop(req_id, None)
+
+    def _rows(self, keys: np.ndarray) -> np.ndarray:
+        rows = np.full(len(keys), -1, dtype=np.int64)
+        inside = keys < len(self._slot_of)
+        rows[inside] = self._slot_of[keys[inside]]
+        return rows
+
+    def _grow(self, size: int) -> None:
+        if size > len(self._slot_of):
+            grown = np.full(max(size, 2 * len(self._slot_of)), -1, dtype=np.int64)
+            grown[:len(self._slot_of)] = self._slot_of
+            self._slot_of = grown
+
+    def _claim(self, req_id: str, positions: np.ndarray, keys: np.ndarray) -> None:
+        if not len(keys):
+            return
+        np.add.at(self._refs, self._slot_of[keys], 1)
+        held = self._claims.get(req_id)
+        self._claims[req_id] = ((positions, keys) if held is None else
+                                (np.concatenate([held[0], positions]),
+                                 np.concatenate([held[1], keys])))
+
+    def _drop(self, req_id: str, which) -> None:
+        """Release `req_id`'s claims at the positions `which` selects (all: None)."""
+        held = self._claims.get(req_id)
+        if held is None:
+            return
+        positions, keys = held
+        gone = np.ones(len(keys), dtype=bool) if which is None else which(positions)
+        if not gone.any():
+            return
+        rows = self._slot_of[keys[gone]]
+        np.subtract.at(self._refs, rows, 1)
+        dead = np.unique(rows[self._refs[rows] == 0])
+        self._slot_of[self._key_of[dead]] = -1
+        self._key_of[dead] = -1
+        self._free.extend(dead.tolist())
+        if gone.all():
+            del self._claims[req_id]
+        else:
+            self._claims[req_id] = (positions[~gone], keys[~gone])
