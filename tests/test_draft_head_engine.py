@@ -73,7 +73,10 @@ def by_prompt(ids) -> list[str]:
 @pytest.fixture(scope="module")
 def traced(reference, prompts, tmp_path_factory):
     d = tmp_path_factory.mktemp("traces")
-    paths = {"draft_trace_path": str(d / "draft.jsonl"),
+    # gamma0_mode sync: the traces record drafter steps, and a lazy gamma-0
+    # step (EAGLE's default since the head catches up) runs no drafter, so
+    # only sync shows every step of every request here.
+    paths = {"gamma0_mode": "sync", "draft_trace_path": str(d / "draft.jsonl"),
              "target_argmax_trace_path": str(d / "argmax.jsonl"),
              "draft_io_trace_dir": str(d / "io"), "target_hidden_trace_dir": str(d / "hidden")}
     return run(EAGLE_SPEC, paths, prompts), paths
