@@ -97,6 +97,9 @@ def test_0_18_0_reports_exactly_what_breaks_and_leaves_it_to_rebase(pins_copy, t
     # [routing.keep_host] lists for eagle, eagle3 and mtp.
     assert ascend == {("AscendRejectionSampler", "base"), ("AscendRejectionSampler", "import"),
                       ("prepare_next_token_ids_padded", "override"),
+                      # ... which our shared drafting base also calls on with
+                      # the newer signature (0.18.0 also wants num_discarded_requests):
+                      ("prepare_next_token_ids_padded", "call"),
                       ("llm_base_proposer", "import"), ("eagle", "keep_host"),
                       ("eagle3", "keep_host"), ("mtp", "keep_host")}, \
         "\n".join(checks["abi"].detail)

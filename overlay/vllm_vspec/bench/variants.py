@@ -76,11 +76,11 @@ def _method_variants(method: str, model: Path, static_table: list[list[int]],
            for k in range(1, MAX_GAMMA + 1)]
     out.append(Variant(f"{prefix}static-table", "static", spec(
         MAX_GAMMA, num_speculative_tokens_per_batch_size=static_table)))
-    # The defaults: gamma 0..4, gamma 0 lazy for a draft model (gamma0_mode auto).
+    # The defaults: gamma 0..4; gamma0_mode auto: lazy for a draft model, EAGLE, EAGLE-3.
     out.append(Variant(f"{prefix}online", "online", spec(MAX_GAMMA),
                        vspec={"policy": "online"}))
     # Target-only steps inside a speculative vspec server: what a gamma-0
-    # step costs there (lazy for a draft model: no draft forward at all).
+    # step costs there (lazy for a draft model, EAGLE, EAGLE-3: no drafter forward).
     out.append(Variant(f"{prefix}fixed-0", "vspec-fixed", spec(MAX_GAMMA),
                        vspec={"policy": "fixed", "fixed_gamma": 0, "min_gamma": 0}))
     # gamma 1..4: speculating every step (min_gamma's default before gamma 0
