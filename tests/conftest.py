@@ -107,6 +107,26 @@ def runner_of(llm):
     return llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
 
 
+def record_drafter_calls(llm, row) -> list:
+    """Wrap the runner's propose_draft_token_ids: after every call append
+    `row(scheduler_output, drafts, runner) + (drafter forwards during the
+    call,)` to the returned log."""
+    runner = runner_of(llm)
+    log, forwards = [], [0]
+    runner.drafter.model.register_forward_pre_hook(
+        lambda *_: forwards.__setitem__(0, forwards[0] + 1))
+    propose = runner.propose_draft_token_ids
+
+    def recorded(scheduler_output, *args, **kwargs):
+        forwards[0] = 0
+        drafts = propose(scheduler_output, *args, **kwargs)
+        log.append((*row(scheduler_output, drafts, runner), forwards[0]))
+        return drafts
+
+    runner.propose_draft_token_ids = recorded
+    return log
+
+
 MAX_TOKENS = 48  # tokens per request in the exactness tests (and `reference`)
 
 

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import MODELS, TARGET, assert_same_tokens, close_llm, counter, greedy, make_llm, runner_of
+from conftest import (MODELS, TARGET, assert_same_tokens, close_llm, counter, greedy, make_llm,
+                      record_drafter_calls)
 
 pytestmark = pytest.mark.engine
 
@@ -42,21 +43,8 @@ CYCLE = {"policy": "cycle", "min_gamma": 0}
 def _record(llm) -> list:
     """Log, per drafter call: (gamma asked, drafts' shape, requests in the
     batch, drafter forwards during the call)."""
-    runner = runner_of(llm)
-    log, forwards = [], [0]
-    runner.drafter.model.register_forward_pre_hook(
-        lambda *_: forwards.__setitem__(0, forwards[0] + 1))
-    propose = runner.propose_draft_token_ids
-
-    def counted(scheduler_output, *args, **kwargs):
-        forwards[0] = 0
-        drafts = propose(scheduler_output, *args, **kwargs)
-        log.append((scheduler_output.num_spec_tokens_to_schedule, tuple(drafts.shape),
-                    runner.input_batch.num_reqs, forwards[0]))
-        return drafts
-
-    runner.propose_draft_token_ids = counted
-    return log
+    return record_drafter_calls(llm, lambda out, drafts, runner: (
+        out.num_spec_tokens_to_schedule, tuple(drafts.shape), runner.input_batch.num_reqs))
 
 
 @pytest.fixture(scope="module", params=list(SPECS))

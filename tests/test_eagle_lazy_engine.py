@@ -20,7 +20,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import (EAGLE, MODELS, assert_same_tokens, close_llm, counter, greedy, make_llm,
-                      runner_of)
+                      record_drafter_calls, runner_of)
 
 pytestmark = pytest.mark.engine
 
@@ -45,20 +45,8 @@ def _engine(method: str, mode: str, **vspec):
 
 def _record(llm) -> list:
     """Per drafter call: (gamma asked, the drafts by batch row, head forwards)."""
-    runner = runner_of(llm)
-    log, forwards = [], [0]
-    runner.drafter.model.register_forward_pre_hook(
-        lambda *_: forwards.__setitem__(0, forwards[0] + 1))
-    propose = runner.propose_draft_token_ids
-
-    def recorded(scheduler_output, *args, **kwargs):
-        forwards[0] = 0
-        drafts = propose(scheduler_output, *args, **kwargs)
-        log.append((scheduler_output.num_spec_tokens_to_schedule, drafts.tolist(), forwards[0]))
-        return drafts
-
-    runner.propose_draft_token_ids = recorded
-    return log
+    return record_drafter_calls(llm, lambda out, drafts, runner: (
+        out.num_spec_tokens_to_schedule, drafts.tolist()))
 
 
 def _assert_same_drafts(lazy: list, sync: list, label: str) -> None:
