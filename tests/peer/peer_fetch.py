@@ -20,9 +20,10 @@ import os
 import shutil
 import tarfile
 import tomllib
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+
+from vllm_vspec.tools.ascend_build.common import BuildError, download as verified_download
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -61,24 +62,14 @@ def sha256_of(path: Path) -> str:
 
 def download(url: str, dest: Path, sha256: str) -> Path:
     """`dest` holding exactly the pinned bytes: reused when its hash matches,
-    else downloaded to a side file that becomes `dest` only once verified."""
+    else fetched by the overlay builder's verified download (kept only once
+    its hash matches)."""
     if dest.is_file() and sha256_of(dest) == sha256:
         return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    part = dest.with_name(dest.name + ".part")
     try:
-        with urllib.request.urlopen(url, timeout=120) as response, part.open("wb") as out:
-            shutil.copyfileobj(response, out)
-    except OSError as exc:
-        part.unlink(missing_ok=True)
-        raise FetchError(f"cannot download {url}: {exc}") from exc
-    got = sha256_of(part)
-    if got != sha256:
-        part.unlink()
-        raise FetchError(f"{url}: SHA-256 {got} does not match the pin {sha256} "
-                         f"({PIN.relative_to(REPO)}); nothing was unpacked")
-    part.replace(dest)
-    return dest
+        return verified_download(url, dest, sha256)
+    except BuildError as exc:
+        raise FetchError(f"{exc} (pin: {PIN.relative_to(REPO)})") from exc
 
 
 def _selected(name: str, top: str, members: list[str]) -> bool:

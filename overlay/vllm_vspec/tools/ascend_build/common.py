@@ -155,9 +155,11 @@ def index_files(project: str) -> dict[str, IndexFile]:
 
 
 def download(url: str, dest: Path, sha256: str) -> Path:
-    """Stream url to dest; the file gets its name only if its SHA-256 is `sha256`."""
+    """Stream url to dest; the file gets its name only if its SHA-256 is `sha256`.
+    The side file is per process, so two processes fetching the same file (a
+    background peer suite beside the session's build) never write one file."""
     dest.parent.mkdir(parents=True, exist_ok=True)
-    part = dest.with_name(dest.name + ".part")
+    part = dest.with_name(f"{dest.name}.{os.getpid()}.part")
     h = hashlib.sha256()
     try:
         with urllib.request.urlopen(url, timeout=600) as response, open(part, "wb") as f:
