@@ -12,7 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllm_vspec.core.acceptance_stats import PositionAcceptance, expected_tokens
+from vllm_vspec.core.acceptance_stats import PositionAcceptance, expected_tokens_all
+
+
+def expected_tokens(rates, k):
+    return expected_tokens_all(rates, k)[k]
 from vllm_vspec.config import VSpecConfig
 from vllm_vspec.core.controller import GammaController
 from vllm_vspec.core.latency import LatencyProfile, LinearLatency
@@ -371,8 +375,7 @@ def test_rejection_at_an_earlier_position_does_not_age_a_later_one():
 
 
 def test_expected_tokens_formula():
-    assert expected_tokens((0.5, 0.5), 0) == 1.0
-    assert expected_tokens((0.5, 0.5), 2) == pytest.approx(1 + 0.5 + 0.25)
+    assert expected_tokens_all((0.5, 0.5), 2) == pytest.approx([1.0, 1.5, 1.75])
 
 
 def test_feedback_marks_accepted_rejected_and_unseen_positions():

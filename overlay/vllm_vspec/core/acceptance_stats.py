@@ -94,17 +94,10 @@ class PositionAcceptance:
         return {"rates": [round(r, 4) for r in self.rates()], "trials": list(self._trials)}
 
 
-def expected_tokens(rates: Sequence[float], k: int) -> float:
-    """E(k) = 1 + sum_{j<=k} prod_{i<=j} p_i for conditional rates p."""
-    total, run = 1.0, 1.0
-    for p in rates[:k]:
-        run *= p
-        total += run
-    return total
-
-
 def expected_tokens_all(rates: Sequence[float], k_max: int) -> list[float]:
-    """[E(0), E(1), ..., E(k_max)] in one pass."""
+    """[E(0), E(1), ..., E(k_max)] in one pass, where E(k) = 1 + sum_{j<=k}
+    prod_{i<=j} p_i is the expected tokens a step commits at gamma k for
+    conditional acceptance rates p (the bonus token plus each accepted draft)."""
     out, total, run = [1.0], 1.0, 1.0
     for p in rates[:k_max]:
         run *= p
