@@ -1,10 +1,11 @@
 """The package's layers import only downwards (README "Layout").
 
-Each layer's modules are imported together in a fresh interpreter, which
-then reports what else got loaded: a layer that pulls in torch, vLLM or a
-higher layer fails here, naming the modules. `commands/` sits on top: no
-module outside it imports it (checked on the source, since the CLI loads
-commands by module path, never by import)."""
+Each layer's modules are imported together in a fresh interpreter (or
+after the layers before it in its chain, below), which then reports what
+else got loaded: a layer that pulls in torch, vLLM or a higher layer fails
+here, naming the modules. `commands/` sits on top: no module outside it
+imports it (checked on the source, since the CLI loads commands by module
+path, never by import)."""
 
 from __future__ import annotations
 
@@ -47,21 +48,64 @@ def modules(prefix: str) -> list[str]:
 
 
 def loaded_after_import(names: list[str]) -> list[str]:
+    return loaded_after_imports([names])[0]
+
+
+def loaded_after_imports(groups: list[list[str]]) -> list[list[str]]:
+    """In one fresh interpreter, import each group of modules in turn: the
+    modules loaded after each group (all groups before it included)."""
+    # Marked lines: vLLM logs to stdout while it is imported.
     code = ("import importlib, json, sys\n"
-            f"for n in {names!r}: importlib.import_module(n)\n"
-            "print(json.dumps(sorted(sys.modules)))\n")
+            f"for names in {groups!r}:\n"
+            "    for n in names: importlib.import_module(n)\n"
+            "    print('loaded:', json.dumps(sorted(sys.modules)))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return [json.loads(line.removeprefix("loaded: ")) for line in out.stdout.splitlines()
+            if line.startswith("loaded: ")]
 
 
-@pytest.mark.parametrize("layer", list(RULES))
-def test_a_layer_loads_nothing_above_it(layer):
+def forbidden(layer: str) -> set[str]:
+    roots, above = RULES[layer]
+    return roots | above
+
+
+# One interpreter per chain, its layers imported in this order: each layer
+# forbids no less than the next, so whatever an earlier layer loaded is
+# allowed to the later ones, and what a later one loads beyond them is its own
+# (a layer that fails shows in the later ones too: the first is the one to fix).
+# Three interpreters instead of eight: torch and vLLM load once.
+CHAINS = (("core", "hosts.wiring", "launch"), ("sim",), ("kernels", "hosts", "tools", "bench"))
+
+
+def layer_modules(layer: str) -> list[str]:
     names = modules(layer)
     if layer == "hosts":
         names = [n for n in names if n != "vllm_vspec.hosts.wiring"]
     assert names, f"no modules under {layer}"
-    loaded = loaded_after_import(names)
+    return names
+
+
+@pytest.fixture(scope="module")
+def loaded_by_layer() -> dict[str, list[str]]:
+    out = {}
+    for chain in CHAINS:
+        loaded = loaded_after_imports([layer_modules(layer) for layer in chain])
+        assert len(loaded) == len(chain), (chain, len(loaded))
+        out.update(zip(chain, loaded))
+    return out
+
+
+def test_the_chains_hold_every_layer_and_nest():
+    assert sorted(layer for chain in CHAINS for layer in chain) == sorted(RULES)
+    for chain in CHAINS:
+        for earlier, later in zip(chain, chain[1:]):
+            assert forbidden(earlier) >= forbidden(later), (earlier, later)
+
+
+@pytest.mark.parametrize("layer", list(RULES))
+def test_a_layer_loads_nothing_above_it(layer, loaded_by_layer):
+    loaded = loaded_by_layer[layer]
     roots, above = RULES[layer]
     third_party = sorted({m.split(".")[0] for m in loaded} & roots)
     ours = sorted(m for m in loaded if m.startswith("vllm_vspec.")
