@@ -112,16 +112,34 @@ def test_sticky_gamma_0_keeps_speculation_off_until_the_cohort_drains(prompts, r
     assert resumed[:2] == [3, 1], f"speculation did not resume for a new cohort: {resumed}"
 
 
-def test_reward_prefill_steps_decides_and_reports_the_prefill_step(prompts, reference, tmp_path):
-    trace = tmp_path / "prefill.jsonl"
+@pytest.fixture(scope="module")
+def fixed_2(prompts, tmp_path_factory):
+    """fixed gamma 2 with `reward_prefill_steps`, traced: one greedy run of
+    `prompts`, then the engine closed. (outputs, trace steps, the messages
+    vLLM's logger got from after start-up to the end of the close)."""
+    import logging
+
+    records: list[logging.LogRecord] = []
+    catch = logging.Handler(logging.INFO)
+    catch.emit = records.append
+    vllm_logger = logging.getLogger("vllm")     # the only logger tree vLLM prints
+    trace = tmp_path_factory.mktemp("trace") / "prefill.jsonl"
     llm = make_llm(speculative_config=DRAFT_MODEL,
                    vspec={"policy": "fixed", "fixed_gamma": 2, "reward_prefill_steps": True,
                           "trace_path": str(trace)})
+    # Attached after start-up: building an engine re-applies vLLM's logging config.
+    vllm_logger.addHandler(catch)
     try:
         got = greedy(llm, prompts)
         _, steps = read_trace(trace)
     finally:
         close_llm(llm)
+        vllm_logger.removeHandler(catch)
+    return got, steps, [r.getMessage() for r in records]
+
+
+def test_reward_prefill_steps_decides_and_reports_the_prefill_step(fixed_2, prompts, reference):
+    got, steps, _ = fixed_2
     assert_same_tokens(got, reference, "reward_prefill_steps")
     # The first step prefills every prompt: it verifies nothing and commits
     # each request's first token. (Off, the first reported step is the next
@@ -129,6 +147,12 @@ def test_reward_prefill_steps_decides_and_reports_the_prefill_step(prompts, refe
     first = steps[0]
     assert (first["num_reqs"], first["drafted"], first["committed"]) == (
         len(prompts), [], len(prompts)), first
+
+
+def test_shutdown_logs_one_summary_line_through_vllms_logger(fixed_2):
+    lines = [m for m in fixed_2[2] if "vspec summary" in m]
+    assert len(lines) == 1, f"summary lines logged: {lines}"
+    assert 'steps_per_gamma={"2":' in lines[0] and "% of step time" in lines[0], lines[0]
 
 
 # The target as its own draft: with complete draft KV it drafts exactly the
@@ -310,26 +334,6 @@ def test_prompts_cached_while_the_drafter_was_skipped_are_caught_up_on_a_hit(pro
     assert_same_tokens(got, reference[8:], "prompts cached at lazy gamma 0, served at gamma 4")
     assert hits > 0, "no prefix-cache hit happened"
     assert accepted / drafted >= 0.99, f"self-draft acceptance {accepted / drafted:.3f}"
-
-
-def test_shutdown_logs_one_summary_line_through_vllms_logger(prompts):
-    import logging
-
-    records: list[logging.LogRecord] = []
-    catch = logging.Handler(logging.INFO)
-    catch.emit = records.append
-    vllm_logger = logging.getLogger("vllm")     # the only logger tree vLLM prints
-    llm = make_llm(speculative_config=DRAFT_MODEL, vspec={"policy": "fixed", "fixed_gamma": 2})
-    # Attached after start-up: building an engine re-applies vLLM's logging config.
-    vllm_logger.addHandler(catch)
-    try:
-        greedy(llm, prompts[:2], max_tokens=8)
-    finally:
-        close_llm(llm)
-        vllm_logger.removeHandler(catch)
-    lines = [r.getMessage() for r in records if "vspec summary" in r.getMessage()]
-    assert len(lines) == 1, f"summary lines logged: {lines}"
-    assert 'steps_per_gamma={"2":' in lines[0] and "% of step time" in lines[0], lines[0]
 
 
 def test_default_settings_stop_speculating_with_a_draft_that_never_agrees(
