@@ -119,10 +119,13 @@ class ForwardCalls:
 
         self._handles = [
             runner.model.register_forward_pre_hook(target, with_kwargs=True),
-            runner.drafter.model.register_forward_pre_hook(bump("draft_calls")),
-            runner.rejection_sampler.register_forward_pre_hook(bump("rejection_calls")),
             runner.sampler.register_forward_pre_hook(bump("sampler_calls")),
         ]
+        if hasattr(runner, "drafter"):  # a target-only runner has no drafter
+            self._handles += [
+                runner.drafter.model.register_forward_pre_hook(bump("draft_calls")),
+                runner.rejection_sampler.register_forward_pre_hook(bump("rejection_calls")),
+            ]
 
     def remove(self) -> None:
         for h in self._handles:
@@ -166,3 +169,38 @@ def test_fixed_gamma_0_runs_the_forward_passes_of_target_only(method, drafter, r
         f"target forwards processed {sum(calls.target_tokens)} tokens, target-only "
         f"processes {want} (prompt {prompt_tokens}, cached {cached}); per forward: "
         f"{calls.target_tokens[:8]}...")
+
+
+def test_eagle_at_gamma_0_keeps_target_onlys_prefix_cache_hits(prompts, reference):
+    """Issue 29: vLLM shortens every prefix-cache hit of an EAGLE engine by
+    one block (hosts/vllm/prefix_tail.py); a vspec EAGLE engine held at
+    gamma 0 hits as target-only does. The prompts twice, the second time
+    from the prefix cache (32-token blocks): the second run's hits and
+    target tokens are target-only's, no head forward runs, outputs exact."""
+    def resend(**engine):
+        llm = make_llm(enable_prefix_caching=True, block_size=32, disable_log_stats=False,
+                       **engine)
+        try:
+            first = greedy(llm, prompts)
+            hits = counter(llm, "vllm:prefix_cache_hits")
+            calls = ForwardCalls(runner_of(llm))
+            second = greedy(llm, prompts)
+            calls.remove()
+            return first, second, counter(llm, "vllm:prefix_cache_hits") - hits, calls
+        finally:
+            close_llm(llm)
+
+    *_, want_hits, want = resend()
+    spec = {"method": "eagle", "model": str(EAGLE), "num_speculative_tokens": K}
+    first, second, hits, got = resend(
+        speculative_config=spec, worker_cls=CPU_WORKER_CLS,
+        vspec={"policy": "fixed", "fixed_gamma": 0, "min_gamma": 0})
+    assert_same_tokens(first, reference, "EAGLE at gamma 0")
+    assert_same_tokens(second, reference, "EAGLE at gamma 0, prompts from the prefix cache")
+    assert want_hits > 0, "target-only hit no cached block: the prompts are too short"
+    assert hits == want_hits, f"prefix-cache hits {hits:.0f}, target-only {want_hits:.0f}"
+    assert sum(got.target_tokens) == sum(want.target_tokens), (
+        f"target forwards processed {sum(got.target_tokens)} tokens, target-only "
+        f"{sum(want.target_tokens)}; per forward: {got.target_tokens[:4]}... against "
+        f"{want.target_tokens[:4]}...")
+    assert got.draft_calls == 0, f"{got.draft_calls} head forwards at gamma 0"

@@ -39,8 +39,10 @@ class RetainedHidden:
         self._key_of = np.full(capacity, -1, dtype=np.int64)  # pool row -> KV slot
         self._refs = np.zeros(capacity, dtype=np.int32)       # requests claiming each row
         self._free = list(range(capacity - 1, -1, -1))        # a stack of free pool rows
-        # req_id -> (positions, keys) it claims, ascending positions
-        self._claims: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        # req_id -> the (positions, keys) chunks it claims, ascending positions
+        # across chunks; a decode step appends one chunk a request, and
+        # _joined concatenates them only when a request's claims are read.
+        self._claims: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
 
     def __len__(self) -> int:
         """Pool rows in use."""
@@ -52,7 +54,7 @@ class RetainedHidden:
 
     def claimed(self, req_id: str) -> np.ndarray:
         """The positions `req_id` claims."""
-        held = self._claims.get(req_id)
+        held = self._joined(req_id)
         return np.empty(0, np.int64) if held is None else held[0]
 
     def needed(self, keys: np.ndarray) -> int:
@@ -69,23 +71,32 @@ class RetainedHidden:
             self._pool = torch.empty(self.capacity, values.shape[-1], dtype=values.dtype,
                                      device=values.device)
         for req_id, start in zip(req_ids, starts):
-            self._drop(req_id, lambda pos, s=start: pos >= s)
-        if self.needed(keys) > self.room:
-            raise ValueError(f"{self.needed(keys)} tokens do not fit in the {self.room} free "
-                             f"of {self.capacity}; check `room` first")
+            held = self._claims.get(req_id)
+            # Claims ascend: only a step that starts at or below a request's
+            # last claim (it re-processes positions) replaces any.
+            if held is not None and held[-1][0][-1] >= start:
+                self._drop(req_id, lambda pos, s=start: pos >= s)
         rows = self._rows(keys)
         new = rows < 0
+        taken = int(new.sum())
+        if taken > self.room:
+            raise ValueError(f"{taken} tokens do not fit in the {self.room} free "
+                             f"of {self.capacity}; check `room` first")
         # Keys repeat only within one request's re-processed positions, which
         # _drop released: every new key is distinct.
-        fresh = np.array([self._free.pop() for _ in range(int(new.sum()))], dtype=np.int64)
+        fresh = np.array(self._free[len(self._free) - taken:], dtype=np.int64)
+        del self._free[len(self._free) - taken:]
         rows[new] = fresh
         self._grow(int(keys.max()) + 1 if len(keys) else 0)
         self._slot_of[keys[new]] = fresh
         self._key_of[fresh] = keys[new]
         self._pool[torch.from_numpy(rows).to(self._pool.device)] = values.to(self._pool.dtype)
+        np.add.at(self._refs, rows, 1)
         offset = 0
         for req_id, start, n in zip(req_ids, starts, counts):
-            self._claim(req_id, np.arange(start, start + n), keys[offset:offset + n])
+            if n:
+                self._claims.setdefault(req_id, []).append(
+                    (np.arange(start, start + n), keys[offset:offset + n]))
             offset += n
 
     def adopt(self, req_id: str, positions: np.ndarray, keys: np.ndarray) -> int:
@@ -126,14 +137,21 @@ class RetainedHidden:
         if not len(keys):
             return
         np.add.at(self._refs, self._slot_of[keys], 1)
-        held = self._claims.get(req_id)
-        self._claims[req_id] = ((positions, keys) if held is None else
-                                (np.concatenate([held[0], positions]),
-                                 np.concatenate([held[1], keys])))
+        self._claims.setdefault(req_id, []).append((positions, keys))
+
+    def _joined(self, req_id: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """`req_id`'s claims as one (positions, keys) pair (None: it claims none)."""
+        chunks = self._claims.get(req_id)
+        if chunks is None:
+            return None
+        if len(chunks) > 1:
+            chunks[:] = [(np.concatenate([c[0] for c in chunks]),
+                          np.concatenate([c[1] for c in chunks]))]
+        return chunks[0]
 
     def _drop(self, req_id: str, which) -> None:
         """Release `req_id`'s claims at the positions `which` selects (all: None)."""
-        held = self._claims.get(req_id)
+        held = self._joined(req_id)
         if held is None:
             return
         positions, keys = held
@@ -149,4 +167,4 @@ class RetainedHidden:
         if gone.all():
             del self._claims[req_id]
         else:
-            self._claims[req_id] = (positions[~gone], keys[~gone])
+            self._claims[req_id] = [(positions[~gone], keys[~gone])]

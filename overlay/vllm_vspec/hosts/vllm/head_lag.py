@@ -78,7 +78,10 @@ class HeadLag:
         if skip:
             counts = [scheduler_output.num_scheduled_tokens[r] for r in req_ids]
             row_of = np.repeat(np.arange(n), counts)
-            positions = np.concatenate([np.arange(s, s + c) for s, c in zip(starts, counts)])
+            # Token i of the step sits at its request's start plus its rank
+            # within the request (no per-request arrays: this runs every step).
+            first = np.cumsum(counts) - counts
+            positions = np.arange(len(row_of)) + (np.asarray(starts) - first)[row_of]
             keys = rows[row_of, positions // bs].astype(np.int64) * bs + positions % bs
             if store.needed(keys) <= store.room:
                 lag.skipped(req_ids, starts, [s + c for s, c in zip(starts, counts)], rows[:n])

@@ -35,6 +35,7 @@ from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
 from vllm.v1.request import RequestStatus
 
 from vllm_vspec.hosts.vllm.budget_admission import BudgetAdmission
+from vllm_vspec.hosts.vllm.prefix_tail import keep_prefix_tail
 from vllm_vspec.hosts.vllm.tree.verify import request_allows_tree
 from vllm_vspec.hosts.vllm.verify_width import VerifyWidth
 from vllm_vspec.core.controller import GammaController
@@ -61,9 +62,14 @@ class VSpecScheduler(Scheduler):
             cls = VSpecAsyncScheduler
         return super().__new__(cls)
 
-    # extends Scheduler.__init__: build the controller from additional_config["vspec"].
-    def __init__(self, vllm_config, *args, **kwargs) -> None:
-        super().__init__(vllm_config, *args, **kwargs)
+    # extends Scheduler.__init__: build the controller from additional_config["vspec"];
+    # first, an EAGLE head's prefix-cache hits keep their last block (prefix_tail.py).
+    def __init__(self, vllm_config, kv_cache_config, *args, **kwargs) -> None:
+        if resolve(vllm_config) is not None and keep_prefix_tail(vllm_config, kv_cache_config):
+            logger.info("vspec: prefix-cache hits keep their last block, as target-only's "
+                        "(the host's disable_eagle_block_drop; the head's KV at a hit's last "
+                        "position may be stale, which can change drafts only)")
+        super().__init__(vllm_config, kv_cache_config, *args, **kwargs)
         # None: stock vLLM (no speculation, or vspec `enabled = false`).
         self.vspec_config = resolve(vllm_config)
         self.vspec: GammaController | None = None
