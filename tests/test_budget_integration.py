@@ -214,17 +214,11 @@ def test_top_probability_is_the_softmax_of_the_argmax():
 def test_the_runner_hands_probabilities_cut_to_each_draft():
     from vllm.v1.outputs import DraftTokenIds
 
-    from vllm_vspec.hosts.vllm.draft_probs import DraftProbsRunnerMixin, ScoredDraftTokenIds
+    from vllm_vspec.hosts.vllm.draft_probs import ScoredDrafts, ScoredDraftTokenIds
 
-    class Host:
-        def take_draft_token_ids(self):
-            return DraftTokenIds(["a", "b"], [[1, 2, 3], [4]])   # "b" cut by a stop
-
-    class Runner(DraftProbsRunnerMixin, Host):
-        drafter = SimpleNamespace(draft_probs=SimpleNamespace(
-            take=lambda: torch.tensor([[.5, .25, .125], [.75, .5, .5]])))
-
-    out = Runner().take_draft_token_ids()
+    recorder = SimpleNamespace(take=lambda: torch.tensor([[.5, .25, .125], [.75, .5, .5]]))
+    # "b" cut by a stop (the entropy cut runs before this part).
+    out = ScoredDrafts(recorder).handover(DraftTokenIds(["a", "b"], [[1, 2, 3], [4]]))
     assert isinstance(out, ScoredDraftTokenIds) and isinstance(out, DraftTokenIds)
     assert out.draft_token_ids == [[1, 2, 3], [4]]
     assert out.draft_probs == [[0.5, 0.25, 0.125], [0.75]]

@@ -87,7 +87,7 @@ def test_lazy_drafts_equal_sync_on_cache_hits_and_across_preemptions(sync_run, b
     vspec = {} if budget is None else {"gamma0_retained_tokens": budget}
     llm, log = _engine(method, "lazy", **vspec)
     try:
-        head_lag = runner_of(llm)._head_lag
+        head_lag = runner_of(llm).lag
         assert head_lag is not None and head_lag.aux == (method == "eagle3")
         outs, hits, preempted = _twice(llm, prompts)
     finally:

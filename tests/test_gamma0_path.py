@@ -10,7 +10,7 @@ gamma 0 included (cycle policy), for a draft model in both gamma-0 modes
 it and catches up) and for EAGLE.
 
 The CPU platform turns async scheduling off, so the async runner path is not
-run here (it shares PlainSamplingMixin).
+run here (it shares the plain-sampling part).
 """
 
 from __future__ import annotations
@@ -148,7 +148,7 @@ def test_fixed_gamma_0_runs_the_forward_passes_of_target_only(method, drafter, r
                    disable_log_stats=False)    # the prompt-token counters
     try:
         runner = runner_of(llm)
-        assert runner._gamma0_mode == "lazy"
+        assert runner.vspec_config.gamma0_mode == "lazy" and runner.gamma0_skip
         before = {n: counter(llm, n) for n in ("vllm:prompt_tokens",
                                                "vllm:prefix_cache_hits")}
         calls = ForwardCalls(runner)

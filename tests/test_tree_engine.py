@@ -224,18 +224,18 @@ def tree_engine(target_only):
 def planted_run(tree_engine, token_prompts, target_only):
     """One generation with OracleTrees as the tree drafter: (outputs, oracle)."""
     runner = runner_of(tree_engine)
-    engine_drafter = runner.tree_drafter
+    engine_drafter = runner.tree.drafter
     oracle = OracleTrees({tuple(p): out for p, out in zip(token_prompts, target_only)},
                          runner.input_batch.vocab_size)
-    runner.tree_drafter = oracle
+    runner.tree.drafter = oracle
     try:
         return generate(tree_engine, token_prompts), oracle
     finally:
-        runner.tree_drafter = engine_drafter
+        runner.tree.drafter = engine_drafter
 
 
 def test_the_engine_drafts_with_the_eagle_tree_drafter(tree_engine):
-    assert isinstance(runner_of(tree_engine).tree_drafter, EagleTreeDrafter)
+    assert isinstance(runner_of(tree_engine).tree.drafter, EagleTreeDrafter)
 
 
 def test_planted_trees_of_widths_1_to_4_and_gamma_1_to_4_are_exact(planted_run, target_only):
@@ -258,14 +258,14 @@ def eagle_tree_run(planted_run, tree_engine, token_prompts):
     """The engine's own EAGLE trees on the prompts the planted run already
     cached: (outputs, shapes drafted, prefix-cache hits during the run)."""
     runner = runner_of(tree_engine)
-    engine_drafter, runner.tree_drafter = runner.tree_drafter, RecordingTreeDrafter()
+    engine_drafter, runner.tree.drafter = runner.tree.drafter, RecordingTreeDrafter()
     hits = counter(tree_engine, "vllm:prefix_cache_hits")
     try:
         got = generate(tree_engine, token_prompts)
-        return got, runner.tree_drafter.shapes, counter(
+        return got, runner.tree.drafter.shapes, counter(
             tree_engine, "vllm:prefix_cache_hits") - hits
     finally:
-        runner.tree_drafter = engine_drafter
+        runner.tree.drafter = engine_drafter
 
 
 def test_eagle_trees_with_width_and_gamma_changing_every_step_are_exact(eagle_tree_run,
@@ -287,15 +287,15 @@ def test_a_sampled_request_keeps_its_batch_linear_and_greedy_exact(
     from vllm import SamplingParams, TokensPrompt
 
     runner = runner_of(tree_engine)
-    engine_drafter, runner.tree_drafter = runner.tree_drafter, RecordingTreeDrafter()
+    engine_drafter, runner.tree.drafter = runner.tree.drafter, RecordingTreeDrafter()
     greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS // 2, ignore_eos=True)
     sampled = SamplingParams(temperature=0.8, seed=0, max_tokens=MAX_TOKENS // 2, ignore_eos=True)
     prompts = [TokensPrompt(prompt_token_ids=p) for p in token_prompts[:3]]
     try:
         outs = tree_engine.generate(prompts, [greedy, sampled, greedy], use_tqdm=False)
-        shapes = runner.tree_drafter.shapes
+        shapes = runner.tree.drafter.shapes
     finally:
-        runner.tree_drafter = engine_drafter
+        runner.tree.drafter = engine_drafter
     got = [list(outs[i].outputs[0].token_ids) for i in (0, 2)]
     want = [target_only[i][:MAX_TOKENS // 2] for i in (0, 2)]
     assert_same_tokens(got, want, "greedy requests beside a sampled one")
@@ -363,15 +363,15 @@ def lossy_run(tree_engine, token_prompts, keys: dict, monkeypatch):
     assert not sampler.rule.lossless
     spy = RelaxedNodes(tree_verify.sample_tree)
     monkeypatch.setattr(tree_verify, "sample_tree", spy)
-    engine_drafter, runner.tree_drafter = runner.tree_drafter, RecordingTreeDrafter()
+    engine_drafter, runner.tree.drafter = runner.tree.drafter, RecordingTreeDrafter()
     params = SamplingParams(temperature=0.0, max_tokens=LOSSY_TOKENS, ignore_eos=True)
     try:
         outs = tree_engine.generate(
             [TokensPrompt(prompt_token_ids=p) for p in token_prompts[:LOSSY_PROMPTS]], params,
             use_tqdm=False)
-        shapes = runner.tree_drafter.shapes
+        shapes = runner.tree.drafter.shapes
     finally:
-        sampler.rule, runner.tree_drafter = strict_rule, engine_drafter
+        sampler.rule, runner.tree.drafter = strict_rule, engine_drafter
         monkeypatch.undo()
     return [list(o.outputs[0].token_ids) for o in outs], spy, shapes
 

@@ -1,6 +1,6 @@
 """The runner's tree step (hosts/vllm/tree/verify.py), no engine: its
-inputs (`_tree_step`), its sampling (`sample_tree`) and the drafter's inputs
-after it (`_accepted_paths_first`), on hand-built runner state.
+inputs (`tree_step`), its sampling (`sample_tree`) and the drafter's inputs
+after it (`accepted_paths_first`), on hand-built runner state.
 
 Sampling: one step mixes what an engine batch can hold: a width-2 tree, a request
 without drafts (a new request's prefill: the host sampler's token) and a
@@ -164,13 +164,13 @@ def test_a_lossy_rule_on_trees_is_strict_within_its_strict_prefix_counted_per_de
 
 
 def test_after_a_tree_step_the_drafter_sees_each_accepted_path_as_a_linear_verify():
-    """TreeVerifyMixin._accepted_paths_first on a runner's buffers: a tree
+    """accepted_paths_first on a runner's buffers: a tree
     request's rows are reordered path first (node j of the path at row j),
     at positions seq_len + j; a chain and a request without drafts keep
     their rows and positions."""
     import numpy as np
 
-    from vllm_vspec.hosts.vllm.tree.verify import TreeVerifyMixin
+    from vllm_vspec.hosts.vllm.tree.verify import accepted_paths_first
 
     tree0 = ([5, 1, 2, 3, 4], [tree.NO_NODE, 0, 0, 1, 2])        # rows 0-4, seq_len 10
     chain2 = ([7, 3, 3, 1], [tree.NO_NODE, 0, 1, 2])              # rows 6-9, seq_len 20
@@ -184,7 +184,7 @@ def test_after_a_tree_step_the_drafter_sees_each_accepted_path_as_a_linear_verif
         input_batch=SimpleNamespace(num_reqs=3), device=torch.device("cpu"),
         input_ids=SimpleNamespace(gpu=input_ids.clone()), positions=tree_positions.clone())
     hidden = torch.arange(10.0).unsqueeze(1).expand(10, 3)
-    got = TreeVerifyMixin._accepted_paths_first(runner, metadata, hidden)
+    got = accepted_paths_first(runner, metadata, hidden)
     order = [0, 2, 4, 1, 3, 5, 6, 7, 8, 9]
     assert runner.input_ids.gpu.tolist() == input_ids[order].tolist()
     assert torch.equal(got, hidden[order])
@@ -192,7 +192,7 @@ def test_after_a_tree_step_the_drafter_sees_each_accepted_path_as_a_linear_verif
 
 
 def fake_runner(num_computed: list[int], query_lens: list[int], input_ids: list[int]):
-    """The runner state TreeVerifyMixin._tree_step reads, after the host's
+    """The runner state tree_step reads, after the host's
     _prepare_inputs: linear positions and the slot mapping of a one-group
     cache whose slot is 100 * row + position."""
     import numpy as np
@@ -229,13 +229,12 @@ def test_a_tree_step_places_nodes_at_their_depth_and_masks_only_real_trees():
     """Request r0 has a pending width-2 tree, r1 a linear draft (a chain), r2
     no drafts: r0's rows move to positions seq_len + depth, its mask goes to
     the builder, and the metadata pads r1's chain with NO_TOKEN nodes."""
-    from vllm_vspec.hosts.vllm.tree.verify import TreeVerifyMixin
+    from vllm_vspec.hosts.vllm.tree.verify import tree_step
 
     runner, builder = fake_runner([10, 20, 30], [5, 3, 1], [5, 1, 2, 3, 4, 7, 8, 9, 6])
     pending = {"r0": (torch.tensor([5, 1, 2, 3, 4]), torch.tensor([tree.NO_NODE, 0, 0, 1, 2]))}
     scheduled = SimpleNamespace(scheduled_spec_decode_tokens={"r0": [1, 2, 3, 4], "r1": [8, 9]})
-    got = TreeVerifyMixin._tree_step(runner, scheduled, [5, 3, 1], host_metadata([4, 2, 0]),
-                                     pending)
+    got = tree_step(runner, scheduled, [5, 3, 1], host_metadata([4, 2, 0]), pending)
     assert runner.positions.tolist() == [10, 11, 11, 12, 12, 20, 21, 22, 30]
     assert builder._tree.rows == (0,)
     assert torch.equal(builder._tree.masks[0], tree.tree_mask(pending["r0"][1].unsqueeze(0))[0])
@@ -248,13 +247,13 @@ def test_a_tree_step_places_nodes_at_their_depth_and_masks_only_real_trees():
 
 
 def test_scheduled_drafts_that_are_not_the_proposed_tree_stop_the_step():
-    from vllm_vspec.hosts.vllm.tree.verify import TreeVerifyMixin
+    from vllm_vspec.hosts.vllm.tree.verify import tree_step
 
     runner, _ = fake_runner([10], [3], [5, 1, 9])
     pending = {"r0": (torch.tensor([5, 1, 2]), torch.tensor([tree.NO_NODE, 0, 0]))}
     scheduled = SimpleNamespace(scheduled_spec_decode_tokens={"r0": [1, 9]})
     with pytest.raises(RuntimeError, match="not the tree proposed"):
-        TreeVerifyMixin._tree_step(runner, scheduled, [3], host_metadata([2]), pending)
+        tree_step(runner, scheduled, [3], host_metadata([2]), pending)
 
 
 def test_the_commit_moves_each_accepted_path_to_contiguous_slots_in_target_layers_only():
@@ -262,7 +261,7 @@ def test_the_commit_moves_each_accepted_path_to_contiguous_slots_in_target_layer
     12 -> 11 and 14 -> 12 in every target layer (tree_commit's pairs,
     move_slots); the chain moves nothing; the drafter's layer is left."""
     from vllm_vspec.hosts.vllm.tree.attention import read_paged_kv
-    from vllm_vspec.hosts.vllm.tree.verify import TreeVerifyMixin
+    from vllm_vspec.hosts.vllm.tree.verify import commit_trees, target_attention_layers
 
     tree0 = ([5, 1, 2, 3, 4], [tree.NO_NODE, 0, 0, 1, 2])
     chain1 = ([7, 3, 3, 1], [tree.NO_NODE, 0, 1, 2])
@@ -279,8 +278,7 @@ def test_the_commit_moves_each_accepted_path_to_contiguous_slots_in_target_layer
         compilation_config=SimpleNamespace(static_forward_context={
             name: SimpleNamespace(kv_cache=c) for name, c in caches.items()}),
         drafter=SimpleNamespace(_draft_attn_layer_names={"d0"}))
-    runner._target_attention_layers = TreeVerifyMixin._target_attention_layers.func(runner)
-    TreeVerifyMixin._commit_trees(runner, metadata)
+    commit_trees(runner, metadata, target_attention_layers(runner))
     moved = list(range(64))
     moved[11], moved[12] = 12, 14
     for name in ("t0", "t1"):

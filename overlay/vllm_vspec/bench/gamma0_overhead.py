@@ -8,7 +8,8 @@ Three engines, each in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0, so
 no second process shares the cores), float32, greedy, `ignore_eos`:
 - `target`: target-only, stock vLLM;
 - `spec-path`: a draft-model vspec engine, `fixed` policy at gamma 0, on a
-  worker whose runner lacks PlainSamplingMixin: every step goes through
+  worker whose runner has no plain-sampling part (`samples_plain` False,
+  hosts/vllm/model_runner.py): every step goes through
   vLLM's speculative input path and rejection sampler with zero drafts (the
   runner before issue 17);
 - `plain-path`: the same engine on vspec's own worker: steps without drafts
@@ -33,11 +34,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vllm.v1.worker.cpu_model_runner import CPUModelRunner
-from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-
 from vllm_vspec.tools import engine_runs
-from vllm_vspec.hosts.vllm.model_runner import VSpecRunnerMixin
+from vllm_vspec.hosts.vllm.model_runner import VSpecCPUModelRunner, VSpecGPUModelRunner
 from vllm_vspec.hosts.vllm.worker import (CPU_WORKER_CLS, GPU_WORKER_CLS, VSpecCPUWorker,
                                              VSpecGPUWorker)
 from vllm_vspec.tools.profile_collect import int_list  # the same flag parsing as `profile`
@@ -48,12 +46,16 @@ ENGINES = ("target", "spec-path", "plain-path")
 MODULE = "vllm_vspec.bench.gamma0_overhead"
 
 
-class SpeculativePathCPUModelRunner(VSpecRunnerMixin, CPUModelRunner):
-    """vspec's CPU runner without PlainSamplingMixin (the baseline)."""
+class SpeculativePathCPUModelRunner(VSpecCPUModelRunner):
+    """vspec's CPU runner without plain sampling (the baseline)."""
+
+    samples_plain = False
 
 
-class SpeculativePathGPUModelRunner(VSpecRunnerMixin, GPUModelRunner):
-    """vspec's GPU runner without PlainSamplingMixin (the baseline)."""
+class SpeculativePathGPUModelRunner(VSpecGPUModelRunner):
+    """vspec's GPU runner without plain sampling (the baseline)."""
+
+    samples_plain = False
 
 
 class SpeculativePathCPUWorker(VSpecCPUWorker):

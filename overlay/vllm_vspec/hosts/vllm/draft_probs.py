@@ -9,10 +9,10 @@ side:
 - `ScoredDraftTokenIds`: vLLM's DraftTokenIds with `draft_probs`
   (per request, one float per drafted token, in the same order): what the
   runner hands the scheduler. Stock code reads it as a DraftTokenIds.
-- `DraftProbsRunnerMixin` (model runners): attaches the drafter's
-  probabilities to the drafts `take_draft_token_ids` returns, cut to each
-  request's draft length (an entropy stop may have cut a draft; tree
-  drafts are not scored: the budget policy refuses trees).
+- `ScoredDrafts` (the model runner's last `handover` part, model_runner.py):
+  attaches the drafter's probabilities to the drafts `take_draft_token_ids`
+  returns, cut to each request's draft length (the entropy cut runs before
+  it; tree drafts are not scored: the budget policy refuses trees).
 """
 
 from __future__ import annotations
@@ -29,17 +29,17 @@ class ScoredDraftTokenIds(DraftTokenIds):
     draft_probs: list[list[float]] = field(default_factory=list)
 
 
-class DraftProbsRunnerMixin:
-    """Model runner side: the drafts handed to the scheduler carry their
-    probabilities when the drafter records them."""
+class ScoredDrafts:
+    """Model runner part: the drafts handed to the scheduler carry the
+    probabilities the drafter recorded (its `draft_probs` observer)."""
 
-    # extends GPUModelRunner.take_draft_token_ids (after vspec's own cuts).
-    def take_draft_token_ids(self) -> DraftTokenIds | None:
-        out = super().take_draft_token_ids()
-        recorder = getattr(getattr(self, "drafter", None), "draft_probs", None)
-        if recorder is None:
-            return out
-        probs = recorder.take()
+    def __init__(self, recorder) -> None:
+        self.recorder = recorder
+
+    def handover(self, out: DraftTokenIds | None) -> DraftTokenIds | None:
+        """`out` with each drafted token's probability; the recorder's
+        step is taken every call, so none outlives its step."""
+        probs = self.recorder.take()
         if out is None or probs is None or type(out) is not DraftTokenIds:
             return out
         rows = probs.cpu().tolist()
@@ -48,4 +48,4 @@ class DraftProbsRunnerMixin:
             [row[:len(d)] for row, d in zip(rows, out.draft_token_ids)])
 
 
-__all__ = ["ScoredDraftTokenIds", "DraftProbsRunnerMixin"]
+__all__ = ["ScoredDraftTokenIds", "ScoredDrafts"]

@@ -1,14 +1,14 @@
 """The EAGLE tree drafter in the runner's tree steps (docs/eagle-tree.md 4.4).
 
-`EagleTreeDrafter` is a `tree_verify.TreeDrafter` (the runner's
-`tree_drafter`) over the engine's own EAGLE proposer's tree drafting (its
-`tree`, tree/proposer.TreeDrafting): for a tree step it runs the rest of
-the runner's `propose_draft_token_ids` chain (vspec's runner mixins, then
-the host, which prepares the drafter's inputs from the verify forward:
-after a tree step, the accepted path's rows, tree/verify.py) with the
-proposer's next `propose` turned into `propose_tree`. The scheduler chooses the step's (gamma, width)
-(VSpecScheduler, `vspec_tree_width`). Its own module: tree_verify imports
-the proposers.
+`EagleTreeDrafter` is a `tree/verify.TreeDrafter` (the runner's `tree` part's
+`drafter`) over the engine's own EAGLE proposer's tree drafting (its
+`tree`, tree/proposer.TreeDrafting): for a tree step it runs the runner's
+linear drafting (`propose_linear`: vspec's gamma-0 handling, then the host,
+which prepares the drafter's inputs from the verify forward: after a tree
+step, the accepted path's rows, tree/verify.py) with the proposer's next
+`propose` turned into `propose_tree`. The scheduler chooses the step's
+(gamma, width) (VSpecScheduler, `vspec_tree_width`). Its own module: it
+imports the proposers' tree drafting, which tree/verify.py does not need.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from typing import Any
 
 from vllm_vspec.kernels import tree
 from vllm_vspec.hosts.vllm.tree.proposer import check_tree_drafting
-from vllm_vspec.hosts.vllm.tree.verify import TreeVerifyMixin
 
 
 class EagleTreeDrafter:
@@ -32,7 +31,7 @@ class EagleTreeDrafter:
         drafter = runner.drafter.tree
         drafter.propose_next_as_tree(width)
         try:
-            super(TreeVerifyMixin, runner).propose_draft_token_ids(**propose_args)
+            runner.propose_linear(**propose_args)
         finally:
             drafted = drafter.take_tree()
         return drafted

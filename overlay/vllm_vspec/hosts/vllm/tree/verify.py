@@ -5,15 +5,16 @@ A tree drafter (`TreeDrafter`: the EAGLE tree drafter, or a test double)
 returns, per request, a tree whose depth-major layout (tree.py) flattens into
 the host's ordinary draft list: node i > 0 is list entry i - 1. The host
 schedules that list like any draft, so the runner only changes what a draft
-list *means*:
+list *means*. `TreeVerify` is that change, a part the runner holds (`tree`)
+and calls from the host methods it extends (model_runner.py):
 
 - hand over: a tree step's drafts reach the scheduler as TreeDraftTokenIds,
   which say the width the runner drafted them with (the scheduler reports
   the verified trees' depths from it).
-- propose: `TreeVerifyMixin.propose_draft_token_ids` asks the tree drafter
-  (when one is set) for the step's (gamma, width), which the scheduler chose
-  width 1 where the batch rules a tree out (`request_allows_tree`), and keeps
-  each request's parents until its verify.
+- propose (`propose_draft_token_ids`): asks the tree drafter for the
+  step's (gamma, width), which the scheduler chose width 1 where the batch
+  rules a tree out (`request_allows_tree`), and keeps each request's
+  parents until its verify.
 - verify inputs (`_prepare_inputs`): node i keeps the slot of position
   seq_len + i (host code) but is placed at RoPE position seq_len + depth(i);
   the tree attention builders get each tree's mask (tree/attention.py).
@@ -42,7 +43,6 @@ scheduling, M-RoPE).
 from __future__ import annotations
 
 import dataclasses
-import functools
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -121,204 +121,218 @@ def request_allows_tree(params, num_output_tokens: int) -> bool:
             and num_output_tokens >= params.min_tokens)
 
 
-class TreeVerifyMixin:
-    """Draft trees in a V1 model runner. Inert until `tree_drafter` is set:
-    every override then defers to the host."""
+# The host's propose_draft_token_ids arguments, in its order (TreeDrafter.propose_tree).
+PROPOSE_ARGS = ("scheduler_output", "sampled_token_ids", "sampling_metadata", "hidden_states",
+                "sample_hidden_states", "aux_hidden_states", "spec_decode_metadata",
+                "common_attn_metadata", "slot_mappings")
 
-    # extends GPUModelRunner.__init__: no tree drafter, no pending trees.
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.tree_drafter: TreeDrafter | None = None
+
+class TreeVerify:
+    """Draft trees in vspec's V1 model runner: its `tree` part when the
+    engine drafts trees (tree_width > 1, CPU host). Each method says the
+    runner method that calls it (model_runner.py states their order)."""
+
+    def __init__(self, drafter: TreeDrafter) -> None:
+        self.drafter = drafter
         # req_id -> (tokens [N], parents [N]) of the trees handed to the scheduler.
-        self._pending_trees: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._drafted_width = 1     # the width of the last proposal (1: linear)
+        self.pending: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.width = 1     # the width of the last proposal (1: linear)
+        self._target_layers: set[str] | None = None
 
-    # extends GPUModelRunner.propose_draft_token_ids: a tree step's draft
-    # list is each request's tree, flattened (node i > 0 is entry i - 1).
-    def propose_draft_token_ids(self, scheduler_output, sampled_token_ids, sampling_metadata,
-                                hidden_states, sample_hidden_states, aux_hidden_states,
-                                spec_decode_metadata, common_attn_metadata, *args, **kwargs):
-        if isinstance(spec_decode_metadata, TreeSpecDecodeMetadata):
-            hidden_states = self._accepted_paths_first(spec_decode_metadata, hidden_states)
-        host_args = (scheduler_output, sampled_token_ids, sampling_metadata, hidden_states,
-                     sample_hidden_states, aux_hidden_states, spec_decode_metadata,
-                     common_attn_metadata, *args)
-        self._pending_trees, self._drafted_width = {}, 1
+    def drafter_hidden_states(self, runner: Any, metadata: Any,
+                              hidden_states: torch.Tensor) -> torch.Tensor:
+        """propose_draft_token_ids, first: after a tree step the drafter
+        reads the verify forward as if it had been linear (accepted_paths_first)."""
+        if isinstance(metadata, TreeSpecDecodeMetadata):
+            return accepted_paths_first(runner, metadata, hidden_states)
+        return hidden_states
+
+    def propose(self, runner: Any, host_args: tuple, kwargs: dict) -> torch.Tensor | None:
+        """propose_draft_token_ids, then: a tree step's draft list, each
+        request's tree flattened (node i > 0 is entry i - 1), or None to
+        draft linearly. `host_args` are the host method's arguments, in its
+        order, with the hidden states drafter_hidden_states gave."""
+        self.pending, self.width = {}, 1
+        scheduler_output = host_args[0]
         gamma = scheduler_output.num_spec_tokens_to_schedule
+        if not gamma:
+            return None
         # VSpecScheduler's arm for the step (1 from any other scheduler).
         width = getattr(scheduler_output, "vspec_tree_width", 1)
-        req_ids = self.input_batch.req_ids[:self.input_batch.num_reqs]
-        if self.tree_drafter is None or not gamma:
-            return super().propose_draft_token_ids(*host_args, **kwargs)
-        names = ("scheduler_output", "sampled_token_ids", "sampling_metadata", "hidden_states",
-                 "sample_hidden_states", "aux_hidden_states", "spec_decode_metadata",
-                 "common_attn_metadata", "slot_mappings")
-        drafted = self.tree_drafter.propose_tree(
-            self, gamma, width, **dict(zip(names, host_args)), **kwargs)
+        req_ids = runner.input_batch.req_ids[:runner.input_batch.num_reqs]
+        drafted = self.drafter.propose_tree(
+            runner, gamma, width, **dict(zip(PROPOSE_ARGS, host_args)), **kwargs)
         if drafted is None:
-            return super().propose_draft_token_ids(*host_args, **kwargs)
-        k = self.speculative_config.num_speculative_tokens
+            return None
+        k = runner.speculative_config.num_speculative_tokens
         if drafted.num_nodes - 1 > k or drafted.tokens.shape[0] != len(req_ids):
             raise ValueError(
                 f"tree drafter: a (gamma={drafted.gamma}, width={drafted.width}) tree for "
                 f"{drafted.tokens.shape[0]} rows; allowed: gamma * width <= "
                 f"num_speculative_tokens={k}, one tree per batch row ({len(req_ids)})")
         tokens, parents = drafted.tokens.cpu(), drafted.parents.cpu()
-        self._pending_trees = {r: (tokens[i], parents[i]) for i, r in enumerate(req_ids)}
-        self._drafted_width = drafted.width
+        self.pending = {r: (tokens[i], parents[i]) for i, r in enumerate(req_ids)}
+        self.width = drafted.width
         # A tensor, as the host drafters return (copied to its [B, K] host buffer).
-        return tokens[:, 1:].to(self.device)
+        return tokens[:, 1:].to(runner.device)
 
-    # extends GPUModelRunner.take_draft_token_ids: a tree step's drafts say
-    # the width they were drafted with.
-    def take_draft_token_ids(self) -> DraftTokenIds | None:
-        out = super().take_draft_token_ids()
-        if out is None or self._drafted_width == 1:
+    def handover(self, out: DraftTokenIds | None) -> DraftTokenIds | None:
+        """take_draft_token_ids: a tree step's drafts say the width they
+        were drafted with."""
+        if out is None or self.width == 1:
             return out
-        return TreeDraftTokenIds(out.req_ids, out.draft_token_ids, self._drafted_width)
+        return TreeDraftTokenIds(out.req_ids, out.draft_token_ids, self.width)
 
-    def _accepted_paths_first(self, metadata: TreeSpecDecodeMetadata,
-                              hidden_states: torch.Tensor) -> torch.Tensor:
-        """After a tree step, hand the drafter the verify forward as if it had
-        been linear: each tree request's rows reordered to its accepted path
-        first (path node j at row j, the rest after it), at the linear
-        positions seq_len + j. The path's KV now sits at the slots of those
-        positions (the commit moved it), and the slot mapping already reads
-        row j -> slot of seq_len + j, so the host's first draft pass writes
-        the drafter's KV where the path is and samples from row L - 1, the
-        last accepted node (the host's padded first pass picks row
-        num_draft - rejected). Rows past the path are scratch, as rejected
-        rows are on the linear path. Returns the reordered hidden states;
-        input ids and positions are rewritten in the runner's buffers (the
-        target forward that read them is done)."""
-        total = int(self.query_start_loc.np[self.input_batch.num_reqs])
-        order = torch.arange(total)
-        starts = self.query_start_loc.np
-        acceptance = metadata.acceptance
-        for k, row in enumerate(metadata.rows):
-            n = int((metadata.tokens[k] != NO_TOKEN).sum())
-            length = int(acceptance.length[k])
-            path = acceptance.path[k, :length]
-            rest = torch.ones(n, dtype=torch.bool)
-            rest[path] = False
-            start = int(starts[row])
-            order[start:start + n] = start + torch.cat([path, torch.nonzero(rest).flatten()])
-            self.positions[start:start + n] = metadata.seq_lens[k] + torch.arange(n)
-        self.input_ids.gpu[:total] = self.input_ids.gpu[:total][order.to(self.device)]
-        reordered = hidden_states.clone()
-        reordered[:total] = hidden_states[:total][order.to(hidden_states.device)]
-        return reordered
-
-    # extends GPUModelRunner._prepare_inputs: on a step with trees, tree
-    # positions, the tree attention masks and TreeSpecDecodeMetadata.
-    def _prepare_inputs(self, scheduler_output, num_scheduled_tokens):
-        logits_indices, metadata, max_num_sampled = super()._prepare_inputs(
-            scheduler_output, num_scheduled_tokens)
-        trees, self._pending_trees = self._pending_trees, {}
+    def verify_inputs(self, runner: Any, scheduler_output: Any, num_scheduled_tokens: Any,
+                      metadata: Any) -> Any:
+        """_prepare_inputs: on a step that verifies trees, tree positions,
+        the tree attention masks and TreeSpecDecodeMetadata (tree_step);
+        else the host's metadata."""
+        trees, self.pending = self.pending, {}
         if metadata is None or not trees or not any(
                 r in trees for r in scheduler_output.scheduled_spec_decode_tokens):
-            return logits_indices, metadata, max_num_sampled
-        return logits_indices, self._tree_step(scheduler_output, num_scheduled_tokens,
-                                               metadata, trees), max_num_sampled
+            return metadata
+        return tree_step(runner, scheduler_output, num_scheduled_tokens, metadata, trees)
 
-    def _tree_step(self, scheduler_output, num_scheduled_tokens, metadata,
-                   trees: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> TreeSpecDecodeMetadata:
-        batch = self.input_batch
-        drafts = scheduler_output.scheduled_spec_decode_tokens
-        rows = sorted(batch.req_id_to_index[r] for r in drafts if drafts[r])
-        starts = self.query_start_loc.np
-        computed = batch.num_computed_tokens_cpu
-        per_row = []
-        for row in rows:
-            req_id = batch.req_ids[row]
-            draft = drafts[req_id]
-            n = 1 + len(draft)
-            if num_scheduled_tokens[row] != n:
-                raise RuntimeError(f"tree verify: request {req_id} has {len(draft)} drafts "
-                                   f"but {num_scheduled_tokens[row]} scheduled tokens")
-            root = int(self.input_ids.cpu[starts[row]])
-            if req_id in trees:
-                # The scheduler may cut the list (token budget, max_model_len):
-                # a prefix of the depth-major layout is still a topological tree.
-                tokens, parents = trees[req_id][0][:n], trees[req_id][1][:n]
-                if tokens[1:].tolist() != list(draft):
-                    raise RuntimeError(f"tree verify: request {req_id} was scheduled drafts "
-                                       "that are not the tree proposed for it")
-            else:
-                tokens = torch.tensor([root, *draft])
-                parents = torch.arange(-1, n - 1)
-            per_row.append((row, tokens, parents))
-        width = max(len(t) for _, t, _ in per_row)
-        tokens = torch.full((len(rows), width), NO_TOKEN, dtype=torch.int64)
-        parents = torch.zeros((len(rows), width), dtype=torch.int64)
-        masks, tree_rows = [], []
-        for k, (row, t, p) in enumerate(per_row):
-            n = len(t)
-            tokens[k, :n], parents[k, :n] = t, p
-            if torch.equal(p, torch.arange(-1, n - 1)):
-                continue  # a chain: host positions and causal attention are already right
-            depth = tree.tree_mask(p.unsqueeze(0))[0].sum(-1) - 1
-            self.positions[starts[row]:starts[row] + n] = int(computed[row]) + depth
-            tree_rows.append(row)
-            masks.append(p)
-        if tree_rows:
-            queries = TreeQueries.for_verify(tree_rows, masks)
-            builders = tree_builders(self.attn_groups)
-            if not builders:
-                raise NotImplementedError("vspec draft trees: this host's attention backend "
-                                          "has no tree masks (CPU_ATTN only)")
-            for builder in builders:
-                builder.set_tree(queries)
-        query_rows = torch.tensor([starts[row] for row in rows]).unsqueeze(1) + torch.arange(width)
-        valid = tokens != NO_TOKEN
-        slots = tuple(torch.where(valid, table.slot_mapping.cpu[query_rows.clamp(
-            max=int(starts[batch.num_reqs]) - 1)].long(), -1)
-            for table in batch.block_table.block_tables)
-        return TreeSpecDecodeMetadata(
-            **{f.name: getattr(metadata, f.name) for f in dataclasses.fields(SpecDecodeMetadata)},
-            rows=tuple(rows), tokens=tokens, parents=parents,
-            seq_lens=torch.tensor([int(computed[row]) for row in rows]), slots=slots)
-
-    # extends GPUModelRunner._sample: a tree step is sampled by sample_tree
-    # (with the rejection sampler's rule) and committed (KV moves) before
-    # anything reads the cache again.
-    def _sample(self, logits, spec_decode_metadata):
-        if not isinstance(spec_decode_metadata, TreeSpecDecodeMetadata):
-            return super()._sample(logits, spec_decode_metadata)
+    def sample(self, runner: Any, logits: torch.Tensor,
+               metadata: TreeSpecDecodeMetadata) -> Any:
+        """_sample, for a tree step: sample_tree (with the rejection
+        sampler's rule), then the commit (KV moves) before anything reads
+        the cache again."""
         # vspec's runner always has a VSpecRejectionSampler; any other host
         # sampler verifies strictly.
-        rule = getattr(self.rejection_sampler, "rule", None)
+        rule = getattr(runner.rejection_sampler, "rule", None)
         generated = None if rule is None or rule.lossless else tokens_generated(
-            self.input_batch, spec_decode_metadata.rows)
-        output = sample_tree(self.sampler, logits, spec_decode_metadata,
-                             self.input_batch.sampling_metadata, rule, generated)
-        self._commit_trees(spec_decode_metadata)
+            runner.input_batch, metadata.rows)
+        output = sample_tree(runner.sampler, logits, metadata,
+                             runner.input_batch.sampling_metadata, rule, generated)
+        if self._target_layers is None:   # the KV cache exists by the first tree step
+            self._target_layers = target_attention_layers(runner)
+        commit_trees(runner, metadata, self._target_layers)
         return output
 
-    def _commit_trees(self, metadata: TreeSpecDecodeMetadata) -> None:
-        acceptance = metadata.acceptance
-        target_layers = self._target_attention_layers
-        context = self.compilation_config.static_forward_context
-        for group, slots in zip(self.kv_cache_config.kv_cache_groups, metadata.slots):
-            target = torch.full_like(metadata.tokens, NO_TOKEN, dtype=torch.int32)
-            _, _, src, dst = ops.load().tree_commit(*tree.tree_commit_args(
-                acceptance, target, slots.flatten(), metadata.seq_lens))
-            moves = src >= 0
-            if not moves.any():
-                continue
-            src, dst = src[moves], dst[moves]
-            for name in group.layer_names:
-                if name in target_layers:
-                    move_slots(context[name].kv_cache, src, dst)
 
-    @functools.cached_property
-    def _target_attention_layers(self) -> set[str]:
-        """The target's attention layers (the drafter's KV at tree nodes is
-        the drafter's business: it rewrites the accepted positions). Read at
-        the first tree step, after the KV cache exists; fixed from then on."""
-        drafter_layers = getattr(getattr(self, "drafter", None), "_draft_attn_layer_names", ())
-        return {name for group in self.kv_cache_config.kv_cache_groups
-                for name in group.layer_names} - set(drafter_layers)
+def accepted_paths_first(runner: Any, metadata: TreeSpecDecodeMetadata,
+                         hidden_states: torch.Tensor) -> torch.Tensor:
+    """After a tree step, hand the drafter the verify forward as if it had
+    been linear: each tree request's rows reordered to its accepted path
+    first (path node j at row j, the rest after it), at the linear
+    positions seq_len + j. The path's KV now sits at the slots of those
+    positions (the commit moved it), and the slot mapping already reads
+    row j -> slot of seq_len + j, so the host's first draft pass writes
+    the drafter's KV where the path is and samples from row L - 1, the
+    last accepted node (the host's padded first pass picks row
+    num_draft - rejected). Rows past the path are scratch, as rejected
+    rows are on the linear path. Returns the reordered hidden states;
+    input ids and positions are rewritten in the runner's buffers (the
+    target forward that read them is done)."""
+    total = int(runner.query_start_loc.np[runner.input_batch.num_reqs])
+    order = torch.arange(total)
+    starts = runner.query_start_loc.np
+    acceptance = metadata.acceptance
+    for k, row in enumerate(metadata.rows):
+        n = int((metadata.tokens[k] != NO_TOKEN).sum())
+        length = int(acceptance.length[k])
+        path = acceptance.path[k, :length]
+        rest = torch.ones(n, dtype=torch.bool)
+        rest[path] = False
+        start = int(starts[row])
+        order[start:start + n] = start + torch.cat([path, torch.nonzero(rest).flatten()])
+        runner.positions[start:start + n] = metadata.seq_lens[k] + torch.arange(n)
+    runner.input_ids.gpu[:total] = runner.input_ids.gpu[:total][order.to(runner.device)]
+    reordered = hidden_states.clone()
+    reordered[:total] = hidden_states[:total][order.to(hidden_states.device)]
+    return reordered
+
+
+def tree_step(runner: Any, scheduler_output: Any, num_scheduled_tokens: Any, metadata: Any,
+              trees: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> TreeSpecDecodeMetadata:
+    """The verify inputs of a step with trees (after the host's
+    _prepare_inputs): each tree's nodes at RoPE position seq_len + depth,
+    its mask for the tree attention builders, the step's trees as
+    TreeSpecDecodeMetadata (a linear draft is a chain)."""
+    batch = runner.input_batch
+    drafts = scheduler_output.scheduled_spec_decode_tokens
+    rows = sorted(batch.req_id_to_index[r] for r in drafts if drafts[r])
+    starts = runner.query_start_loc.np
+    computed = batch.num_computed_tokens_cpu
+    per_row = []
+    for row in rows:
+        req_id = batch.req_ids[row]
+        draft = drafts[req_id]
+        n = 1 + len(draft)
+        if num_scheduled_tokens[row] != n:
+            raise RuntimeError(f"tree verify: request {req_id} has {len(draft)} drafts "
+                               f"but {num_scheduled_tokens[row]} scheduled tokens")
+        root = int(runner.input_ids.cpu[starts[row]])
+        if req_id in trees:
+            # The scheduler may cut the list (token budget, max_model_len):
+            # a prefix of the depth-major layout is still a topological tree.
+            tokens, parents = trees[req_id][0][:n], trees[req_id][1][:n]
+            if tokens[1:].tolist() != list(draft):
+                raise RuntimeError(f"tree verify: request {req_id} was scheduled drafts "
+                                   "that are not the tree proposed for it")
+        else:
+            tokens = torch.tensor([root, *draft])
+            parents = torch.arange(-1, n - 1)
+        per_row.append((row, tokens, parents))
+    width = max(len(t) for _, t, _ in per_row)
+    tokens = torch.full((len(rows), width), NO_TOKEN, dtype=torch.int64)
+    parents = torch.zeros((len(rows), width), dtype=torch.int64)
+    masks, tree_rows = [], []
+    for k, (row, t, p) in enumerate(per_row):
+        n = len(t)
+        tokens[k, :n], parents[k, :n] = t, p
+        if torch.equal(p, torch.arange(-1, n - 1)):
+            continue  # a chain: host positions and causal attention are already right
+        depth = tree.tree_mask(p.unsqueeze(0))[0].sum(-1) - 1
+        runner.positions[starts[row]:starts[row] + n] = int(computed[row]) + depth
+        tree_rows.append(row)
+        masks.append(p)
+    if tree_rows:
+        queries = TreeQueries.for_verify(tree_rows, masks)
+        builders = tree_builders(runner.attn_groups)
+        if not builders:
+            raise NotImplementedError("vspec draft trees: this host's attention backend "
+                                      "has no tree masks (CPU_ATTN only)")
+        for builder in builders:
+            builder.set_tree(queries)
+    query_rows = torch.tensor([starts[row] for row in rows]).unsqueeze(1) + torch.arange(width)
+    valid = tokens != NO_TOKEN
+    slots = tuple(torch.where(valid, table.slot_mapping.cpu[query_rows.clamp(
+        max=int(starts[batch.num_reqs]) - 1)].long(), -1)
+        for table in batch.block_table.block_tables)
+    return TreeSpecDecodeMetadata(
+        **{f.name: getattr(metadata, f.name) for f in dataclasses.fields(SpecDecodeMetadata)},
+        rows=tuple(rows), tokens=tokens, parents=parents,
+        seq_lens=torch.tensor([int(computed[row]) for row in rows]), slots=slots)
+
+
+def commit_trees(runner: Any, metadata: TreeSpecDecodeMetadata, target_layers: set[str]) -> None:
+    """Make each accepted path's KV contiguous in the `target_layers`
+    (vspec::tree_commit's moves, applied by move_slots)."""
+    acceptance = metadata.acceptance
+    context = runner.compilation_config.static_forward_context
+    for group, slots in zip(runner.kv_cache_config.kv_cache_groups, metadata.slots):
+        target = torch.full_like(metadata.tokens, NO_TOKEN, dtype=torch.int32)
+        _, _, src, dst = ops.load().tree_commit(*tree.tree_commit_args(
+            acceptance, target, slots.flatten(), metadata.seq_lens))
+        moves = src >= 0
+        if not moves.any():
+            continue
+        src, dst = src[moves], dst[moves]
+        for name in group.layer_names:
+            if name in target_layers:
+                move_slots(context[name].kv_cache, src, dst)
+
+
+def target_attention_layers(runner: Any) -> set[str]:
+    """The target's attention layers (the drafter's KV at tree nodes is
+    the drafter's business: it rewrites the accepted positions), once the
+    KV cache exists."""
+    drafter_layers = getattr(getattr(runner, "drafter", None), "_draft_attn_layer_names", ())
+    return {name for group in runner.kv_cache_config.kv_cache_groups
+            for name in group.layer_names} - set(drafter_layers)
 
 
 def sample_tree(sampler, logits: torch.Tensor, metadata: TreeSpecDecodeMetadata,
@@ -373,5 +387,6 @@ def sample_tree(sampler, logits: torch.Tensor, metadata: TreeSpecDecodeMetadata,
     return SamplerOutput(sampled_token_ids=out, logprobs_tensors=None)
 
 
-__all__ = ["TreeDraftTokenIds", "TreeDrafter", "TreeSpecDecodeMetadata", "TreeVerifyMixin",
-           "request_allows_tree", "sample_tree"]
+__all__ = ["PROPOSE_ARGS", "TreeDraftTokenIds", "TreeDrafter", "TreeSpecDecodeMetadata",
+           "TreeVerify", "accepted_paths_first", "commit_trees", "request_allows_tree",
+           "sample_tree", "target_attention_layers", "tree_step"]
