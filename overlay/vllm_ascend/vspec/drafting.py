@@ -112,6 +112,11 @@ class VSpecAscendProposer:
     # True: prepare_next_token_ids_padded commits with vspec's op
     # (commit_op.py; `vspec_ops` loaded by the subclass) instead of the host's.
     commits_with_vspec_op = False
+    # Set by __init__. vLLM-Ascend's own unit tests also build proposers with
+    # `__new__` and call load_model on them (0.30.0rc2 test_eagle_proposer.py
+    # test_load_model_retains_split_indexer_metadata_dependency): such a
+    # proposer has no drafter options, and load_model stays the host's.
+    drafting: AscendDrafting | None = None
 
     # Extends AscendSpecDecodeBaseProposer.__init__: the drafter options the
     # settings turn on (the host's runner names the batch's requests).
@@ -123,7 +128,8 @@ class VSpecAscendProposer:
     # exists only now (EAGLE: the target's, shared inside load_model).
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         super().load_model(*args, **kwargs)
-        self.drafting.loaded()
+        if self.drafting is not None:
+            self.drafting.loaded()
 
     # Extends AscendSpecDecodeBaseProposer.prepare_next_token_ids_padded (the
     # first drafter call of a step): the observers see the committed tokens;
