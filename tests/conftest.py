@@ -261,19 +261,23 @@ class PeerRun:
     run one thread at a time: 0.8 core-seconds a second measured, unit tests
     and engine modules alike), instead of after it."""
 
-    def __init__(self, command: list[str], timeout_s: float):
+    def __init__(self, command: list[str], timeout_s: float, env: dict[str, str] | None = None,
+                 cwd: Path | None = None):
+        """`env`: the environment to start from (this process's when None)."""
         import subprocess
         import tempfile
         import time
 
         # The inner pytest must not inherit this run's options (-k, -x, ...).
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+        env = {k: v for k, v in (os.environ if env is None else env).items()
+               if not k.startswith("PYTEST_")}
         self.command, self.deadline = command, time.monotonic() + timeout_s
         self.out, self.err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
         # Its own process group, so that a session ending early stops the
-        # suite's pytest processes too.
-        self.proc = subprocess.Popen(command, env=env, stdout=self.out, stderr=self.err,
-                                     start_new_session=True, preexec_fn=lambda: os.nice(10))
+        # suite's pytest processes too; nice(1), not a preexec_fn, which is
+        # unsafe in a process with threads (EarlyRun starts from one).
+        self.proc = subprocess.Popen(["nice", "-n", "10", *command], env=env, stdout=self.out,
+                                     stderr=self.err, cwd=cwd, start_new_session=True)
 
     def wait(self) -> tuple[int, str, str]:
         """(exit status, stdout, stderr); pytest.fail past the deadline."""
@@ -307,9 +311,17 @@ def _peer_command(item) -> list[str] | None:
     return None if mark is None else mark.kwargs.get("command")
 
 
+def _early_builder(node):
+    mark = node.get_closest_marker("early")
+    return None if mark is None else mark.kwargs["build"]
+
+
 def pytest_collection_modifyitems(config, items) -> None:
     # The peer suites' tests last: they only wait for what ran meanwhile.
-    items.sort(key=lambda item: _peer_command(item) is not None)
+    # Before them the tests marked `early`, whose servers and commands then
+    # have the rest of the session to start in.
+    items.sort(key=lambda item: (_peer_command(item) is not None,
+                                 _early_builder(item) is not None))
 
 
 def pytest_collection_finish(session) -> None:
@@ -319,6 +331,11 @@ def pytest_collection_finish(session) -> None:
         if (command := _peer_command(item)) is not None:
             timeout_s = item.get_closest_marker("peer").kwargs["timeout_s"]
             item.stash[PEER_RUN] = PeerRun(command, timeout_s)
+    builders = list(dict.fromkeys(b for item in session.items
+                                  if (b := _early_builder(item)) is not None))
+    if builders:
+        # The session's TempPathFactory, what the tmp_path_factory fixture returns.
+        session.config.stash[EARLY] = EarlyStarts(builders, session.config._tmp_path_factory)
 
 
 def pytest_sessionfinish(session) -> None:
@@ -326,9 +343,147 @@ def pytest_sessionfinish(session) -> None:
         run = item.stash.get(PEER_RUN, None)
         if run is not None:
             run.stop()
+    early = session.config.stash.get(EARLY, None)
+    if early is not None:
+        early.stop()
 
 
 @pytest.fixture
 def peer_run(request) -> tuple[int, str, str]:
     """The result of this test's peer suite (started at collection end)."""
     return request.node.stash[PEER_RUN].wait()
+
+
+# ------------------------------------------------------- early starts
+EARLY = pytest.StashKey["EarlyStarts"]()
+# The session's environment when collection ended: what starts early starts
+# with it, whatever a module running meanwhile sets (test_ngram_engine's
+# engines run with VLLM_ENABLE_V1_MULTIPROCESSING=1).
+_START_ENV: dict[str, str] = {}
+
+
+def early_server(argv: list[str], port: int, log_path: Path, *,
+                 env: dict[str, str] | None = None, startup_timeout_s: float = 600.0):
+    """A bench.server.Server for an `early` builder: this session's
+    environment at collection end plus `env`, at nice 10."""
+    from vllm_vspec.bench.server import Server
+
+    return Server(argv, port, log_path, startup_timeout_s=startup_timeout_s,
+                  env={**_START_ENV, **(env or {})}, nice=10)
+
+
+class EarlyRun:
+    """A command for an `early` builder, run to its end as a peer suite is
+    (PeerRun: its own process group, nice 10, a deadline) in this session's
+    environment at collection end: `returncode`, `stdout`, `stderr` and
+    `seconds` after. `outputs`: files it writes, for its test to read."""
+
+    def __init__(self, command: list[str], timeout_s: float, *, cwd: Path | None = None,
+                 outputs: dict[str, Path] | None = None):
+        self.command, self.timeout_s, self.cwd = command, timeout_s, cwd
+        self.outputs = outputs or {}
+        self.run: PeerRun | None = None
+
+    def __enter__(self) -> "EarlyRun":
+        import time
+
+        started = time.monotonic()
+        self.run = PeerRun(self.command, self.timeout_s, env=_START_ENV, cwd=self.cwd)
+        self.returncode, self.stdout, self.stderr = self.run.wait()
+        self.seconds = time.monotonic() - started
+        return self
+
+    def stop(self) -> None:
+        if self.run is not None:
+            self.run.stop()
+
+
+class EarlyStarts:
+    """What the tests marked `early(build=...)` wait for and that needs nothing
+    of the session: vLLM servers to be healthy (`early_server`), commands to
+    finish (`EarlyRun`), started when collection ends instead of in the
+    tests. `build(tmp_path)` returns one module's or test's such objects,
+    not yet started; one background thread builds and starts them in
+    session order, the objects of one builder side by side, each builder's
+    done before the next one's is built (so its free ports are chosen
+    then). A server spends most of its start-up compiling, profiling and
+    loading, at nice 10 on the CPU the session leaves idle (as the peer
+    suites do); the early tests run last, before the peer suites', and take
+    their objects, started, with `early(request)`. The session's end stops
+    every one still running, one still starting included."""
+
+    def __init__(self, builders: list, tmp_path_factory):
+        import threading
+
+        _START_ENV.update(os.environ)
+        self.tmp_path_factory = tmp_path_factory
+        self.done = {b: threading.Event() for b in builders}
+        self.started: dict = {b: [] for b in builders}
+        self.errors: dict = {}
+        self.stopping = False
+        self.thread = threading.Thread(target=self._start_all, args=(builders,),
+                                       name="early-starts", daemon=True)
+        self.thread.start()
+
+    def _start_all(self, builders: list) -> None:
+        import threading
+
+        for build in builders:
+            try:
+                if self.stopping:
+                    raise RuntimeError("the session ended before this was started")
+                module = build.__module__.rsplit(".", 1)[-1].removeprefix("test_")
+                self.started[build] = build(self.tmp_path_factory.mktemp(
+                    f"{module}-{build.__name__.strip('_')}"))
+                errors: list[BaseException] = []
+
+                def enter(obj) -> None:
+                    try:
+                        obj.__enter__()
+                    except BaseException as e:  # noqa: BLE001 - handed to the test
+                        errors.append(e)
+                threads = [threading.Thread(target=enter, args=(o,)) for o in self.started[build]]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+                if errors:
+                    raise errors[0]
+            except BaseException as e:  # noqa: BLE001 - handed to the test
+                self.errors[build] = e
+                for obj in self.started[build]:
+                    obj.stop()
+            finally:
+                self.done[build].set()
+
+    def get(self, build) -> list:
+        """`build`'s objects, started; raises what starting them raised."""
+        self.done[build].wait()
+        if build in self.errors:
+            raise self.errors[build]
+        return self.started[build]
+
+    def stop(self) -> None:
+        self.stopping = True
+        for build, done in self.done.items():
+            # One still starting: stop it until its start gives up (stop()
+            # finds no process before Popen has returned).
+            while not done.wait(0.5):
+                for obj in self.started[build]:
+                    obj.stop()
+            for obj in self.started[build]:
+                obj.stop()
+
+
+def early(request) -> list:
+    """The started objects of the requesting test's or module's `early(build=...)`
+    marker, in the order `build` returned them."""
+    build = _early_builder(request.node)
+    if build is None:
+        raise RuntimeError(f"{request.node.nodeid}: early() needs the marker "
+                           f"pytest.mark.early(build=...)")
+    starts = request.config.stash.get(EARLY, None)
+    if starts is None or build not in starts.done:
+        raise RuntimeError(f"{request.node.nodeid}: its early starts were not begun at "
+                           f"collection end (conftest.pytest_collection_finish)")
+    return starts.get(build)

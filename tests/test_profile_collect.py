@@ -4,12 +4,12 @@ samples it writes fit (vllm_vspec.core.latency) into a profile that loads back."
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from conftest import EarlyRun, early
 from vllm_vspec.core.latency import LatencyProfile, LinearLatency, fit_profile, load_profile, \
     profile_predict, save_profile, validate_samples
 from vllm_vspec.tools.profile_collect import EngineRun, Shape, decode_samples, engine_runs
@@ -66,10 +66,9 @@ def test_samples_of_every_kind_fit_back_to_the_profile_that_made_them(tmp_path):
         assert profile_predict(fitted, s) == pytest.approx(s["ms"], rel=1e-6), s
 
 
-@pytest.mark.engine
-def test_collection_on_the_bundled_models_writes_samples_and_a_loadable_profile(tmp_path):
+def _collection(tmp_path) -> list[EarlyRun]:
     samples, profile = tmp_path / "s.json", tmp_path / "p.json"
-    proc = subprocess.run(
+    return [EarlyRun(
         [sys.executable, "-m", "vllm_vspec.cli", "profile",
          "--target", str(REPO / "models/tiny-target"), "--draft", str(REPO / "models/tiny-draft"),
          "--kinds", "target,step", "--gammas", "2", "--batch-sizes", "1,3",
@@ -78,7 +77,14 @@ def test_collection_on_the_bundled_models_writes_samples_and_a_loadable_profile(
          # Eager: the engines run stock vLLM (torch.compile is its own part);
          # what is ours is that the flag reaches the samples and the profile.
          "--enforce-eager"],
-        capture_output=True, text=True, timeout=900, cwd=REPO)
+        timeout_s=900, cwd=REPO, outputs={"samples": samples, "profile": profile})]
+
+
+@pytest.mark.engine
+@pytest.mark.early(build=_collection)
+def test_collection_on_the_bundled_models_writes_samples_and_a_loadable_profile(request):
+    (proc,) = early(request)
+    samples, profile = proc.outputs["samples"], proc.outputs["profile"]
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     raw = json.loads(samples.read_text())
     kinds = [(s["kind"], s.get("gamma"), s.get("batch", s.get("n"))) for s in

@@ -1,34 +1,39 @@
 """`vllm-vspec serve --preset tiny-*` really serves on CPU: one server per
-preset (module-scoped), started through the launcher as a subprocess on a
-free localhost port, waited for on /health, killed at teardown. The
-tiny-draft preset's server is test_serving_faults.py's (the same command):
-it answers chat completions there and really speculates."""
+preset, started through the launcher as a subprocess on a free localhost
+port when collection ends (conftest.EarlyStarts), waited for on /health,
+stopped at the module's teardown. The tiny-draft preset's server is
+test_serving_faults.py's (the same command): it answers chat completions
+there and really speculates."""
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
-import socket
-import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 
 import pytest
 
-pytestmark = pytest.mark.engine
+from conftest import early, early_server
+from vllm_vspec.bench.server import free_port
 
-# A deadline for start-up, not a speed assertion: past it the log is shown.
-STARTUP_DEADLINE_S = 600
+PRESETS = ("tiny-eagle",)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _servers(tmp_path) -> list:
+    """One server per preset, started through the launcher as users start it."""
+    servers = []
+    for name in PRESETS:
+        port = free_port()
+        servers.append(early_server(
+            [sys.executable, "-m", "vllm_vspec.cli", "serve", "--preset", name,
+             "--port", str(port), "--", "--host", "127.0.0.1"],
+            port, tmp_path / f"{name}.log"))
+    return servers
+
+
+pytestmark = [pytest.mark.engine, pytest.mark.early(build=_servers)]
 
 
 def get(url: str, timeout: float = 5) -> tuple[int, str]:
@@ -49,43 +54,11 @@ def post_json(url: str, body: dict) -> tuple[int, dict]:
         return e.code, {"error": e.read().decode()}
 
 
-@pytest.fixture(scope="module", params=["tiny-eagle"])
-def server(request, tmp_path_factory):
-    name = request.param
-    port = free_port()
-    log_path = tmp_path_factory.mktemp(name) / "serve.log"
-    with open(log_path, "w") as log:
-        # start_new_session: the server and its engine-core children form one
-        # process group, so teardown can stop exactly what this test started.
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "vllm_vspec.cli", "serve", "--preset", name,
-             "--port", str(port), "--", "--host", "127.0.0.1"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + STARTUP_DEADLINE_S
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"{name}: server exited with {proc.returncode}:\n"
-                            + log_path.read_text()[-4000:])
-            try:
-                if get(base + "/health", timeout=2)[0] == 200:
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"{name}: not healthy after {STARTUP_DEADLINE_S} s:\n"
-                            + log_path.read_text()[-4000:])
-            time.sleep(1)
-        yield name, base, log_path
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+@pytest.fixture(scope="module", params=PRESETS)
+def server(request):
+    srv = early(request)[PRESETS.index(request.param)]
+    yield request.param, srv.base_url, srv.log_path
+    srv.stop(grace_s=0)   # its whole process group at once: no test reads its shutdown
 
 
 def metric_total(text: str, name: str) -> float:

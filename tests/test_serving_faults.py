@@ -2,7 +2,8 @@
 
 One vspec server started the way a user starts it (`vllm-vspec serve
 --preset tiny-draft`, the launcher's defaults, so its shutdown timeout) and
-one target-only server (bench/server.py), started side by side. Then:
+one target-only server (bench/server.py), started side by side when
+collection ends (conftest.EarlyStarts). Then:
 
 1. load: 64 concurrent mixed requests (completions and chat, streaming and
    not, sampled, logprobs, stop strings, n=2, an over-long prompt) on both:
@@ -29,20 +30,16 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
-import threading
 import time
 
 import httpx
 import pytest
 
-from conftest import DRAFT, TARGET, load_prompts
+from conftest import DRAFT, TARGET, EarlyRun, early, early_server, load_prompts
 from vllm_vspec.bench.scrape import parse_metrics
 from vllm_vspec.bench.server import SERVED_MODEL_NAME, Server, ServerSpec, free_port, serve_argv
 from vllm_vspec.launch import presets
-
-pytestmark = pytest.mark.engine
 
 PRESET = "tiny-draft"
 VSPEC_MODEL = "tiny-draft"       # the preset's served_model_name
@@ -65,52 +62,34 @@ def _two_ports() -> tuple[int, int]:
     raise RuntimeError(f"free_port() returned port {vport} 20 times in a row")
 
 
-def _start_both(tmp_path) -> tuple[Server, Server]:
+def _servers(tmp_path) -> list[Server]:
+    """The vspec server and the target-only one (both started by conftest's
+    EarlyStarts, side by side). They run as a user runs them, vLLM's
+    engine core in its own process (conftest turns that off for the
+    in-process engine tests); the drain on SIGTERM is that process's busy
+    loop (vllm/v1/engine/core.py, EngineCore._handle_shutdown), which an
+    in-process engine never runs."""
     vport, tport = _two_ports()
-    vspec = Server([sys.executable, "-m", "vllm_vspec.cli", "serve", "--preset", PRESET,
-                    "--port", str(vport), "--", "--host", "127.0.0.1"],
-                   vport, tmp_path / "vspec.log", startup_timeout_s=600)
+    own_core = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+    vspec = early_server([sys.executable, "-m", "vllm_vspec.cli", "serve", "--preset", PRESET,
+                          "--port", str(vport), "--", "--host", "127.0.0.1"],
+                         vport, tmp_path / "vspec.log", env=own_core)
     preset = presets.load(presets.preset_path(PRESET))
     spec = ServerSpec(model=TARGET, max_model_len=preset.launch.max_model_len,
                       max_num_seqs=preset.launch.max_num_seqs,
                       kv_cache_memory_bytes=preset.launch.kv_cache_memory_bytes,
                       enforce_eager=True)
-    target = Server(serve_argv(spec, [], tport), tport, tmp_path / "target.log",
-                    startup_timeout_s=600)
-    errors: list[BaseException] = []
+    target = early_server(serve_argv(spec, [], tport), tport, tmp_path / "target.log",
+                          env=own_core)
+    return [vspec, target]
 
-    def enter(srv: Server) -> None:
-        try:
-            srv.__enter__()
-        except BaseException as e:  # noqa: BLE001 - re-raised below
-            errors.append(e)
-    threads = [threading.Thread(target=enter, args=(s,)) for s in (vspec, target)]
-    # The servers run as a user runs them, vLLM's engine core in its own
-    # process (conftest turns that off for the in-process engine tests); the
-    # drain on SIGTERM is that process's busy loop (vllm/v1/engine/core.py,
-    # EngineCore._handle_shutdown), which an in-process engine never runs.
-    previous = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
-    try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        if previous is None:
-            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING")
-        else:
-            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = previous
-    if errors:
-        vspec.stop()
-        target.stop()
-        raise errors[0]
-    return vspec, target
+
+pytestmark = [pytest.mark.engine, pytest.mark.early(build=_servers)]
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory):
-    vspec, target = _start_both(tmp_path_factory.mktemp("faults"))
+def servers(request):
+    vspec, target = early(request)
     try:
         yield vspec, target
     finally:
@@ -221,25 +200,30 @@ def _differences(reqs, got, want) -> list[str]:
     return out
 
 
-def test_plain_vllm_serve_refuses_an_unwritable_trace_path_before_loading_the_model(tmp_path):
-    """The plain-vLLM route (no launcher): vspec's model runner resolves the
-    settings in its __init__, before vLLM loads any weights."""
+UNWRITABLE = "/proc/vspec-nosuch/trace.jsonl"
+
+
+def _refused_serve(tmp_path) -> list[EarlyRun]:
     from vllm_vspec.hosts import wiring
 
-    bad = "/proc/vspec-nosuch/trace.jsonl"
     spec = ServerSpec(model=TARGET, max_model_len=256, max_num_seqs=4,
                       kv_cache_memory_bytes=16 << 20, enforce_eager=True)
     argv = serve_argv(spec, wiring.serve_argv(wiring.engine_args(
         {"method": "draft_model", "model": str(DRAFT),
-         "num_speculative_tokens": 4}, {"trace_path": bad}, platform="cpu")), free_port())
-    started = time.monotonic()
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=300)
-    took = time.monotonic() - started
+         "num_speculative_tokens": 4}, {"trace_path": UNWRITABLE}, platform="cpu")), free_port())
+    return [EarlyRun(argv, timeout_s=300)]
+
+
+@pytest.mark.early(build=_refused_serve)
+def test_plain_vllm_serve_refuses_an_unwritable_trace_path_before_loading_the_model(request):
+    """The plain-vLLM route (no launcher): vspec's model runner resolves the
+    settings in its __init__, before vLLM loads any weights."""
+    (out,) = early(request)
     log = out.stdout + out.stderr
     assert out.returncode != 0, log[-3000:]
-    assert f"vspec.trace_path={bad!r} is not allowed" in log, log[-3000:]
+    assert f"vspec.trace_path={UNWRITABLE!r} is not allowed" in log, log[-3000:]
     assert "Starting to load model" not in log, log[-3000:]
-    print(f"plain vllm serve refused the setting after {took:.1f} s")
+    print(f"plain vllm serve refused the setting after {out.seconds:.1f} s (nice 10)")
 
 
 def _log_has_no_traceback(server: Server) -> None:
