@@ -60,8 +60,9 @@ def method_llm(request, reference, prompts):
         finally:
             close_llm(plain)
     llm = make_llm(target or TARGET, speculative_config=spec, vspec=CYCLE, worker_cls=CPU_WORKER_CLS,
-                   # block 32: vLLM drops an EAGLE-type drafter's last cached block,
-                   # so prompts need two blocks to hit (the CPU default is 128)
+                   # block 32: hits are whole blocks (the CPU default is 128), and
+                   # for mtp vLLM drops the last one, so its prompts need two
+                   # (vspec keeps it for eagle3: hosts/vllm/prefix_tail.py)
                    enable_prefix_caching=True, block_size=32, kv_cache_memory_bytes=5 << 20,
                    max_model_len=256,
                    disable_log_stats=False)

@@ -212,8 +212,9 @@ def test_eagle_trees_across_preemptions_are_exact(token_prompts, target_only):
 def tree_engine(target_only):
     """One engine for the module (started after the target-only one closed).
     Blocks of 32 tokens (the CPU backend's smallest): vLLM caches whole
-    blocks and, for EAGLE, drops the last matched one, so the CPU default of
-    128 would leave these 74-156 token prompts no cache hit."""
+    blocks (stock EAGLE also drops the last matched one; vspec keeps it,
+    hosts/vllm/prefix_tail.py), so the CPU default of 128 would leave these
+    74-156 token prompts few cache hits."""
     llm = make_llm(speculative_config=SPEC, vspec=VSPEC, worker_cls=CPU_WORKER_CLS,
                    enable_prefix_caching=True, block_size=32, disable_log_stats=False)
     yield llm
