@@ -40,6 +40,7 @@ from vllm_vspec.hosts.vllm.tree.verify import request_allows_tree
 from vllm_vspec.hosts.vllm.verify_width import VerifyWidth
 from vllm_vspec.core.controller import GammaController
 from vllm_vspec.core.refill import RefillGate
+from vllm_vspec.config import VSpecConfigError
 from vllm_vspec.core.steps import BatchState, StepFeedback, drafted_depth
 from vllm_vspec.hosts.wiring import resolve
 
@@ -65,7 +66,13 @@ class VSpecScheduler(Scheduler):
     # extends Scheduler.__init__: build the controller from additional_config["vspec"];
     # first, an EAGLE head's prefix-cache hits keep their last block (prefix_tail.py).
     def __init__(self, vllm_config, kv_cache_config, *args, **kwargs) -> None:
-        if resolve(vllm_config) is not None and keep_prefix_tail(vllm_config, kv_cache_config):
+        try:
+            vspec_on = resolve(vllm_config) is not None
+        except VSpecConfigError:
+            # Refused settings: the host's own checks in its __init__ speak
+            # first (as before vspec read anything), vspec's refusal after them.
+            vspec_on = False
+        if vspec_on and keep_prefix_tail(vllm_config, kv_cache_config):
             logger.info("vspec: prefix-cache hits keep their last block, as target-only's "
                         "(the host's disable_eagle_block_drop; the head's KV at a hit's last "
                         "position may be stale, which can change drafts only)")
