@@ -1,17 +1,20 @@
 """vspec's model runner and its parts (hosts/vllm/model_runner.py), over a
 stand-in host runner (no engine: the engine tests run the real ones,
 test_spec_decode_engine, test_gamma0_path, test_tree_engine,
-test_budget_engine, test_eagle_lazy_engine, test_entropy*).
+test_budget_engine, test_eagle_lazy_engine, test_eagle's entropy stop).
 
 Spec:
 - One runner subclass per host runner class: VSpecRunner, then the host
   class; VSpecRunner extends exactly the host methods listed here.
 - Order rule: each host method the runner extends calls its parts in the
-  order the module docstring lists, each at most once per call: a step with
-  drafts runs host prepare, plain, tree inputs; tree sample; tree drafter
-  inputs, tree propose, gamma-0 skip + lag, host propose; host take, then
-  the handover parts in list order. A step without drafts takes the plain
-  path, skips the draft forward (lazy) and hands over nothing.
+  order the module docstring lists, each at most once per call: a linear
+  step with drafts runs the host's prepare (with its metadata), tree
+  inputs; the host's sample; tree drafter inputs, tree propose, gamma-0
+  skip + lag, host propose; host take, then the handover parts in list
+  order. A step without drafts takes the plain path, skips the draft
+  forward (lazy) and hands over nothing.
+- Without the plain part (the gamma-0 benchmark's baseline) a step
+  without drafts keeps the host's spec-decode metadata.
 - The handover list: the entropy cut, the tree width, the draft
   probabilities, each only when its part exists.
 """
@@ -174,3 +177,18 @@ def test_the_handover_list_holds_the_parts_that_exist_in_order():
     assert parts[1] is tree
     assert [type(p) for p in handover_parts(SimpleNamespace(draft_probs=record), None)] == [
         ScoredDrafts]
+
+
+def test_without_the_plain_part_a_step_without_drafts_keeps_the_hosts_speculative_path():
+    """bench/gamma0_overhead.py's baseline runner: `samples_plain` False, so
+    no `plain` part; a step without drafts then gets the host's spec-decode
+    metadata and its rejection-sampler path (the runner before issue 17)."""
+    from vllm_vspec.bench.gamma0_overhead import SpeculativePathCPUModelRunner
+
+    assert SpeculativePathCPUModelRunner.__bases__ == (VSpecCPUModelRunner,)
+    assert not SpeculativePathCPUModelRunner.samples_plain and VSpecRunner.samples_plain
+    r, log = runner(drafts=0)
+    r.plain = None
+    step(r, gamma=0)
+    assert log[:4] == ["host._prepare_inputs", "host._calc_spec_decode_metadata",
+                       ("tree", "verify_inputs"), ("host._sample", "host metadata")], log
