@@ -599,7 +599,21 @@ def method_table() -> list[str]:
             refused.append(other)
         out.append(f"| `{method}` | {status} | {gamma0 or '-'} | {applies or '-'} | "
                    f"{', '.join(refused) or '-'} |")
-    return out + [""]
+    return out + ["", *PREFIX_CACHE_NOTE, ""]
+
+
+# What hosts/vllm/prefix_tail.py does, for the method section above.
+PREFIX_CACHE_NOTE = (
+    "Prefix caching with `eagle` and `eagle3`: a vspec engine's prefix-cache",
+    "hits are as long as target-only's. Stock vLLM drops the last matched block",
+    "of every hit of an EAGLE-type engine (128 tokens on vLLM-CPU) to protect",
+    "the head's KV at the hit's last position; vspec sets vLLM's own",
+    "`disable_eagle_block_drop` for these two methods (hosts/vllm/prefix_tail.py;",
+    "not for `mtp`, hybrid models or a host without the switch), so the head may",
+    "draft from one stale KV position after a hit whose next token differs from",
+    "its writer's. Outputs stay exact; the measured cost of the drop is in",
+    "docs/benchmarks.md (\"EAGLE at gamma 0 against target-only at c32\").",
+)
 
 
 def _toml_value(value: Any) -> str:
