@@ -30,7 +30,7 @@ bookkeeping, not the NPU's behaviour):
   and attention layer, and load_model's wrap (lines 495-509);
 - the forward context (set_ascend_forward_context's fields the code reads).
 
-vspec's VSpecProposerMixin (the real class) sits over the host-like
+vspec's StepGammaProposer (the real class) sits over the host-like
 proposer, as over the host's in the wheel.
 """
 

@@ -7,7 +7,7 @@ wrapper per gamma, unless `ascend_draft_full_graph = false` (the host's own
 capture and replay code); the NPU sampler counts generated tokens from the
 runner's batch (issue 24 item 4); the commit of a verification step comes
 from torch.ops.vspec.commit_accepted and equals vLLM-Ascend 0.23's own
-computation. The proposer tests check vspec's mixin over a stand-in host
+computation. The proposer tests check vspec's StepGammaProposer over a stand-in host
 written for these tests (test_overlay's _HostProposer), not the host.
 """
 

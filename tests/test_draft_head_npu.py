@@ -285,7 +285,7 @@ BATCH = 3
 
 def _npu_proposer(proposers, weight, vspec):
     bases = proposers.VSpecEagleProposer.__bases__
-    assert bases[:-1] == (proposers.VSpecProposerMixin,)
+    assert bases[:-1] == (proposers.StepGammaProposer,)
     cls = type("LoopProposer", bases[:-1] + (_LoopHost,), {})
     config = _engine_config("eagle", 4, vspec=vspec)
     config.full_graphs = vspec.get("ascend_draft_full_graph", False)

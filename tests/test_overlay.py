@@ -1,5 +1,5 @@
 """The NPU-side decisions that need no NPU: the step's gamma, the routing,
-entropy stop and the proposer mixin over a stand-in host.
+entropy stop and the proposer's per-step gamma over a stand-in host.
 
 (The wheel build, install identity and ABI checks are in
 tests/test_ascend_wheel.py; re-targeting in tests/test_retarget.py.)

@@ -63,9 +63,10 @@ from vllm_ascend.vspec.sampler import VSpecAscendRejectionSampler
 logger = init_logger(f"vllm.{__name__}")
 
 
-class NativeGammaMixin(VSpecAscendProposer):
+class NativeGammaProposer(VSpecAscendProposer):
     """What vspec adds to a host proposer that drafts the step's K itself.
-    Mixed in before the host proposer; `max_num_speculative_tokens` (the
+    The first base of each subclass below, before the host proposer (its
+    attributes shadow the host's); `max_num_speculative_tokens` (the
     configured K) is what the entropy stop's buffer is sized by."""
 
     # Extends AscendSpecDecodeBaseProposer.__init__: records the configured K
@@ -94,16 +95,16 @@ class NativeGammaMixin(VSpecAscendProposer):
         gamma = valid_gamma(kwargs["num_speculative_tokens"], self.max_num_speculative_tokens)
         self.drafting.new_pass()
         draft = self.drafting.propose(
-            lambda: super(NativeGammaMixin, self)._propose(
+            lambda: super(NativeGammaProposer, self)._propose(
                 *args, **{**kwargs, "num_speculative_tokens": max(gamma, 1)}), kwargs, gamma)
         return draft[:, :gamma]
 
 
-class VSpecNativeEagleProposer(NativeGammaMixin, AscendEagleProposer):
+class VSpecNativeEagleProposer(NativeGammaProposer, AscendEagleProposer):
     """EAGLE drafting at the host's per-step K, with vspec's gamma 0 and options."""
 
 
-class VSpecNativeDraftModelProposer(NativeGammaMixin, AscendDraftModelProposer):
+class VSpecNativeDraftModelProposer(NativeGammaProposer, AscendDraftModelProposer):
     """Draft-model drafting at the host's per-step K, with vspec's gamma 0 and options."""
 
 

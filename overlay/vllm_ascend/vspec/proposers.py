@@ -77,10 +77,11 @@ def run_draft_eagerly(proposer: Any, maybe_eager_context: Callable[[Any], Any]) 
         proposer.maybe_eager_context = maybe_eager_context(proposer.vllm_config)
 
 
-class VSpecProposerMixin(VSpecAscendProposer):
+class StepGammaProposer(VSpecAscendProposer):
     """Per-step gamma on top of AscendSpecDecodeBaseProposer (vLLM-Ascend
-    0.23), with vspec's drafter options (drafting.py). Mixed in before the
-    host proposer so its attributes shadow the host's."""
+    0.23), with vspec's drafter options (drafting.py). The first base of
+    each subclass below, before the host proposer, so its attributes
+    shadow the host's."""
 
     _vspec_active_gamma: int | None = None  # set only inside _drafting
     _vspec_runnables: Mapping[int, Any] = MappingProxyType({})  # gamma < K -> graph wrapper
@@ -157,7 +158,7 @@ class VSpecProposerMixin(VSpecAscendProposer):
         # drafter stays aligned for when speculation resumes (vLLM 0.32 does the same).
         with self._drafting(max(gamma, 1)):
             draft = self.drafting.propose(
-                lambda: super(VSpecProposerMixin, self)._propose(*args, **kwargs), kwargs, gamma)
+                lambda: super(StepGammaProposer, self)._propose(*args, **kwargs), kwargs, gamma)
         return pad_drafts(draft, gamma, self.max_num_speculative_tokens)
 
     # Extends AscendSpecDecodeBaseProposer.dummy_run: graph capture runs once
@@ -215,9 +216,9 @@ def _warn_if_padding_keeps_no_graph(vllm_config: Any) -> None:
                        getattr(mode, "name", mode))
 
 
-class VSpecEagleProposer(VSpecProposerMixin, AscendEagleProposer):
+class VSpecEagleProposer(StepGammaProposer, AscendEagleProposer):
     """EAGLE / EAGLE-1 drafting with per-step gamma on the NPU."""
 
 
-class VSpecDraftModelProposer(VSpecProposerMixin, AscendDraftModelProposer):
+class VSpecDraftModelProposer(StepGammaProposer, AscendDraftModelProposer):
     """Serial draft-model drafting with per-step gamma on the NPU."""
