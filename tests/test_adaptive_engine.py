@@ -38,7 +38,8 @@ class TestGammaChangingEveryStep:
     at a time: in-process engines share vLLM's process-global parallel state."""
 
     @pytest.fixture(scope="class", params=["sync", "lazy"])
-    def cycling(self, request, reference, tmp_path_factory):
+    @classmethod
+    def cycling(cls, request, reference, tmp_path_factory):
         from vllm_vspec.hosts.vllm.worker import CPU_WORKER_CLS
 
         worker = {"worker_cls": CPU_WORKER_CLS} if request.param == "lazy" else {}
@@ -174,7 +175,8 @@ class TestLazyGamma0:
     exactly where it would have been. Cycle policy, prefix caching on."""
 
     @pytest.fixture(scope="class")
-    def lazy(self, reference, tmp_path_factory):
+    @classmethod
+    def lazy(cls, reference, tmp_path_factory):
         from vllm_vspec.hosts.vllm.worker import CPU_WORKER_CLS
 
         trace = tmp_path_factory.mktemp("trace") / "lazy.jsonl"
