@@ -19,6 +19,10 @@ DERIVED_MIMO := models/derived/tiny-mimo-deep/config.json
 OPS_BUILD := build/csrc-cpu
 OPS_LIB := $(OPS_BUILD)/lib/libvspec_ops.so
 PYTEST_ARGS ?=
+# make test runs the suite in this many pytest-xdist workers, a test file at a
+# time each, biggest files first (tests/conftest.py orders them): the tests are
+# CPU-bound and mostly single-threaded, so one worker per core.
+TEST_WORKERS ?= 2
 PEER_ARGS ?=
 
 .PHONY: install ops demo test peer-test ascend-peer-test bench wheel overlay release-check clean help
@@ -60,7 +64,7 @@ demo: install
 	$(BIN)/vllm-vspec demo --json results/demo.json
 
 test: install
-	$(PYTHON) -m pytest $(PYTEST_ARGS)
+	$(PYTHON) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # vLLM 0.32.0's own scheduler tests, stock and with VSpecScheduler under each
 # vspec variant, compared (tests/peer/, docs/testing.md). `make test` runs it

@@ -14,6 +14,12 @@ import os
 from pathlib import Path
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+# One OpenMP thread for torch, here and in what the tests start: the tiny
+# models gain nothing from a second one, and a second one spin-waits whenever
+# anything else holds a core (the other xdist worker, a server, a peer suite).
+# Nine engine tests beside two niced busy loops took 1.58x their idle wall
+# time with torch's default two threads, 1.06x with one (2026-12-02, 2 cores).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest
 
@@ -248,242 +254,85 @@ def reference(prompts) -> list[list[int]]:
         close_llm(llm)
 
 
-# ---------------------------------------------------------------- peer suites
-PEER_RUN = pytest.StashKey["PeerRun"]()
+# ------------------------------------------------- commands and servers
+def run_command(command: list[str], timeout_s: float, *, cwd: Path | None = None,
+                env: dict[str, str] | None = None):
+    """Run `command` to its end: a CompletedProcess (text stdout, stderr) with
+    `seconds` added. Its own process group, so that the deadline (the test
+    fails) or a session stopped early (Ctrl-C) stops what it started too (the
+    peer suites run pytest processes of their own)."""
+    import signal
+    import subprocess
+    import time
 
-
-class PeerRun:
-    """One peer suite's command (a test marked `peer(command=[...])`),
-    started when collection ends and waited for by its test, which runs
-    last. The suites run their own pytest processes and read nothing this
-    session writes, so they run beside the rest of the session at a lower
-    priority (nice 10), on the CPU the session leaves idle (its tests mostly
-    run one thread at a time: 0.8 core-seconds a second measured, unit tests
-    and engine modules alike), instead of after it."""
-
-    def __init__(self, command: list[str], timeout_s: float, env: dict[str, str] | None = None,
-                 cwd: Path | None = None):
-        """`env`: the environment to start from (this process's when None)."""
-        import subprocess
-        import tempfile
-        import time
-
-        # The inner pytest must not inherit this run's options (-k, -x, ...).
-        env = {k: v for k, v in (os.environ if env is None else env).items()
-               if not k.startswith("PYTEST_")}
-        self.command, self.deadline = command, time.monotonic() + timeout_s
-        self.out, self.err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
-        # Its own process group, so that a session ending early stops the
-        # suite's pytest processes too; nice(1), not a preexec_fn, which is
-        # unsafe in a process with threads (EarlyRun starts from one).
-        self.proc = subprocess.Popen(["nice", "-n", "10", *command], env=env, stdout=self.out,
-                                     stderr=self.err, cwd=cwd, start_new_session=True)
-
-    def wait(self) -> tuple[int, str, str]:
-        """(exit status, stdout, stderr); pytest.fail past the deadline."""
-        import subprocess
-        import time
-
+    # An inner pytest must not inherit this run's options (-k, -x, ...) or
+    # its xdist worker identity.
+    env = {k: v for k, v in (os.environ if env is None else env).items()
+           if not k.startswith("PYTEST_")}
+    started = time.monotonic()
+    proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except BaseException as e:
         try:
-            rc = self.proc.wait(timeout=max(1.0, self.deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            self.stop()
-            pytest.fail(f"{' '.join(self.command)}: still running at its deadline; stopped")
-        texts = []
-        for f in (self.out, self.err):
-            f.seek(0)
-            texts.append(f.read().decode(errors="replace"))
-        return rc, texts[0], texts[1]
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.communicate()
+        if isinstance(e, subprocess.TimeoutExpired):
+            pytest.fail(f"{' '.join(map(str, command))}: still running after {timeout_s:.0f} s; "
+                        f"stopped")
+        raise
+    done = subprocess.CompletedProcess(command, proc.returncode, out, err)
+    done.seconds = time.monotonic() - started
+    return done
 
-    def stop(self) -> None:
-        import signal
 
-        if self.proc.poll() is None:
+def started(*servers):
+    """A context manager entering `servers` (bench.server.Server) side by side,
+    one thread each (a server's start-up waits on its own processes), and
+    stopping all of them on exit; on a failed start it stops the rest and
+    raises the first error."""
+    import contextlib
+    import threading
+
+    @contextlib.contextmanager
+    def run():
+        errors: list[BaseException] = []
+
+        def enter(server) -> None:
             try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.proc.wait()
+                server.__enter__()
+            except BaseException as e:  # noqa: BLE001 - re-raised below
+                errors.append(e)
+        threads = [threading.Thread(target=enter, args=(s,)) for s in servers]
+        try:
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            if errors:
+                raise errors[0]
+            yield servers
+        finally:
+            for server in servers:
+                server.stop()
+    return run()
 
 
-def _peer_command(item) -> list[str] | None:
-    mark = item.get_closest_marker("peer")
-    return None if mark is None else mark.kwargs.get("command")
-
-
-def _early_builder(node):
-    mark = node.get_closest_marker("early")
-    return None if mark is None else mark.kwargs["build"]
-
-
+# --------------------------------------------------------------- ordering
 def pytest_collection_modifyitems(config, items) -> None:
-    # The peer suites' tests last: they only wait for what ran meanwhile.
-    # Before them the tests marked `early`, whose servers and commands then
-    # have the rest of the session to start in.
-    items.sort(key=lambda item: (_peer_command(item) is not None,
-                                 _early_builder(item) is not None))
-
-
-def pytest_collection_finish(session) -> None:
-    if session.config.option.collectonly:
-        return
-    for item in session.items:
-        if (command := _peer_command(item)) is not None:
-            timeout_s = item.get_closest_marker("peer").kwargs["timeout_s"]
-            item.stash[PEER_RUN] = PeerRun(command, timeout_s)
-    builders = list(dict.fromkeys(b for item in session.items
-                                  if (b := _early_builder(item)) is not None))
-    if builders:
-        # The session's TempPathFactory, what the tmp_path_factory fixture returns.
-        session.config.stash[EARLY] = EarlyStarts(builders, session.config._tmp_path_factory)
-
-
-def pytest_sessionfinish(session) -> None:
-    for item in session.items:
-        run = item.stash.get(PEER_RUN, None)
-        if run is not None:
-            run.stop()
-    early = session.config.stash.get(EARLY, None)
-    if early is not None:
-        early.stop()
-
-
-@pytest.fixture
-def peer_run(request) -> tuple[int, str, str]:
-    """The result of this test's peer suite (started at collection end)."""
-    return request.node.stash[PEER_RUN].wait()
-
-
-# ------------------------------------------------------- early starts
-EARLY = pytest.StashKey["EarlyStarts"]()
-# The session's environment when collection ended: what starts early starts
-# with it, whatever a module running meanwhile sets (test_ngram_engine's
-# engines run with VLLM_ENABLE_V1_MULTIPROCESSING=1).
-_START_ENV: dict[str, str] = {}
-
-
-def early_server(argv: list[str], port: int, log_path: Path, *,
-                 env: dict[str, str] | None = None, startup_timeout_s: float = 600.0):
-    """A bench.server.Server for an `early` builder: this session's
-    environment at collection end plus `env`, at nice 10."""
-    from vllm_vspec.bench.server import Server
-
-    return Server(argv, port, log_path, startup_timeout_s=startup_timeout_s,
-                  env={**_START_ENV, **(env or {})}, nice=10)
-
-
-class EarlyRun:
-    """A command for an `early` builder, run to its end as a peer suite is
-    (PeerRun: its own process group, nice 10, a deadline) in this session's
-    environment at collection end: `returncode`, `stdout`, `stderr` and
-    `seconds` after. `outputs`: files it writes, for its test to read."""
-
-    def __init__(self, command: list[str], timeout_s: float, *, cwd: Path | None = None,
-                 outputs: dict[str, Path] | None = None):
-        self.command, self.timeout_s, self.cwd = command, timeout_s, cwd
-        self.outputs = outputs or {}
-        self.run: PeerRun | None = None
-
-    def __enter__(self) -> "EarlyRun":
-        import time
-
-        started = time.monotonic()
-        self.run = PeerRun(self.command, self.timeout_s, env=_START_ENV, cwd=self.cwd)
-        self.returncode, self.stdout, self.stderr = self.run.wait()
-        self.seconds = time.monotonic() - started
-        return self
-
-    def stop(self) -> None:
-        if self.run is not None:
-            self.run.stop()
-
-
-class EarlyStarts:
-    """What the tests marked `early(build=...)` wait for and that needs nothing
-    of the session: vLLM servers to be healthy (`early_server`), commands to
-    finish (`EarlyRun`), started when collection ends instead of in the
-    tests. `build(tmp_path)` returns one module's or test's such objects,
-    not yet started; one background thread builds and starts them in
-    session order, the objects of one builder side by side, each builder's
-    done before the next one's is built (so its free ports are chosen
-    then). A server spends most of its start-up compiling, profiling and
-    loading, at nice 10 on the CPU the session leaves idle (as the peer
-    suites do); the early tests run last, before the peer suites', and take
-    their objects, started, with `early(request)`. The session's end stops
-    every one still running, one still starting included."""
-
-    def __init__(self, builders: list, tmp_path_factory):
-        import threading
-
-        _START_ENV.update(os.environ)
-        self.tmp_path_factory = tmp_path_factory
-        self.done = {b: threading.Event() for b in builders}
-        self.started: dict = {b: [] for b in builders}
-        self.errors: dict = {}
-        self.stopping = False
-        self.thread = threading.Thread(target=self._start_all, args=(builders,),
-                                       name="early-starts", daemon=True)
-        self.thread.start()
-
-    def _start_all(self, builders: list) -> None:
-        import threading
-
-        for build in builders:
-            try:
-                if self.stopping:
-                    raise RuntimeError("the session ended before this was started")
-                module = build.__module__.rsplit(".", 1)[-1].removeprefix("test_")
-                self.started[build] = build(self.tmp_path_factory.mktemp(
-                    f"{module}-{build.__name__.strip('_')}"))
-                errors: list[BaseException] = []
-
-                def enter(obj) -> None:
-                    try:
-                        obj.__enter__()
-                    except BaseException as e:  # noqa: BLE001 - handed to the test
-                        errors.append(e)
-                threads = [threading.Thread(target=enter, args=(o,)) for o in self.started[build]]
-                for t in threads:
-                    t.start()
-                for t in threads:
-                    t.join()
-                if errors:
-                    raise errors[0]
-            except BaseException as e:  # noqa: BLE001 - handed to the test
-                self.errors[build] = e
-                for obj in self.started[build]:
-                    obj.stop()
-            finally:
-                self.done[build].set()
-
-    def get(self, build) -> list:
-        """`build`'s objects, started; raises what starting them raised."""
-        self.done[build].wait()
-        if build in self.errors:
-            raise self.errors[build]
-        return self.started[build]
-
-    def stop(self) -> None:
-        self.stopping = True
-        for build, done in self.done.items():
-            # One still starting: stop it until its start gives up (stop()
-            # finds no process before Popen has returned).
-            while not done.wait(0.5):
-                for obj in self.started[build]:
-                    obj.stop()
-            for obj in self.started[build]:
-                obj.stop()
-
-
-def early(request) -> list:
-    """The started objects of the requesting test's or module's `early(build=...)`
-    marker, in the order `build` returned them."""
-    build = _early_builder(request.node)
-    if build is None:
-        raise RuntimeError(f"{request.node.nodeid}: early() needs the marker "
-                           f"pytest.mark.early(build=...)")
-    starts = request.config.stash.get(EARLY, None)
-    if starts is None or build not in starts.done:
-        raise RuntimeError(f"{request.node.nodeid}: its early starts were not begun at "
-                           f"collection end (conftest.pytest_collection_finish)")
-    return starts.get(build)
+    """The biggest test files first, so that `make test`'s two workers
+    (pytest-xdist, one file at a time each, in this order) finish together:
+    files with a peer suite, then files by their number of engine tests,
+    then the rest, each file's tests in their own order. A serial run
+    runs the same order."""
+    def marked(item, name: str) -> bool:
+        return item.get_closest_marker(name) is not None
+    files: dict = {}
+    for item in items:
+        peer, engines = files.get(item.path, (False, 0))
+        files[item.path] = (peer or marked(item, "peer"), engines + marked(item, "engine"))
+    rank = {path: (not peer, -engines) for path, (peer, engines) in files.items()}
+    items.sort(key=lambda item: rank[item.path])  # stable: a file's tests keep their order

@@ -13,8 +13,8 @@ import asyncio
 import httpx
 import pytest
 
-from conftest import DRAFT, MAX_TOKENS, TARGET, assert_same_tokens, early, early_server
-from vllm_vspec.bench.server import SERVED_MODEL_NAME, ServerSpec, free_port, serve_argv
+from conftest import DRAFT, MAX_TOKENS, TARGET, assert_same_tokens
+from vllm_vspec.bench.server import SERVED_MODEL_NAME, Server, ServerSpec, free_port, serve_argv
 from vllm_vspec.bench.variants import Variant
 
 ONLINE = Variant("online", "online",
@@ -23,23 +23,18 @@ ONLINE = Variant("online", "online",
 COPIES = 4      # 64 concurrent requests of the 16 prompts
 
 
-def _server(tmp_path):
-    port = free_port()
-    spec = ServerSpec(model=TARGET, max_num_seqs=64, max_model_len=512,
-                      kv_cache_memory_bytes=256 << 20)
-    return [early_server(serve_argv(spec, ONLINE.serve_args(), port), port,
-                         tmp_path / "server.log", startup_timeout_s=900)]
-
-
-pytestmark = [pytest.mark.engine, pytest.mark.early(build=_server)]
+pytestmark = pytest.mark.engine
 
 
 @pytest.fixture(scope="module")
-def server(request):
-    """The compiled online-policy server, started at collection end."""
-    (srv,) = early(request)
-    yield srv
-    srv.stop()
+def server(tmp_path_factory):
+    """The compiled online-policy server."""
+    port = free_port()
+    spec = ServerSpec(model=TARGET, max_num_seqs=64, max_model_len=512,
+                      kv_cache_memory_bytes=256 << 20)
+    with Server(serve_argv(spec, ONLINE.serve_args(), port), port,
+                tmp_path_factory.mktemp("adaptive_serving") / "server.log") as srv:
+        yield srv
 
 
 async def _complete_all(base_url: str, prompts: list[str]) -> list[list[int]]:

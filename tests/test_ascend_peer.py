@@ -1,8 +1,8 @@
 """The Ascend peer suite's own logic (tests/ascend_peer/), without running it:
 the comparison, the suite file (every expected difference and exclusion has a
 reason; every host table matches a pin), the test-file selection and the
-requirement list of the isolated venv. Fast: no download, no venv, no pytest
-subprocess."""
+requirement list of the isolated venv, fast (no download, no venv, no
+pytest subprocess); then, marked `peer`, the suite itself."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import tomllib
 from pathlib import Path
 
 import pytest
+
+from conftest import run_command
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "ascend_peer"))
@@ -165,17 +167,17 @@ def test_difference_patterns_are_fnmatch_node_ids():
 DEFAULT_HOST = tomllib.loads((HERE.parent / "patches" / "hosts.toml").read_text())["default"]
 
 
-@pytest.mark.peer(command=[sys.executable, str(HERE / "ascend_peer" / "ascend_peer.py"),
-                          "--host", DEFAULT_HOST], timeout_s=2400)
-def test_vllm_ascends_own_unit_tests_match_on_the_stock_and_the_overlaid_tree(peer_run):
+@pytest.mark.peer
+def test_vllm_ascends_own_unit_tests_match_on_the_stock_and_the_overlaid_tree():
     """What `make ascend-peer-test` runs for the default pin: its tests/ut on
     both trees, compared test by test (prepares the trees and the isolated
-    venv on first use), started when collection ends (conftest.PeerRun).
-    Exit 1: an unlisted difference or an overlaid run that never reached
-    vspec's classes; exit 2: the trees, the venv or pytest itself failed.
-    Other pins run with `make ascend-peer-test HOST=...` (0.30.0rc2's 8,259
-    tests a tree take about 17 minutes here: too long for every `make test`)."""
-    rc, out, err = peer_run
-    assert rc == 0, (
-        f"ascend peer suite ({DEFAULT_HOST}) exited {rc} (make ascend-peer-test "
-        f"HOST={DEFAULT_HOST} reproduces it):\n{out[-12000:]}\n{err[-4000:]}")
+    venv on first use). Exit 1: an unlisted difference or an overlaid run
+    that never reached vspec's classes; exit 2: the trees, the venv or
+    pytest itself failed. Other pins run with `make ascend-peer-test
+    HOST=...` (0.30.0rc2's 8,259 tests a tree take about 17 minutes here:
+    too long for every `make test`)."""
+    run = run_command([sys.executable, str(HERE / "ascend_peer" / "ascend_peer.py"),
+                       "--host", DEFAULT_HOST], timeout_s=2400)
+    assert run.returncode == 0, (
+        f"ascend peer suite ({DEFAULT_HOST}) exited {run.returncode} (make ascend-peer-test "
+        f"HOST={DEFAULT_HOST} reproduces it):\n{run.stdout[-12000:]}\n{run.stderr[-4000:]}")

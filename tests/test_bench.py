@@ -20,14 +20,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from conftest import early, early_server
 from vllm_vspec import cli
 from vllm_vspec.hosts import wiring
 from vllm_vspec.bench import protocols, runner, scrape, variants, workloads
 from vllm_vspec.bench.loadgen import Completion, client_for, run_phase
 from vllm_vspec.bench.report import (Run, accepted_length, exact_match, format_gamma_counts,
                                      markdown_table, results_json, rows)
-from vllm_vspec.bench.server import ServerSpec, free_port, serve_argv
+from vllm_vspec.bench.server import Server, ServerSpec, free_port, serve_argv
 from vllm_vspec.bench.plot import Timeline, plot_timelines
 from vllm_vspec.bench.workloads import Request
 from vllm_vspec.core.trace import DecisionTrace
@@ -645,26 +644,17 @@ def test_a_variant_whose_server_dies_is_reported_and_the_rest_still_run(tmp_path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _tiny_server(tmp_path) -> list:
+@pytest.mark.engine
+def test_protocol_against_a_real_tiny_server_completes_every_request(tmp_path):
     # Eager: what is tested is the protocol's client; torch.compile of a
     # target-only server is vLLM's own (a compiled vspec server: test_adaptive_serving).
     spec = ServerSpec(model=REPO / "models/tiny-target", max_num_seqs=4,
                       kv_cache_memory_bytes=64 << 20, enforce_eager=True)
     port = free_port()
-    return [early_server(serve_argv(spec, [], port), port, tmp_path / "server.log",
-                         startup_timeout_s=900)]
-
-
-@pytest.mark.engine
-@pytest.mark.early(build=_tiny_server)
-def test_protocol_against_a_real_tiny_server_completes_every_request(request):
-    (srv,) = early(request)
     prompts = workloads.load_prompts(REPO / "models/prompts/code.jsonl")
-    try:
+    with Server(serve_argv(spec, [], port), port, tmp_path / "server.log") as srv:
         result = protocols.run_protocol_sync(protocols.PROTOCOLS["arc-easy"], srv.base_url,
                                              protocols.fixed_count(prompts, 4, 8), 8, 2)
-    finally:
-        srv.stop()
     assert srv.proc.poll() is not None  # stopped with its process group
     assert (result["completed"], result["failed"], result["total_output_tokens"]) == (4, 0, 32)
 

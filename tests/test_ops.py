@@ -21,7 +21,7 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from conftest import EarlyRun, early
+from conftest import run_command
 from vllm_vspec.kernels import ops
 
 BACKENDS = ("cpu", "composite", "meta")
@@ -389,24 +389,17 @@ def test_status_reports_a_stale_library_instead_of_raising(vspec, monkeypatch):
     assert "vspec::not_in_the_library does not exist" in status["error"], status
 
 
-def _npu_wrappers_syntax_check(tmp_path) -> list[EarlyRun]:
-    # Early: parsing the torch headers (csrc/ops.h includes torch/torch.h)
-    # takes 15-35 s of one core, which then runs beside the session.
-    include = Path(torch.__file__).resolve().parent / "include"
-    here = Path(__file__).resolve().parent
-    return [EarlyRun(["c++", "-std=c++20", "-fsyntax-only", "-Wall", "-Wextra", "-Werror",
-                      "-I", str(here / "npu_stub"), "-I", str(here.parent / "csrc"),
-                      "-isystem", str(include),
-                      "-isystem", str(include / "torch" / "csrc" / "api" / "include"),
-                      str(here.parent / "csrc" / "npu_ops.cpp")], timeout_s=600)]
-
-
 @pytest.mark.skipif(shutil.which("c++") is None, reason="needs a C++ compiler")
-@pytest.mark.early(build=_npu_wrappers_syntax_check)
-def test_the_npu_wrappers_compile_against_stubs_of_torch_npu_and_acl(request):
+def test_the_npu_wrappers_compile_against_stubs_of_torch_npu_and_acl():
     """csrc/npu_ops.cpp (launches through torch_npu's OpCommand, as vLLM-Ascend's
     ops do) against the real torch headers and declarations-only stand-ins of
     the ACL, OpCommand, NPUStream and generated launch headers
     (tests/npu_stub): its syntax, types and the calls' arity, not a CANN build."""
-    (run,) = early(request)
+    include = Path(torch.__file__).resolve().parent / "include"
+    here = Path(__file__).resolve().parent
+    run = run_command(["c++", "-std=c++20", "-fsyntax-only", "-Wall", "-Wextra", "-Werror",
+                       "-I", str(here / "npu_stub"), "-I", str(here.parent / "csrc"),
+                       "-isystem", str(include),
+                       "-isystem", str(include / "torch" / "csrc" / "api" / "include"),
+                       str(here.parent / "csrc" / "npu_ops.cpp")], timeout_s=600)
     assert run.returncode == 0, run.stderr[-4000:]

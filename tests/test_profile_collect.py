@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EarlyRun, early
+from conftest import run_command
 from vllm_vspec.core.latency import LatencyProfile, LinearLatency, fit_profile, load_profile, \
     profile_predict, save_profile, validate_samples
 from vllm_vspec.tools.profile_collect import EngineRun, Shape, decode_samples, engine_runs
@@ -66,9 +66,10 @@ def test_samples_of_every_kind_fit_back_to_the_profile_that_made_them(tmp_path):
         assert profile_predict(fitted, s) == pytest.approx(s["ms"], rel=1e-6), s
 
 
-def _collection(tmp_path) -> list[EarlyRun]:
+@pytest.mark.engine
+def test_collection_on_the_bundled_models_writes_samples_and_a_loadable_profile(tmp_path):
     samples, profile = tmp_path / "s.json", tmp_path / "p.json"
-    return [EarlyRun(
+    proc = run_command(
         [sys.executable, "-m", "vllm_vspec.cli", "profile",
          "--target", str(REPO / "models/tiny-target"), "--draft", str(REPO / "models/tiny-draft"),
          "--kinds", "target,step", "--gammas", "2", "--batch-sizes", "1,3",
@@ -77,14 +78,7 @@ def _collection(tmp_path) -> list[EarlyRun]:
          # Eager: the engines run stock vLLM (torch.compile is its own part);
          # what is ours is that the flag reaches the samples and the profile.
          "--enforce-eager"],
-        timeout_s=900, cwd=REPO, outputs={"samples": samples, "profile": profile})]
-
-
-@pytest.mark.engine
-@pytest.mark.early(build=_collection)
-def test_collection_on_the_bundled_models_writes_samples_and_a_loadable_profile(request):
-    (proc,) = early(request)
-    samples, profile = proc.outputs["samples"], proc.outputs["profile"]
+        timeout_s=900, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     raw = json.loads(samples.read_text())
     kinds = [(s["kind"], s.get("gamma"), s.get("batch", s.get("n"))) for s in

@@ -1,7 +1,6 @@
 """`vllm-vspec serve --preset tiny-*` really serves on CPU: one server per
 preset, started through the launcher as a subprocess on a free localhost
-port when collection ends (conftest.EarlyStarts), waited for on /health,
-stopped at the module's teardown. The tiny-draft preset's server is
+port, waited for on /health, stopped at the module's teardown. The tiny-draft preset's server is
 test_serving_faults.py's (the same command): it answers chat completions
 there and really speculates."""
 
@@ -15,25 +14,12 @@ import urllib.request
 
 import pytest
 
-from conftest import early, early_server
-from vllm_vspec.bench.server import free_port
+from vllm_vspec.bench.server import Server, free_port
 
 PRESETS = ("tiny-eagle",)
 
 
-def _servers(tmp_path) -> list:
-    """One server per preset, started through the launcher as users start it."""
-    servers = []
-    for name in PRESETS:
-        port = free_port()
-        servers.append(early_server(
-            [sys.executable, "-m", "vllm_vspec.cli", "serve", "--preset", name,
-             "--port", str(port), "--", "--host", "127.0.0.1"],
-            port, tmp_path / f"{name}.log"))
-    return servers
-
-
-pytestmark = [pytest.mark.engine, pytest.mark.early(build=_servers)]
+pytestmark = pytest.mark.engine
 
 
 def get(url: str, timeout: float = 5) -> tuple[int, str]:
@@ -55,10 +41,15 @@ def post_json(url: str, body: dict) -> tuple[int, dict]:
 
 
 @pytest.fixture(scope="module", params=PRESETS)
-def server(request):
-    srv = early(request)[PRESETS.index(request.param)]
-    yield request.param, srv.base_url, srv.log_path
-    srv.stop(grace_s=0)   # its whole process group at once: no test reads its shutdown
+def server(request, tmp_path_factory):
+    """The preset's server, started through the launcher as users start it."""
+    port = free_port()
+    srv = Server([sys.executable, "-m", "vllm_vspec.cli", "serve", "--preset", request.param,
+                  "--port", str(port), "--", "--host", "127.0.0.1"],
+                 port, tmp_path_factory.mktemp("serve") / f"{request.param}.log")
+    with srv:
+        yield request.param, srv.base_url, srv.log_path
+        srv.stop(grace_s=0)   # its whole process group at once: no test reads its shutdown
 
 
 def metric_total(text: str, name: str) -> float:

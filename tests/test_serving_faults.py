@@ -2,8 +2,8 @@
 
 One vspec server started the way a user starts it (`vllm-vspec serve
 --preset tiny-draft`, the launcher's defaults, so its shutdown timeout) and
-one target-only server (bench/server.py), started side by side when
-collection ends (conftest.EarlyStarts). Then:
+one target-only server (bench/server.py), started side by side
+(conftest.started). Then:
 
 1. load: 64 concurrent mixed requests (completions and chat, streaming and
    not, sampled, logprobs, stop strings, n=2, an over-long prompt) on both:
@@ -36,7 +36,7 @@ import time
 import httpx
 import pytest
 
-from conftest import DRAFT, TARGET, EarlyRun, early, early_server, load_prompts
+from conftest import DRAFT, TARGET, load_prompts, run_command, started
 from vllm_vspec.bench.scrape import parse_metrics
 from vllm_vspec.bench.server import SERVED_MODEL_NAME, Server, ServerSpec, free_port, serve_argv
 from vllm_vspec.launch import presets
@@ -62,39 +62,31 @@ def _two_ports() -> tuple[int, int]:
     raise RuntimeError(f"free_port() returned port {vport} 20 times in a row")
 
 
-def _servers(tmp_path) -> list[Server]:
-    """The vspec server and the target-only one (both started by conftest's
-    EarlyStarts, side by side). They run as a user runs them, vLLM's
-    engine core in its own process (conftest turns that off for the
-    in-process engine tests); the drain on SIGTERM is that process's busy
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    """The vspec server and the target-only one, started side by side. They
+    run as a user runs them, vLLM's engine core in its own process (conftest
+    turns that off for the in-process engine tests); the drain on SIGTERM is that process's busy
     loop (vllm/v1/engine/core.py, EngineCore._handle_shutdown), which an
     in-process engine never runs."""
+    tmp_path = tmp_path_factory.mktemp("serving_faults")
     vport, tport = _two_ports()
     own_core = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
-    vspec = early_server([sys.executable, "-m", "vllm_vspec.cli", "serve", "--preset", PRESET,
-                          "--port", str(vport), "--", "--host", "127.0.0.1"],
-                         vport, tmp_path / "vspec.log", env=own_core)
+    vspec = Server([sys.executable, "-m", "vllm_vspec.cli", "serve", "--preset", PRESET,
+                    "--port", str(vport), "--", "--host", "127.0.0.1"],
+                   vport, tmp_path / "vspec.log", env={**os.environ, **own_core})
     preset = presets.load(presets.preset_path(PRESET))
     spec = ServerSpec(model=TARGET, max_model_len=preset.launch.max_model_len,
                       max_num_seqs=preset.launch.max_num_seqs,
                       kv_cache_memory_bytes=preset.launch.kv_cache_memory_bytes,
                       enforce_eager=True)
-    target = early_server(serve_argv(spec, [], tport), tport, tmp_path / "target.log",
-                          env=own_core)
-    return [vspec, target]
-
-
-pytestmark = [pytest.mark.engine, pytest.mark.early(build=_servers)]
-
-
-@pytest.fixture(scope="module")
-def servers(request):
-    vspec, target = early(request)
-    try:
+    target = Server(serve_argv(spec, [], tport), tport, tmp_path / "target.log",
+                    env={**os.environ, **own_core})
+    with started(vspec, target):
         yield vspec, target
-    finally:
-        vspec.stop()
-        target.stop()
 
 
 def _requests() -> list[dict]:
@@ -203,27 +195,22 @@ def _differences(reqs, got, want) -> list[str]:
 UNWRITABLE = "/proc/vspec-nosuch/trace.jsonl"
 
 
-def _refused_serve(tmp_path) -> list[EarlyRun]:
+def test_plain_vllm_serve_refuses_an_unwritable_trace_path_before_loading_the_model():
+    """The plain-vLLM route (no launcher): vspec's model runner resolves the
+    settings in its __init__, before vLLM loads any weights."""
     from vllm_vspec.hosts import wiring
 
     spec = ServerSpec(model=TARGET, max_model_len=256, max_num_seqs=4,
                       kv_cache_memory_bytes=16 << 20, enforce_eager=True)
-    argv = serve_argv(spec, wiring.serve_argv(wiring.engine_args(
+    out = run_command(serve_argv(spec, wiring.serve_argv(wiring.engine_args(
         {"method": "draft_model", "model": str(DRAFT),
-         "num_speculative_tokens": 4}, {"trace_path": UNWRITABLE}, platform="cpu")), free_port())
-    return [EarlyRun(argv, timeout_s=300)]
-
-
-@pytest.mark.early(build=_refused_serve)
-def test_plain_vllm_serve_refuses_an_unwritable_trace_path_before_loading_the_model(request):
-    """The plain-vLLM route (no launcher): vspec's model runner resolves the
-    settings in its __init__, before vLLM loads any weights."""
-    (out,) = early(request)
+         "num_speculative_tokens": 4}, {"trace_path": UNWRITABLE}, platform="cpu")), free_port()),
+        timeout_s=300)
     log = out.stdout + out.stderr
     assert out.returncode != 0, log[-3000:]
     assert f"vspec.trace_path={UNWRITABLE!r} is not allowed" in log, log[-3000:]
     assert "Starting to load model" not in log, log[-3000:]
-    print(f"plain vllm serve refused the setting after {out.seconds:.1f} s (nice 10)")
+    print(f"plain vllm serve refused the setting after {out.seconds:.1f} s")
 
 
 def _log_has_no_traceback(server: Server) -> None:

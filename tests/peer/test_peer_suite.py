@@ -19,6 +19,7 @@ import peer_common
 import peer_fetch
 import peer_suite
 import pytest
+from conftest import run_command
 from peer_plugin import base_id, excluded_reason, variant_token
 
 VARIANTS = ["stock", "online", "cycle"]
@@ -227,15 +228,14 @@ def test_download_keeps_nothing_when_the_hash_differs(tmp_path):
     assert dest.read_bytes() == archive.read_bytes()
 
 
-@pytest.mark.peer(command=[sys.executable, str(peer_suite.HERE / "peer_suite.py")],
-                  timeout_s=2400)
-def test_vllms_scheduler_tests_match_stock_or_a_listed_difference(peer_run):
+@pytest.mark.peer
+def test_vllms_scheduler_tests_match_stock_or_a_listed_difference():
     """What `make peer-test` runs: vLLM 0.32.0's own scheduler tests under
-    stock and every vspec variant (fetches the pinned sdist on first use),
-    started when collection ends (conftest.PeerRun). Exit 1: an unlisted
-    difference, a stock failure or an idle variant; exit 2: the fetch, the
-    vLLM pin or pytest itself failed."""
-    rc, out, err = peer_run
-    assert rc == 0, (
-        f"peer suite exited {rc} (make peer-test reproduces it; "
-        f"results/peer-suite.json has the comparison):\n{out[-12000:]}\n{err[-4000:]}")
+    stock and every vspec variant (fetches the pinned sdist on first use).
+    Exit 1: an unlisted difference, a stock failure or an idle variant;
+    exit 2: the fetch, the vLLM pin or pytest itself failed."""
+    run = run_command([sys.executable, str(peer_suite.HERE / "peer_suite.py")], timeout_s=2400)
+    assert run.returncode == 0, (
+        f"peer suite exited {run.returncode} (make peer-test reproduces it; "
+        f"results/peer-suite.json has the comparison):\n{run.stdout[-12000:]}\n"
+        f"{run.stderr[-4000:]}")

@@ -75,22 +75,18 @@ class Server:
     """Context manager: start `argv`, log to `log_path`, block until healthy."""
 
     def __init__(self, argv: list[str], port: int, log_path: Path,
-                 startup_timeout_s: float = 900.0, env: dict[str, str] | None = None,
-                 nice: int = 0):
+                 startup_timeout_s: float = 900.0, env: dict[str, str] | None = None):
         """`env`: the server's whole environment (this process's, read at
-        start, when None); `nice`: added to its niceness (a server started
-        beside other work that should keep the CPU first)."""
+        start, when None)."""
         self.argv, self.port, self.log_path = argv, port, log_path
-        self.startup_timeout_s, self.env, self.nice = startup_timeout_s, env, nice
+        self.startup_timeout_s, self.env = startup_timeout_s, env
         self.base_url = f"http://127.0.0.1:{port}"
         self.proc: subprocess.Popen | None = None
 
     def __enter__(self) -> "Server":
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "wb")
-        # nice(1), not a preexec_fn: a server may be started from a thread.
-        argv = ["nice", "-n", str(self.nice), *self.argv] if self.nice else self.argv
-        self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+        self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
                                      start_new_session=True,
                                      env=dict(os.environ) if self.env is None else self.env)
         log.close()  # the child holds its own descriptor
