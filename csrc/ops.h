@@ -65,7 +65,7 @@
 //   Outputs: int32 [B], int32 [B], int64 [B, D], int64 [B, D].
 #pragma once
 
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
 #include <tuple>
 

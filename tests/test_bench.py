@@ -11,6 +11,7 @@ import asyncio
 import json
 import re
 import shlex
+import socket
 import sys
 import threading
 import time
@@ -642,6 +643,17 @@ def test_a_variant_whose_server_dies_is_reported_and_the_rest_still_run(tmp_path
 
 # ------------------------------------------------------------ real server
 REPO = Path(__file__).resolve().parents[1]
+
+
+def test_free_port_is_bindable_and_never_one_the_kernel_hands_to_a_bind_to_port_0():
+    from vllm_vspec.bench import server
+
+    low = server._ephemeral_low()
+    for _ in range(20):
+        port = server.free_port()
+        assert server.FIRST_PORT <= port < low, (port, low)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
 
 
 @pytest.mark.engine

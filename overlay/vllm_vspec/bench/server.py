@@ -7,6 +7,7 @@ so stopping it ends exactly the processes this module started.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -61,7 +62,32 @@ def serve_argv(spec: ServerSpec, variant_args: list[str], port: int) -> list[str
             *(["--enforce-eager"] if spec.enforce_eager else []), *variant_args]
 
 
+FIRST_PORT = 10000  # above the well-known and most registered service ports
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux's default if unreadable)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
+    """A localhost port free now, for a server started next. Chosen at random
+    below the kernel's ephemeral range (net.ipv4.ip_local_port_range), so
+    that no bind to port 0 meanwhile (vLLM's get_open_port, torch's
+    rendezvous, another server's engine) is handed the same port: the
+    server binds it only after its imports, seconds later. Where that range
+    leaves no room below it, the kernel's own choice."""
+    candidates = range(FIRST_PORT, _ephemeral_low())
+    for port in random.SystemRandom().sample(candidates, min(64, len(candidates))):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
