@@ -9,6 +9,7 @@ near-ties are a host-numerics question; docs/models.md reports them).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -255,8 +256,7 @@ def reference(prompts) -> list[list[int]]:
 
 
 # ------------------------------------------------- commands and servers
-def run_command(command: list[str], timeout_s: float, *, cwd: Path | None = None,
-                env: dict[str, str] | None = None):
+def run_command(command: list[str], timeout_s: float, *, cwd: Path | None = None):
     """Run `command` to its end: a CompletedProcess (text stdout, stderr) with
     `seconds` added. Its own process group, so that the deadline (the test
     fails) or a session stopped early (Ctrl-C) stops what it started too (the
@@ -267,8 +267,7 @@ def run_command(command: list[str], timeout_s: float, *, cwd: Path | None = None
 
     # An inner pytest must not inherit this run's options (-k, -x, ...) or
     # its xdist worker identity.
-    env = {k: v for k, v in (os.environ if env is None else env).items()
-           if not k.startswith("PYTEST_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     started = time.monotonic()
     proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -289,36 +288,32 @@ def run_command(command: list[str], timeout_s: float, *, cwd: Path | None = None
     return done
 
 
+@contextlib.contextmanager
 def started(*servers):
-    """A context manager entering `servers` (bench.server.Server) side by side,
-    one thread each (a server's start-up waits on its own processes), and
-    stopping all of them on exit; on a failed start it stops the rest and
-    raises the first error."""
-    import contextlib
+    """Enter `servers` (bench.server.Server) side by side, one thread each (a
+    server's start-up waits on its own processes), and stop all of them on
+    exit; on a failed start, stop the rest and raise the first error."""
     import threading
 
-    @contextlib.contextmanager
-    def run():
-        errors: list[BaseException] = []
+    errors: list[BaseException] = []
 
-        def enter(server) -> None:
-            try:
-                server.__enter__()
-            except BaseException as e:  # noqa: BLE001 - re-raised below
-                errors.append(e)
-        threads = [threading.Thread(target=enter, args=(s,)) for s in servers]
+    def enter(server) -> None:
         try:
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            if errors:
-                raise errors[0]
-            yield servers
-        finally:
-            for server in servers:
-                server.stop()
-    return run()
+            server.__enter__()
+        except BaseException as e:  # noqa: BLE001 - re-raised below
+            errors.append(e)
+    threads = [threading.Thread(target=enter, args=(s,)) for s in servers]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        yield servers
+    finally:
+        for server in servers:
+            server.stop()
 
 
 # --------------------------------------------------------------- ordering

@@ -1,8 +1,8 @@
-"""The Ascend peer suite's own logic (tests/ascend_peer/), without running it:
-the comparison, the suite file (every expected difference and exclusion has a
-reason; every host table matches a pin), the test-file selection and the
-requirement list of the isolated venv, fast (no download, no venv, no
-pytest subprocess); then, marked `peer`, the suite itself."""
+"""The Ascend peer suite (tests/ascend_peer/). First its own logic, fast (no
+download, no venv, no pytest subprocess): the comparison, the suite file
+(every expected difference and exclusion has a reason; every host table
+matches a pin), the test-file selection and the requirement list of the
+isolated venv. Last, marked `peer`, the suite itself."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """`vllm-vspec serve --preset tiny-*` really serves on CPU: one server per
 preset, started through the launcher as a subprocess on a free localhost
-port, waited for on /health, stopped at the module's teardown. The tiny-draft preset's server is
-test_serving_faults.py's (the same command): it answers chat completions
-there and really speculates."""
+port, waited for on /health, stopped at the module's teardown. The
+tiny-draft preset's server is test_serving_faults.py's (the same command):
+it answers chat completions there and really speculates."""
 
 from __future__ import annotations
 

@@ -74,17 +74,17 @@ def servers(tmp_path_factory):
     in-process engine never runs."""
     tmp_path = tmp_path_factory.mktemp("serving_faults")
     vport, tport = _two_ports()
-    own_core = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+    own_core = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
     vspec = Server([sys.executable, "-m", "vllm_vspec.cli", "serve", "--preset", PRESET,
                     "--port", str(vport), "--", "--host", "127.0.0.1"],
-                   vport, tmp_path / "vspec.log", env={**os.environ, **own_core})
+                   vport, tmp_path / "vspec.log", env=own_core)
     preset = presets.load(presets.preset_path(PRESET))
     spec = ServerSpec(model=TARGET, max_model_len=preset.launch.max_model_len,
                       max_num_seqs=preset.launch.max_num_seqs,
                       kv_cache_memory_bytes=preset.launch.kv_cache_memory_bytes,
                       enforce_eager=True)
     target = Server(serve_argv(spec, [], tport), tport, tmp_path / "target.log",
-                    env={**os.environ, **own_core})
+                    env=own_core)
     with started(vspec, target):
         yield vspec, target
 
