@@ -39,16 +39,18 @@ def _variant(name: str, k: int | None):
     kind, _, value = name.rpartition("-")
     if kind == "stock":
         return er.draft_model_variant(er.DEFAULT_DRAFT, int(value)), {}
-    if kind == "vspec":
-        g = int(value)
+    drafters = {"vspec": ("draft_model", er.DEFAULT_DRAFT),
+                "eagle-vspec": ("eagle", er.DEFAULT_EAGLE)}
+    if kind in drafters:
+        method, drafter = drafters[kind]
         from vllm_vspec.hosts.vllm.worker import CPU_WORKER_CLS, GPU_WORKER_CLS
         from vllm.platforms import current_platform
 
         worker = CPU_WORKER_CLS if current_platform.is_cpu() else GPU_WORKER_CLS
-        return (er.vspec_variant(name, er.DEFAULT_DRAFT, k or 4,
-                                 policy="fixed", fixed_gamma=g, min_gamma=0),
+        return (er.vspec_variant(name, drafter, k or 4, method=method,
+                                 policy="fixed", fixed_gamma=int(value), min_gamma=0),
                 {"worker_cls": worker})
-    raise SystemExit(f"engine {name!r} is not known: target, stock-K or vspec-G")
+    raise SystemExit(f"engine {name!r} is not known: target, stock-K, vspec-G or eagle-vspec-G")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -108,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="profile one engine")
-    r.add_argument("engine", help="target, stock-K or vspec-G")
+    r.add_argument("engine", help="target, stock-K, vspec-G or eagle-vspec-G")
     r.add_argument("--batch", type=int, default=32)
     r.add_argument("--requests", type=int, default=32)
     r.add_argument("--max-tokens", type=int, default=64)

@@ -38,19 +38,24 @@ class RetainedHidden:
         self._slot_of = np.full(0, -1, dtype=np.int64)      # KV slot -> pool row (-1: none)
         self._key_of = np.full(capacity, -1, dtype=np.int64)  # pool row -> KV slot
         self._refs = np.zeros(capacity, dtype=np.int32)       # requests claiming each row
-        self._free = list(range(capacity - 1, -1, -1))        # a stack of free pool rows
-        # req_id -> the (positions, keys) chunks it claims, ascending positions
-        # across chunks; a decode step appends one chunk a request, and
-        # _joined concatenates them only when a request's claims are read.
-        self._claims: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
+        # Free pool rows: a stack, the first `_room` entries of `_free`.
+        self._free = np.arange(capacity - 1, -1, -1, dtype=np.int64)
+        self._room = capacity
+        # req_id -> the (first, keys) chunks it claims, ascending positions
+        # across chunks; `first` is the chunk's first position (its keys are
+        # at consecutive positions from there) or, for adopted claims, the
+        # array of their positions. A decode step appends one chunk a
+        # request; _joined concatenates them only when a request's claims
+        # are read.
+        self._claims: dict[str, list[tuple[int | np.ndarray, np.ndarray]]] = {}
 
     def __len__(self) -> int:
         """Pool rows in use."""
-        return self.capacity - len(self._free)
+        return self.capacity - self._room
 
     @property
     def room(self) -> int:
-        return len(self._free)
+        return self._room
 
     def claimed(self, req_id: str) -> np.ndarray:
         """The positions `req_id` claims."""
@@ -66,37 +71,46 @@ class RetainedHidden:
         """Keep values[i] (row i of a step's tokens) at keys[i]: request j
         owns the next counts[j] rows, positions starts[j], starts[j] + 1, ...
         A request's earlier claims from its start on are replaced (a step
-        after rejected drafts processes those positions again)."""
+        after rejected drafts processes those positions again). This runs
+        every lazy gamma-0 step: per request only a dict look-up and an
+        append, the rest is one array operation each."""
         if self._pool is None:
             self._pool = torch.empty(self.capacity, values.shape[-1], dtype=values.dtype,
                                      device=values.device)
+        claims = self._claims
         for req_id, start in zip(req_ids, starts):
-            held = self._claims.get(req_id)
-            # Claims ascend: only a step that starts at or below a request's
-            # last claim (it re-processes positions) replaces any.
-            if held is not None and held[-1][0][-1] >= start:
+            held = claims.get(req_id)
+            # Claims ascend: only a step that starts below the end of a
+            # request's last claim (it re-processes positions) replaces any.
+            if held is not None and _end(held[-1]) > start:
                 self._drop(req_id, lambda pos, s=start: pos >= s)
         rows = self._rows(keys)
         new = rows < 0
-        taken = int(new.sum())
-        if taken > self.room:
-            raise ValueError(f"{taken} tokens do not fit in the {self.room} free "
+        taken = int(np.count_nonzero(new))
+        if taken > self._room:
+            raise ValueError(f"{taken} tokens do not fit in the {self._room} free "
                              f"of {self.capacity}; check `room` first")
-        # Keys repeat only within one request's re-processed positions, which
-        # _drop released: every new key is distinct.
-        fresh = np.array(self._free[len(self._free) - taken:], dtype=np.int64)
-        del self._free[len(self._free) - taken:]
-        rows[new] = fresh
-        self._grow(int(keys.max()) + 1 if len(keys) else 0)
-        self._slot_of[keys[new]] = fresh
-        self._key_of[fresh] = keys[new]
-        self._pool[torch.from_numpy(rows).to(self._pool.device)] = values.to(self._pool.dtype)
-        np.add.at(self._refs, rows, 1)
+        if taken:
+            # Keys repeat only within one request's re-processed positions,
+            # which _drop released: every new key is distinct.
+            fresh = self._free[self._room - taken:self._room].copy()
+            self._room -= taken
+            rows[new] = fresh
+            self._slot_of[keys[new]] = fresh
+            self._key_of[fresh] = keys[new]
+        self._pool.index_copy_(0, torch.from_numpy(rows).to(self._pool.device),
+                               values.to(self._pool.dtype))
+        # A step's keys are distinct (one KV slot a token), so are its rows.
+        self._refs[rows] += 1
         offset = 0
         for req_id, start, n in zip(req_ids, starts, counts):
             if n:
-                self._claims.setdefault(req_id, []).append(
-                    (np.arange(start, start + n), keys[offset:offset + n]))
+                chunk = (start, keys[offset:offset + n])
+                held = claims.get(req_id)
+                if held is None:
+                    claims[req_id] = [chunk]
+                else:
+                    held.append(chunk)
             offset += n
 
     def adopt(self, req_id: str, positions: np.ndarray, keys: np.ndarray) -> int:
@@ -122,10 +136,11 @@ class RetainedHidden:
             self._drop(req_id, None)
 
     def _rows(self, keys: np.ndarray) -> np.ndarray:
-        rows = np.full(len(keys), -1, dtype=np.int64)
-        inside = keys < len(self._slot_of)
-        rows[inside] = self._slot_of[keys[inside]]
-        return rows
+        """The pool row of each key (-1: none), a new array; grows the index
+        to cover the keys."""
+        if len(keys):
+            self._grow(int(keys.max()) + 1)
+        return self._slot_of[keys]
 
     def _grow(self, size: int) -> None:
         if size > len(self._slot_of):
@@ -144,8 +159,8 @@ class RetainedHidden:
         chunks = self._claims.get(req_id)
         if chunks is None:
             return None
-        if len(chunks) > 1:
-            chunks[:] = [(np.concatenate([c[0] for c in chunks]),
+        if len(chunks) > 1 or not isinstance(chunks[0][0], np.ndarray):
+            chunks[:] = [(np.concatenate([_positions(c) for c in chunks]),
                           np.concatenate([c[1] for c in chunks]))]
         return chunks[0]
 
@@ -163,8 +178,21 @@ class RetainedHidden:
         dead = np.unique(rows[self._refs[rows] == 0])
         self._slot_of[self._key_of[dead]] = -1
         self._key_of[dead] = -1
-        self._free.extend(dead.tolist())
+        self._free[self._room:self._room + len(dead)] = dead
+        self._room += len(dead)
         if gone.all():
             del self._claims[req_id]
         else:
             self._claims[req_id] = [(positions[~gone], keys[~gone])]
+
+
+def _positions(chunk: tuple[int | np.ndarray, np.ndarray]) -> np.ndarray:
+    """A claim chunk's positions."""
+    first, keys = chunk
+    return first if isinstance(first, np.ndarray) else np.arange(first, first + len(keys))
+
+
+def _end(chunk: tuple[int | np.ndarray, np.ndarray]) -> int:
+    """One past a claim chunk's last position."""
+    first, keys = chunk
+    return int(first[-1]) + 1 if isinstance(first, np.ndarray) else first + len(keys)

@@ -27,11 +27,14 @@ from typing import Any
 
 import numpy as np
 import torch
+from vllm.logger import init_logger
 from vllm.v1.attention.backend import CommonAttentionMetadata
 
 from vllm_vspec.core.draft_lag import DraftLag, Segment, catch_up_passes
 from vllm_vspec.hosts.retained_hidden import RetainedHidden
 from vllm_vspec.hosts.vllm.drafter_batch import run_pass, segments_batch
+
+logger = init_logger(f"vllm.{__name__}")
 
 
 class HeadLag:
@@ -76,19 +79,29 @@ class HeadLag:
         req_ids = batch.req_ids[:n]
         starts = batch.num_computed_tokens_cpu[:n].tolist()
         if skip:
-            counts = [scheduler_output.num_scheduled_tokens[r] for r in req_ids]
-            row_of = np.repeat(np.arange(n), counts)
-            # Token i of the step sits at its request's start plus its rank
-            # within the request (no per-request arrays: this runs every step).
-            first = np.cumsum(counts) - counts
-            positions = np.arange(len(row_of)) + (np.asarray(starts) - first)[row_of]
+            # The step's token layout as the host's _prepare_inputs left it
+            # in the runner's CPU buffers (vLLM 0.32 gpu_model_runner.py
+            # 1944-1956, 2029-2030, 2127-2130): token i belongs to batch row
+            # req_indices[i], at rank query_pos[i] within its request.
+            total = int(runner.query_start_loc.np[n])
+            row_of = runner.req_indices.np[:total]
+            positions = batch.num_computed_tokens_cpu[row_of] + runner.query_pos.np[:total]
+            counts = runner.num_scheduled_tokens.np[:n].tolist()
             keys = rows[row_of, positions // bs].astype(np.int64) * bs + positions % bs
-            if store.needed(keys) <= store.room:
+            need = store.needed(keys)
+            if need <= store.room:
                 lag.skipped(req_ids, starts, [s + c for s, c in zip(starts, counts)], rows[:n])
                 store.retain(req_ids, starts, counts, keys,
                              self._target_states(hidden_states, aux_hidden_states, len(keys)))
                 return True
             self.forced_sync += 1
+            # Powers of two: a pool too small for the load shows at once and
+            # keeps showing, without a line a step.
+            if self.forced_sync & (self.forced_sync - 1) == 0:
+                logger.info("vspec: a gamma-0 step ran sync (head catch-up first): %d "
+                            "new tokens did not fit in the %d free of gamma0_retained_tokens=%d "
+                            "(%d such steps so far; a larger gamma0_retained_tokens avoids "
+                            "them)", need, store.room, store.capacity, self.forced_sync)
         segments = lag.take(req_ids, starts, rows[:n])
         if segments:
             self._catch_up(cad, segments, batch.token_ids_cpu, rows, bs)
