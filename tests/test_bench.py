@@ -937,3 +937,21 @@ def test_serve_profile_compare_sums_samples_over_every_stack_a_function_is_on(tm
     assert lines[0].startswith("samples: 100 (a.txt) -> 120 (b.txt)")
     assert any(line.split()[:3] == ["0", "20", "+20"] and "post_step" in line for line in lines)
     assert not any("forward" in line for line in lines)             # unchanged: not listed
+
+
+def test_step_profile_steps_compares_decode_steps_without_the_prefill_and_the_tail():
+    from vllm_vspec.bench import step_profile
+
+    # Three prefill/ramp steps and two tail steps per round are left out: only
+    # the 2 ms (resp. 3 ms) decode steps are compared.
+    def round_of(decode_ms):
+        return [0.5, 0.1, 0.1, *[decode_ms / 1e3] * 5, 0.9, 0.9]
+
+    rows = step_profile.summarize_steps({"target": [round_of(2.0)] * 3,
+                                         "eagle-vspec-0": [round_of(3.0)] * 3})
+    assert [r["engine"] for r in rows] == ["target", "eagle-vspec-0"]
+    assert rows[0]["decode_step_ms"] == pytest.approx(2.0)
+    assert rows[1]["decode_step_ratio"] == pytest.approx(1.5)
+    assert rows[1]["round_ratio"] == pytest.approx((2.5 + 0.015) / (2.5 + 0.010))
+    table = step_profile.format_steps(rows)
+    assert table[0].startswith("| engine |") and "| eagle-vspec-0 | 3 | 10 | 3.000 | 1.5000 |" in table[3]
