@@ -53,20 +53,22 @@ def _variant(name: str, k: int | None):
     if name == "target":
         return er.Variant("target"), {}
     kind, _, value = name.rpartition("-")
-    if kind == "stock":
-        return er.draft_model_variant(er.DEFAULT_DRAFT, int(value)), {}
-    drafters = {"vspec": ("draft_model", er.DEFAULT_DRAFT),
-                "eagle-vspec": ("eagle", er.DEFAULT_EAGLE)}
-    if kind in drafters:
-        method, drafter = drafters[kind]
-        from vllm_vspec.hosts.vllm.worker import CPU_WORKER_CLS, GPU_WORKER_CLS
-        from vllm.platforms import current_platform
+    drafters = {"stock": ("draft_model", er.DEFAULT_DRAFT), "vspec": ("draft_model", er.DEFAULT_DRAFT),
+                "eagle-stock": ("eagle", er.DEFAULT_EAGLE), "eagle-vspec": ("eagle", er.DEFAULT_EAGLE)}
+    if kind not in drafters or not value.isdigit():
+        raise SystemExit(f"engine {name!r} is not known: target, stock-K, vspec-G, "
+                         f"eagle-stock-K or eagle-vspec-G")
+    method, drafter = drafters[kind]
+    if kind.endswith("stock"):
+        return er.Variant(name, {"method": method, "model": str(drafter),
+                                 "num_speculative_tokens": int(value)}), {}
+    from vllm_vspec.hosts.vllm.worker import CPU_WORKER_CLS, GPU_WORKER_CLS
+    from vllm.platforms import current_platform
 
-        worker = CPU_WORKER_CLS if current_platform.is_cpu() else GPU_WORKER_CLS
-        return (er.vspec_variant(name, drafter, k or 4, method=method,
-                                 policy="fixed", fixed_gamma=int(value), min_gamma=0),
-                {"worker_cls": worker})
-    raise SystemExit(f"engine {name!r} is not known: target, stock-K, vspec-G or eagle-vspec-G")
+    worker = CPU_WORKER_CLS if current_platform.is_cpu() else GPU_WORKER_CLS
+    return (er.vspec_variant(name, drafter, k or 4, method=method,
+                             policy="fixed", fixed_gamma=int(value), min_gamma=0),
+            {"worker_cls": worker})
 
 
 def run(args: argparse.Namespace) -> int:
@@ -215,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="profile one engine")
-    r.add_argument("engine", help="target, stock-K, vspec-G or eagle-vspec-G")
+    r.add_argument("engine", help="target, stock-K, vspec-G, eagle-stock-K or eagle-vspec-G")
     r.add_argument("--batch", type=int, default=32)
     r.add_argument("--requests", type=int, default=32)
     r.add_argument("--max-tokens", type=int, default=64)
@@ -223,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="num_speculative_tokens of a vspec engine (default 4)")
     r.add_argument("--out", type=Path, required=True)
     t = sub.add_parser("steps", help="decode-step times of engines side by side")
-    t.add_argument("engines", help="comma-separated: target, stock-K, vspec-G, eagle-vspec-G; "
+    t.add_argument("engines", help="comma-separated: target, stock-K, vspec-G, eagle-stock-K, eagle-vspec-G; "
                                    "ratios are to the first")
     t.add_argument("--rounds", type=int, default=8)
     t.add_argument("--batch", type=int, default=32)
