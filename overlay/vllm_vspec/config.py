@@ -271,7 +271,8 @@ class VSpecConfig:
     the first skipped step: the width is the target's hidden size, 3x for
     eagle3; 8192 tokens of a 4096-wide bf16 target are 64 MiB). A skipped
     step whose tokens would not fit runs sync instead: the head first
-    catches up on what its requests kept, which frees it."""
+    catches up on what its requests kept, which frees it (the worker logs
+    the 1st, 2nd, 4th, ... such step: a sign to raise this)."""
 
     tree_width: int = ranged(1, 1, MAX_TREE_WIDTH)
     """EXPERIMENTAL, CPU host only: the widest EAGLE draft tree the controller
