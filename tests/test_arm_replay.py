@@ -108,6 +108,45 @@ def test_a_recorded_trace_replays_to_the_same_width_1_decisions(name):
     assert len({g for g, _, _ in got}) > 2      # the trace exercises several gammas
 
 
+# The first 300 steps of a served bench (2026-12-03, `vllm-vspec bench
+# --enforce-eager --variants target,fixed-1,...,online --repeats 3`, round 1
+# of the online server, code of 90e6910; docs/benchmarks.md, issue 29): two
+# warm-up requests (batch 2), then one request at a time. Batch 1 was seeded
+# at gamma 4 and held there by the hysteresis against every probe of gamma 3,
+# which scored 1-3% ahead.
+CPU_BENCH = TRACES / "cpu-bench-c1.jsonl"
+
+
+def replay_records(path: Path) -> list[tuple[int, tuple[int, str], tuple[int, str]]]:
+    """(step, recorded (gamma, reason), replayed) for every step where a fresh
+    online controller decides otherwise than the recorded one."""
+    _, records = read_trace(path)
+    clock = Clock()
+    ctl = GammaController(VSpecConfig.from_dict({"policy": "online"}, K), K, clock=clock)
+    out = []
+    for r in records:
+        d = ctl.decide(BatchState(r["num_reqs"], BUDGET, r["mean_context_len"]))
+        if (d.gamma, d.reason) != (r["gamma"], r["reason"]):
+            out.append((r["step"], (r["gamma"], r["reason"]), (d.gamma, d.reason)))
+        clock.now += r["interval_s"]
+        ctl.observe(StepFeedback(tuple(r["drafted"]), tuple(r["accepted"]), r["committed"]))
+    return out
+
+
+def test_the_served_batch_1_stuck_at_gamma_4_moves_to_gamma_3_on_evidence(monkeypatch):
+    from vllm_vspec.core.policies import online as policy
+
+    # Without an evidence verdict the replay is the recorded run: stuck.
+    monkeypatch.setattr(policy, "AHEAD_MIN_EVIDENCE", 10 ** 9)
+    assert replay_records(CPU_BENCH) == []
+    monkeypatch.undo()
+    # With it, the first decision that differs takes batch 1 to gamma 3 (the
+    # steps after it are counterfactual: the recorded feedback is gamma 4's).
+    first = replay_records(CPU_BENCH)[0]
+    assert first[1] == (4, "hysteresis") and first[2] == (3, "evidence"), first
+    assert first[0] <= 300
+
+
 if __name__ == "__main__":
     TRACES.mkdir(parents=True, exist_ok=True)
     for scenario in sys.argv[1:] or SCENARIOS:

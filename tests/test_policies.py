@@ -3,6 +3,7 @@ warm-up, min_gamma = 0, feasibility; and the acceptance statistics."""
 
 from __future__ import annotations
 
+import math
 import random
 from collections import Counter
 from pathlib import Path
@@ -703,3 +704,46 @@ def test_probes_of_a_neighbour_4_percent_slower_are_backed_off(seed):
     after = decisions[1000:]
     off = sum(d.gamma != 4 for d in after)
     assert off <= 0.03 * len(after), Counter(d.gamma for d in after)
+
+
+def test_the_acceptance_noise_estimate_learns_a_spread_beyond_its_first_bound():
+    # Batch 1: E jumps by tenths of a token between control points (each
+    # request accepts differently). Folding only moves within the bound kept
+    # the bound near 0 for good, so every judgement dropped the evidence.
+    arms = judged_arms()
+    for i in range(60):
+        arms.judged.pop(3, None)                    # a new probe of 3 each time
+        acc = 2.0 + (0.3 if i % 2 else -0.3)
+        arms.judge(2, {2: 24.0, 3: 23.5}, {2: 2.0, 3: 2.0}, acceptance=acc)
+    assert 4 * arms.acc_var ** 0.5 > 0.3, arms.acc_var
+    assert len(arms.evidence[3][1]) == 8           # kept across judgements, up to BACKOFF_EVIDENCE
+    # A jump far beyond that spread is still news: the evidence restarts.
+    arms.judge(2, {2: 24.0, 3: 23.5}, {2: 2.0, 3: 2.0}, acceptance=6.0)
+    assert 3 not in arms.evidence
+
+
+def test_an_arm_clearly_ahead_on_evidence_is_marked_after_enough_judgements():
+    from vllm_vspec.core.policies.online import AHEAD_MIN_EVIDENCE
+    arms = judged_arms()
+    marks = []
+    for gap in [-0.03, -0.031, -0.029, -0.03, -0.03]:
+        judge_gaps(arms, [gap])
+        marks.append(arms.ahead.get(3))
+    assert marks == [None] * (AHEAD_MIN_EVIDENCE - 1) + [2] * (6 - AHEAD_MIN_EVIDENCE), marks
+    judge_gaps(arms, [0.05, 0.06, 0.05, 0.06])      # then behind: no longer ahead
+    assert 3 not in arms.ahead
+
+
+def test_evidence_moves_the_governor_past_the_hysteresis_and_a_probe_does_not():
+    gov = governor()
+    gov.start(1, 2)
+    scores = lambda: {2: 100.0, 3: 104.0}  # noqa: E731
+    assert gov.step(1, 0, K, scores, "ucb") == (2, "hysteresis")
+    assert gov.step(1, 0, K, scores, "ucb", clearly_ahead=lambda a: False) == (2, "hysteresis")
+    assert gov.step(1, 0, K, scores, "ucb", clearly_ahead=lambda a: a == 3) == (3, "evidence")
+    # Back from a probe the incumbent is the reference: evidence is about the
+    # current arm, so it does not decide there.
+    gov.start(1, 2)
+    assert gov.step(1, 0, K, lambda: {2: 100.0, 3: math.inf}, "ucb") == (3, "ucb")
+    assert gov.step(1, 0, K, lambda: {2: 100.0, 3: 104.0}, "ucb",
+                    clearly_ahead=lambda a: True) == (2, "hysteresis")

@@ -234,7 +234,10 @@ def sim_rows():
 def test_sim_budget_is_near_the_oracle_and_ahead_of_online_when_heterogeneous(sim_rows):
     row = sim_rows["hetero-b128"]
     assert row["budget/oracle"] >= 0.95, row
-    assert row["budget/online"] > 1.01, row
+    # Ahead of online. (The margin was 2.3% until the online policy's
+    # evidence rule and batch-1 noise estimate, issue 29, made online 1.4%
+    # better on this workload: 0.9% now.)
+    assert row["budget/online"] > 1.0, row
     assert row["calibration"]["brier"] < row["calibration"]["raw_brier"]
 
 

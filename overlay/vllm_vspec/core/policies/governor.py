@@ -7,6 +7,14 @@ change of gamma per decision. Arms are those of the policy's arm space
 A move to an arm scored +inf (never measured, or a probe) is exploration,
 not a verdict: the arm it left stays the incumbent, so the next decision
 compares against it and goes back without having to beat the hysteresis.
+
+The hysteresis guards against noise, so it yields to evidence: a policy
+that can say an arm is clearly ahead of the current one (`clearly_ahead`:
+the online policy's judged probes, policies/online.py AHEAD_MIN_EVIDENCE)
+moves to it when it scores best, however small its lead. Else a neighbour a
+few percent better than the current arm, less than the hysteresis, is never
+reached (issue 29: a CPU bench held batch 1 at gamma 4 for 599 of 715 steps
+while gamma 3 measured 1-3% ahead, docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -41,11 +49,14 @@ class Governor:
 
     def step(self, bucket: int, lo: int, hi: int,
              scores: Callable[[], Mapping[Arm, float]], word: str,
-             arms: Sequence[Arm] | None = None) -> tuple[Arm, str]:
+             arms: Sequence[Arm] | None = None,
+             clearly_ahead: Callable[[Arm], bool] | None = None) -> tuple[Arm, str]:
         """One decision for a bucket that already has an arm. `arms`: the
         step's feasible arms in cost order (default: the gammas lo..hi, width
         1). `scores` is called only at a control point and maps each of them
-        to its score (higher is better)."""
+        to its score (higher is better). `clearly_ahead(arm)`: whether the
+        policy's evidence puts `arm` clearly ahead of the current arm (it
+        then need not beat the hysteresis)."""
         space = self.space
         arms = range(lo, hi + 1) if arms is None else arms
         cur = self.gamma[bucket]
@@ -64,7 +75,10 @@ class Governor:
         best = max(s, key=lambda a: (s[a], a == ref, [-c for c in space.cost(a)]))
         reason = word
         if best != ref and s[best] <= s[ref] * (1.0 + self.hysteresis):
-            best, reason = ref, "hysteresis"
+            if ref == cur and clearly_ahead is not None and clearly_ahead(best):
+                reason = "evidence"
+            else:
+                best, reason = ref, "hysteresis"
         if best == cur:
             return cur, reason
         move = space.toward(cur, best, self.max_step, arms)
