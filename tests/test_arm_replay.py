@@ -119,18 +119,11 @@ CPU_BENCH = TRACES / "cpu-bench-c1.jsonl"
 
 def replay_records(path: Path) -> list[tuple[int, tuple[int, str], tuple[int, str]]]:
     """(step, recorded (gamma, reason), replayed) for every step where a fresh
-    online controller decides otherwise than the recorded one."""
+    online controller (`replay`) decides otherwise than the recorded one."""
     _, records = read_trace(path)
-    clock = Clock()
-    ctl = GammaController(VSpecConfig.from_dict({"policy": "online"}, K), K, clock=clock)
-    out = []
-    for r in records:
-        d = ctl.decide(BatchState(r["num_reqs"], BUDGET, r["mean_context_len"]))
-        if (d.gamma, d.reason) != (r["gamma"], r["reason"]):
-            out.append((r["step"], (r["gamma"], r["reason"]), (d.gamma, d.reason)))
-        clock.now += r["interval_s"]
-        ctl.observe(StepFeedback(tuple(r["drafted"]), tuple(r["accepted"]), r["committed"]))
-    return out
+    return [(r["step"], (r["gamma"], r["reason"]), (gamma, reason))
+            for r, (gamma, _, reason) in zip(records, replay("online", path))
+            if (gamma, reason) != (r["gamma"], r["reason"])]
 
 
 def test_the_served_batch_1_stuck_at_gamma_4_moves_to_gamma_3_on_evidence(monkeypatch):

@@ -301,11 +301,11 @@ class _Arms:
             # the moment: a one-off jump raises the spread by a bounded
             # step and does not hide itself, while a bucket whose E keeps
             # moving by more learns that spread within tens of control
-            # points. (Folding only the moves within the
-            # bound never learnt batch 1's: its E moved by a median 0.26
-            # tokens between control points in a CPU bench while the bound
-            # grew from 0 to 0.07 tokens in 700 steps, so nearly every
-            # judgement dropped the evidence; docs/benchmarks.md, issue 29.)
+            # points. (Folding only the moves within the bound never learnt
+            # batch 1's: its E moved by a median 0.26 tokens between control
+            # points in a CPU bench while the bound grew from 0 to 0.07
+            # tokens in 700 steps, so nearly every judgement dropped the
+            # evidence; docs/benchmarks.md, issue 29.)
             cap = max(noise_e, ACCEPTANCE_MOVE_TOKENS)
             clipped = max(-cap, min(cap, d))
             self.acc_var = (1 - ACCEPTANCE_NOISE_WEIGHT) * (
