@@ -375,6 +375,64 @@ def test_rejection_at_an_earlier_position_does_not_age_a_later_one():
     assert acc.rates()[1] == pytest.approx(1 / 3)           # (0.5 * 1 + 0) / 1.5
 
 
+def test_an_estimate_on_few_tokens_or_long_absent_has_a_large_error():
+    acc = PositionAcceptance(2, ewma_weight=0.1, min_observations=1)
+    acc.update(drafted=(1,), accepted=(0,))                 # one token: estimate 0.0
+    one = acc.errors()[0]
+    assert acc.rates()[0] == 0.0 and one >= 0.25            # a coin's error, not certainty
+    assert acc.errors()[1] == 0.5                           # unmeasured: unknown
+    for _ in range(40):
+        acc.update(drafted=(1,) * 32, accepted=(1, 0) * 16)  # batch 32, half accepted
+    steady = acc.errors()[0]
+    assert steady < 0.05, steady
+    for _ in range(60):
+        acc.update(drafted=(0,) * 32, accepted=(0,) * 32)   # gamma 0: position absent
+    assert acc.errors()[0] > 4 * steady                     # stale: stands on little
+    assert acc.rates()[0] == pytest.approx(0.5, abs=0.01)   # the estimate itself is kept
+
+
+def test_the_gap_owes_the_acceptance_error_only_to_the_positions_the_arms_weigh_differently():
+    pol = GammaController(VSpecConfig(policy="online", max_gamma=3), 3).policy
+    for _ in range(30):                      # positions 1-2 well measured at batch 32
+        pol.acceptance.update((2,) * 32, (2, 1, 0, 2) * 8)
+    e = {1: pol.acceptance.expected(1, 3)}
+    means = {g: 10.0 * e[1][g] for g in range(4)}
+    var = pol.gap_acceptance_variance(1, means, e, 3)
+    # Gamma 2 differs from 1 in position 2 (measured): a small error.
+    # Gamma 3 also weighs position 3, never measured: a large one.
+    assert var[2] < 1e-3 < 1e-2 < var[3], var
+    assert var[0] < 1e-3                    # gamma 0 vs 1: position 1, measured
+
+
+def test_a_gap_within_the_acceptance_error_is_not_a_loss():
+    # Batch 1: a probe of gamma 2 measured position 2 on one or two drafted
+    # tokens, estimate 0, so gamma 2 scored ~10% behind gamma 1. Judged on
+    # the windows alone that was a clear loss, and the back-off kept the
+    # estimate stale (docs/benchmarks.md, issue 29).
+    arms = judged_arms()
+    counts = []
+    for _ in range(5):
+        arms.judged.pop(3, None)
+        arms.judge(2, {2: 24.0, 3: 21.6}, {2: 2.4, 3: 2.4}, acceptance=2.4,
+                   acc_var={3: 0.15 ** 2})
+        counts.append(arms.backoff.get(3, 0))
+    assert counts == [0] * 5, counts
+    assert judge_gaps(judged_arms(), [0.1] * 5) == [1, 2, 3, 4, 5]    # without: losses
+
+
+def test_a_switch_drops_the_back_off_earned_against_the_arm_left():
+    # Gamma 1 lost repeatedly against gamma 2; the bucket then moved to
+    # gamma 0, which measures no acceptance: gamma 1 is the arm that tells
+    # whether drafting pays again, and must be probed at the base interval.
+    from vllm_vspec.core.policies.online import BACKOFF_FREE_LOSSES
+    arms = judged_arms(cur_rate=10.0, arm_rate=9.0)
+    assert judge_gaps(arms, [0.1] * 4, cur=2, arm=3)[-1] > BACKOFF_FREE_LOSSES
+    for _ in range(8):
+        arms.add(0, 12.0, num_reqs=16)
+    arms.judge(0, {0: 24.0, 2: 23.0, 3: 20.0}, {0: 1.0, 2: 2.4, 3: 2.4}, acceptance=1.0)
+    assert 3 not in arms.backoff
+
+
 def test_expected_tokens_formula():
     assert expected_tokens_all((0.5, 0.5), 2) == pytest.approx([1.0, 1.5, 1.75])
 

@@ -208,6 +208,9 @@ class WidthAcceptance:
     def rates(self, width: int = 1) -> list[float]:
         return self._of(width).rates()
 
+    def errors(self, width: int = 1) -> list[float]:
+        return self._of(width).errors()
+
     def expected(self, width: int, k_max: int) -> list[float]:
         """[E(0), ..., E(k_max)] for trees of `width`."""
         return expected_tokens_all(self.rates(width), k_max)

@@ -75,6 +75,7 @@ from __future__ import annotations
 import math
 from collections import deque
 
+from vllm_vspec.core.acceptance_stats import expected_tokens_all
 from vllm_vspec.core.arms import Arm, GammaArms, WidthAcceptance, nearest, on_line
 from vllm_vspec.config import VSpecConfig
 from vllm_vspec.core.policies.governor import Governor
@@ -198,6 +199,7 @@ class _Arms:
         self.evidence: dict[Arm, tuple[Arm, deque[float]]] = {}
         self.context: dict[Arm, tuple[float, float]] = {}
         self.ahead: dict[Arm, Arm] = {}      # arm -> the current arm it is clearly ahead of
+        self.against: Arm | None = None       # the current arm at the last judgement
         self.batch = 0.0                      # EWMA of the batch size of its stable steps
         self.acc_mean: float | None = None    # EWMA of E(max gamma) at its control points
         self.acc_var = 0.0                    # and of its variance
@@ -281,12 +283,14 @@ class _Arms:
         return math.sqrt(var / len(r))
 
     def judge(self, cur: Arm, means: dict[Arm, float], e: dict[Arm, float],
-              acceptance: float) -> None:
+              acceptance: float, acc_var: dict[Arm, float] | None = None) -> None:
         """Back-off bookkeeping at a control point (BACKOFF_*, ACCEPTANCE_MOVE, BATCH_MOVE):
         judge every arm with a sample newer than its last judgement against
         the current arm `cur`, on its evidence (its judged gaps against
         `cur`); drop the back-off and the evidence of arms whose context
-        moved. `means` are R estimates, `e` the E(arm) factors."""
+        moved. `means` are R estimates, `e` the E(arm) factors, `acc_var`
+        the variance each arm's gap owes to the acceptance estimates' own
+        errors (OnlinePolicy.gap_acceptance_variance; default none)."""
         batch = self.batch
         # The acceptance signal's own spread at this bucket's control points
         # (an EWMA of its variance): at batch 1 E moves by tenths of a token
@@ -319,26 +323,46 @@ class _Arms:
                 self.evidence.pop(g, None)
                 self.ahead.pop(g, None)
                 del self.context[g]
+        if cur != self.against:
+            # Every loss was judged against the arm current then; against
+            # another it says nothing. Kept, it stretched the probes of the
+            # one arm that could tell that the acceptance had come back: a
+            # simulated batch 1 that moved from gamma 2 to gamma 0 (which
+            # measures no acceptance) stayed there 1,028 steps, gamma 1
+            # backed off to 1,024-step probes by its losses against gamma 2.
+            # (Keeping the losses of arms the move went away from changes
+            # nothing: only the current arm's neighbours are probed.)
+            self.backoff.clear()
+            self.against = cur
         if cur not in means or means[cur] <= 0:
             return
         for g, seen in self.last_seen.items():
             if g == cur or self.judged.get(g) == seen or g not in means:
                 continue
             self.judged[g] = seen
-            against, gaps = self.evidence.get(g, (None, deque()))
+            against, gaps, gap_acc_var = self.evidence.get(g, (None, deque(), deque()))
             if against != cur:
                 gaps = deque(maxlen=BACKOFF_EVIDENCE)
-                self.evidence[g] = (cur, gaps)
+                gap_acc_var = deque(maxlen=BACKOFF_EVIDENCE)
+                self.evidence[g] = (cur, gaps, gap_acc_var)
                 self.context[g] = (acceptance, batch)
             gaps.append((means[cur] - means[g]) / means[cur])
+            gap_acc_var.append((acc_var or {}).get(g, 0.0))
             n = len(gaps)
             mean = sum(gaps) / n
             spread = sum((x - mean) ** 2 for x in gaps) / (n - 1) if n > 1 else 0.0
             se_cur, se_g = self.standard_error(cur), self.standard_error(g)
             # The current arm's window spans every judgement (its error is
             # common to all of them); the probed arm's samples are mostly new
-            # at each probe, so its error averages out with the gaps'.
-            var = ((spread + (e.get(g, 1.0) * se_g / means[cur]) ** 2) / n
+            # at each probe, so its error averages out with the gaps', and
+            # so does the acceptance estimates' (a probe re-measures the
+            # positions the two arms differ in). Without the latter, a
+            # position measured on one batch-1 probe (one drafted token: an
+            # estimate of 0 or 1) made verdicts: a CPU bench held batch 1 at
+            # gamma 1 for 124 steps and at gamma 0 for 132 (position 2's,
+            # then 1's, estimate stale near 0, the arm above backed off on
+            # it; docs/benchmarks.md, issue 29).
+            var = ((spread + (e.get(g, 1.0) * se_g / means[cur]) ** 2 + sum(gap_acc_var) / n) / n
                    + (e.get(cur, 1.0) * se_cur / means[cur]) ** 2
                    if se_cur is not None and se_g is not None else math.inf)
             if mean > BACKOFF_Z * math.sqrt(var):
@@ -505,7 +529,7 @@ class OnlinePolicy:
             # move only when a probe drafts them).
             e_cur = self.acceptance.expected(space.width(cur), max(1, space.gamma(cur)))[-1]
             arms.judge(cur, means, {a: e_all[space.width(a)][space.gamma(a)] for a in means},
-                       e_cur)
+                       e_cur, self.gap_acceptance_variance(cur, means, e_all, depth))
         if (self.governor.exploring(bucket)
                 or means.get(cur, 0.0) * (1.0 + self.config.hysteresis) < r_max):
             return out
@@ -525,6 +549,31 @@ class OnlinePolicy:
             e_best = e[depth - 1] + (e[depth - 1] - e[depth - 2] if depth >= 2 else 1.0)
             if e_best / e[depth] * means[above] > r_max * (1.0 + self.config.hysteresis):
                 out[above] = math.inf
+        return out
+
+    def gap_acceptance_variance(self, cur: Arm, means: dict[Arm, float],
+                                e: dict[int, list[float]], depth: int) -> dict[Arm, float]:
+        """Per arm, the variance of its relative gap to `cur`, 1 - R(arm) /
+        R(cur), that the errors of the acceptance estimates make
+        (PositionAcceptance.errors; delta method). E is linear in each
+        position's rate, so raising one rate by 1 gives its exact
+        derivative. `means` are R estimates, `e` E per width up to `depth`."""
+        space = self.space
+        w_cur, g_cur = space.width(cur), space.gamma(cur)
+        out = {a: 0.0 for a in means if a != cur}
+        if cur not in means or means[cur] <= 0:
+            return out
+        for w in e:
+            rates, errors = self.acceptance.rates(w), self.acceptance.errors(w)
+            for i in range(depth):
+                bumped = list(rates)
+                bumped[i] += 1.0
+                slope = [x - y for x, y in zip(expected_tokens_all(bumped, depth), e[w])]
+                d_cur = slope[g_cur] / e[w][g_cur] if w == w_cur else 0.0
+                for a in out:
+                    g = space.gamma(a)
+                    d_a = slope[g] / e[w][g] if space.width(a) == w else 0.0
+                    out[a] += (means[a] / means[cur] * (d_a - d_cur) * errors[i]) ** 2
         return out
 
     # ------------------------------------------------------------ observe
