@@ -16,8 +16,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Sequence
 
-from vllm_vspec.sim.simulator import (Rates, SimResult, Workload, bursty, phase_shift, ratios,
-                                      steady)
+from vllm_vspec.sim.simulator import (Rates, SimResult, Workload, bursty, per_request,
+                                      phase_shift, ratios, steady)
 
 
 # ------------------------------------------------------------------ report
@@ -97,4 +97,6 @@ WORKLOADS: dict[str, Callable[[float, Rates], Workload]] = {
     "steady-b128": lambda s, r: steady(128, r, tokens=int(65536 * s)),
     "phase-b16": lambda s, r: phase_shift(16, tokens=int(65536 * s)),
     "bursty": lambda s, r: bursty(rates=r, tokens=int(98304 * s)),
+    # Draws its own rates per request (--rates does not apply).
+    "per-request-b1": lambda s, r: per_request(1, tokens=int(16384 * s)),
 }

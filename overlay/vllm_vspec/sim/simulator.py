@@ -164,6 +164,25 @@ def bursty(low: int = 2, high: int = 128, rates: Rates = DRAFT_RATES,
                     Cycle(((1, rates_value(rates)),)))
 
 
+def per_request(batch: int, tokens: int = 16384, output_len: int = 64,
+                seed: int = 0) -> Workload:
+    """Acceptance that changes with every request, as prompts of one family
+    do at low concurrency (the CPU bench at concurrency 1: first-position
+    acceptance 0.55-0.70 on average, single requests far apart). Each span
+    of `output_len * batch` tokens draws its own conditional rates: the
+    first position uniform in [0.3, 0.97], each later one the one before
+    times uniform [0.4, 1.05] (within [0.02, 0.98]), from `seed`."""
+    rng = np.random.default_rng(seed)
+    spans = []
+    for _ in range(max(1, tokens // (output_len * batch))):
+        rates = [float(rng.uniform(0.3, 0.97))]
+        for _ in range(3):
+            rates.append(min(0.98, max(0.02, rates[-1] * float(rng.uniform(0.4, 1.05)))))
+        spans.append((output_len * batch, tuple(round(x, 3) for x in rates)))
+    return Workload(f"per-request-b{batch}", max(2 * batch, tokens // output_len), 256,
+                    (output_len, output_len), Cycle(((1, batch),)), Cycle(tuple(spans)))
+
+
 def from_trace(path: str | Path, window: int = 64, output_len: int = 256) -> Workload:
     """Replay a recorded controller trace (trace.py): per window of `window`
     steps, its mean batch size becomes the concurrency and its measured
