@@ -780,6 +780,38 @@ def test_the_acceptance_noise_estimate_learns_a_spread_beyond_its_first_bound():
     assert 3 not in arms.evidence
 
 
+def judge_acceptance(arms, levels, cur=None):
+    """One judgement (a new probe of 3 each time) per acceptance level in
+    `levels`; `cur` gives the current arm of each (default 2)."""
+    for i, acc in enumerate(levels):
+        arms.judged.pop(3, None)
+        arms.judge(cur[i] if cur else 2, {2: 24.0, 3: 23.5}, {2: 2.0, 3: 2.0}, acceptance=acc)
+
+
+def test_a_level_shift_of_the_acceptance_is_folded_into_its_noise_once():
+    # A phase change moves E from 1.6 to 3.8 tokens and it stays there. Left
+    # to the slow mean, the shift stayed beyond the bound for tens of
+    # control points and grew it 1.7x at each, to about 3 tokens: no later
+    # move was news for hundreds of steps.
+    arms = judged_arms()
+    wiggle = [0.01 * (-1) ** i for i in range(40)]
+    judge_acceptance(arms, [1.6 + w for w in wiggle] + [3.8 + w for w in wiggle])
+    assert 4 * arms.acc_var ** 0.5 < 0.3, arms.acc_var
+    judge_acceptance(arms, [3.8] * 8)
+    assert len(arms.evidence[3][1]) == 8
+    judge_acceptance(arms, [3.3])                  # the next real move is news again:
+    assert len(arms.evidence[3][1]) == 1           # the evidence restarts with this judgement
+
+
+def test_the_acceptance_noise_restarts_its_mean_when_the_current_arm_changes():
+    # E is taken at the current arm's depth: gamma 2 and gamma 3 see steady
+    # but different levels, and switching between them is not noise.
+    arms = judged_arms()
+    cur = [2 if (i // 10) % 2 == 0 else 3 for i in range(80)]
+    judge_acceptance(arms, [2.0 if c == 2 else 2.6 for c in cur], cur=cur)
+    assert 4 * arms.acc_var ** 0.5 < 0.1, arms.acc_var
+
+
 def test_an_arm_clearly_ahead_on_evidence_is_marked_after_enough_judgements():
     from vllm_vspec.core.policies.online import AHEAD_MIN_EVIDENCE
     arms = judged_arms()

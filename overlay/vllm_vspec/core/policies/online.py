@@ -201,7 +201,8 @@ class _Arms:
         self.ahead: dict[Arm, Arm] = {}      # arm -> the current arm it is clearly ahead of
         self.against: Arm | None = None       # the current arm at the last judgement
         self.batch = 0.0                      # EWMA of the batch size of its stable steps
-        self.acc_mean: float | None = None    # EWMA of E(max gamma) at its control points
+        self.acc_mean: float | None = None    # EWMA of E at its control points
+        self.acc_cur: Arm | None = None       # the current arm E was taken at
         self.acc_var = 0.0                    # and of its variance
 
     def add(self, gamma: int, requests_per_s: float, num_reqs: int = 0) -> None:
@@ -296,22 +297,28 @@ class _Arms:
         # (an EWMA of its variance): at batch 1 E moves by tenths of a token
         # from step to step, at batch 32 by hundredths.
         noise_e = ACCEPTANCE_NOISE_Z * math.sqrt(self.acc_var)
-        if self.acc_mean is None:
-            self.acc_mean = acceptance
+        if self.acc_mean is None or cur != self.acc_cur:
+            # E is taken at the current arm's depth: another arm, another level.
+            self.acc_mean, self.acc_cur = acceptance, cur
         else:
             d = acceptance - self.acc_mean
-            self.acc_mean += ACCEPTANCE_NOISE_WEIGHT * d
             # Every move is folded into the spread, capped at the bound of
-            # the moment: a one-off jump raises the spread by a bounded
-            # step and does not hide itself, while a bucket whose E keeps
-            # moving by more learns that spread within tens of control
-            # points. (Folding only the moves within the bound never learnt
-            # batch 1's: its E moved by a median 0.26 tokens between control
-            # points in a CPU bench while the bound grew from 0 to 0.07
-            # tokens in 700 steps, so nearly every judgement dropped the
-            # evidence; docs/benchmarks.md, issue 29.)
+            # the moment, while a bucket whose E keeps moving by more
+            # learns that spread within tens of control points. (Folding
+            # only the moves within the bound never learnt batch 1's: its E
+            # moved by a median 0.26 tokens between control points in a CPU
+            # bench while the bound grew from 0 to 0.07 tokens in 700 steps,
+            # so nearly every judgement dropped the evidence;
+            # docs/benchmarks.md, issue 29.) A move beyond the bound also
+            # re-centres the mean at once: a level shift is folded once, as
+            # one bounded step, and does not hide the next one. (Left to the
+            # slow mean, a jump from 1.6 to 3.8 tokens stayed beyond the
+            # bound for tens of control points and grew it 1.7x at each, to
+            # 3 tokens in a simulation: no move was news for hundreds of
+            # steps.)
             cap = max(noise_e, ACCEPTANCE_MOVE_TOKENS)
             clipped = max(-cap, min(cap, d))
+            self.acc_mean = acceptance if abs(d) > cap else self.acc_mean + ACCEPTANCE_NOISE_WEIGHT * d
             self.acc_var = (1 - ACCEPTANCE_NOISE_WEIGHT) * (
                 self.acc_var + ACCEPTANCE_NOISE_WEIGHT * clipped * clipped)
         for g, ctx in list(self.context.items()):
