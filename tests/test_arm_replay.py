@@ -110,7 +110,7 @@ def test_a_recorded_trace_replays_to_the_same_width_1_decisions(name):
 
 # The first 300 steps of a served bench (2026-12-03, `vllm-vspec bench
 # --enforce-eager --variants target,fixed-1,...,online --repeats 3`, round 1
-# of the online server, code of 90e6910; docs/benchmarks.md, issue 29): two
+# of the online server, code of 90e6910; docs/log/benchmarks.md, issue 29): two
 # warm-up requests (batch 2), then one request at a time. Batch 1 was seeded
 # at gamma 4 and held there by the hysteresis against every probe of gamma 3,
 # which scored 1-3% ahead.
@@ -153,7 +153,7 @@ def test_the_served_batch_1_stuck_at_gamma_4_moves_to_gamma_3_on_evidence(monkey
 
 
 # The first 240 steps of another served bench round (2026-12-03, round 1 of
-# the online server, code of 2fb38e0; docs/benchmarks.md, issue 29): batch 1
+# the online server, code of 2fb38e0; docs/log/benchmarks.md, issue 29): batch 1
 # moved to gamma 1 at step 140, when position 2's estimate (measured on a
 # few drafted tokens of gamma-2 probes) fell near 0; each later probe of
 # gamma 2 was judged a clear loss on that estimate, backing it off, and

@@ -408,7 +408,7 @@ def test_a_gap_within_the_acceptance_error_is_not_a_loss():
     # Batch 1: a probe of gamma 2 measured position 2 on one or two drafted
     # tokens, estimate 0, so gamma 2 scored ~10% behind gamma 1. Judged on
     # the windows alone that was a clear loss, and the back-off kept the
-    # estimate stale (docs/benchmarks.md, issue 29).
+    # estimate stale (docs/log/benchmarks.md, issue 29).
     arms = judged_arms()
     counts = []
     for _ in range(5):

@@ -394,7 +394,7 @@ def test_tree_commit_makes_the_accepted_path_contiguous(case, data):
 # ------------------------------------------------------------ host fact
 @pytest.mark.parametrize("block_size", [16, 32])
 def test_cpu_kv_cache_keeps_keys_transposed_per_block_and_head(block_size):
-    """The layout docs/eagle-tree.md's tree attention reads back: vLLM's CPU
+    """The layout docs/design/eagle-tree.md's tree attention reads back: vLLM's CPU
     cache [blocks, kv_heads, block_size, 2 * head_size] holds, per block and
     head, the key as [head_size, block_size] and the value as [block_size,
     head_size] (ISAs vec16 and vec, float32). If vLLM changes it, the tree
@@ -417,7 +417,7 @@ def test_cpu_kv_cache_keeps_keys_transposed_per_block_and_head(block_size):
 
 
 def test_masked_attention_over_the_read_cache_equals_the_host_kernel_on_a_chain():
-    """The tree backend's plan (docs/eagle-tree.md 4.1) on a width-1 tree, where
+    """The tree backend's plan (docs/design/eagle-tree.md 4.1) on a width-1 tree, where
     the host's causal CPU kernel is the oracle: keys and values read back from
     the paged cache plus SDPA under `attention_mask` (GQA included) give
     the kernel's output for every query row. The reader is the tree

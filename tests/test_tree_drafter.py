@@ -1,4 +1,4 @@
-"""EAGLE tree drafting (hosts/vllm/tree/proposer.py, docs/eagle-tree.md 4.4).
+"""EAGLE tree drafting (hosts/vllm/tree/proposer.py, docs/design/eagle-tree.md 4.4).
 
 Spec:
 - Width 1 drafts exactly what the linear drafter drafts: on the same engine

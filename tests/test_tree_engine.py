@@ -1,4 +1,4 @@
-"""Draft trees in the real engine (CPU, float32, greedy): docs/eagle-tree.md
+"""Draft trees in the real engine (CPU, float32, greedy): docs/design/eagle-tree.md
 steps 3 and 5. The engine runs `tree_width = 4` with the cycle policy, so
 the scheduler hands the runner a different (gamma, width) arm every step,
 gamma 1..4 x width 1..4 within gamma * width <= K, and prefix caching on.

@@ -56,7 +56,7 @@ TREE_PLATFORMS = ("cpu",)
 # the settings (VSpecConfig.validate: policy, entropy stop), the engine at
 # start-up (hosts/wiring.py: method, device, scheduling) and the drafter at
 # the runner's start-up (hosts/vllm/tree/proposer.py: its options). The
-# reasons are docs/eagle-tree.md 4.4.5's, plus the vspec options that read
+# reasons are docs/design/eagle-tree.md 4.4.5's, plus the vspec options that read
 # linear drafts.
 TREE_REFUSALS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("method", lambda m: m == "ngram",
@@ -147,7 +147,7 @@ class VSpecConfig:
     probability (the calibrated draft probability of each drafted token,
     multiplied along the draft), as many slots as maximise expected
     committed tokens per second under a step-cost model fitted online from
-    the engine's own steps (docs/verify-budget.md). Requests get different
+    the engine's own steps (docs/design/verify-budget.md). Requests get different
     lengths in one step; outputs stay exact under strict acceptance."""
 
     min_gamma: int = 0
@@ -285,7 +285,7 @@ class VSpecConfig:
     linear drafts only. Above 1 only with method `eagle` (EAGLE-1), vspec's
     worker on the CPU host, synchronous scheduling, no entropy stop or draft
     traces; steps whose batch has a sampled request or per-position logits
-    processing draft linearly (docs/eagle-tree.md). A lossy `acceptance`
+    processing draft linearly (docs/design/eagle-tree.md). A lossy `acceptance`
     rule judges each tree node as the draft position of its depth."""
 
     min_tree_width: int = ranged(1, 1, MAX_TREE_WIDTH)
@@ -369,7 +369,7 @@ class VSpecConfig:
     draft_trace_path: str | None = None
     """Diagnostics (costs throughput): one JSON line per drafter step with
     every request's draft tokens and the drafter's wall time
-    (docs/draft-head.md)."""
+    (docs/design/draft-head.md)."""
 
     draft_io_trace_dir: str | None = None
     """Diagnostics (costs throughput): one safetensors file per drafter step

@@ -389,7 +389,7 @@ def bound_lines(bounds: dict[str, dict]) -> list[str]:
 
 
 def markdown_table(table_rows: list[Row]) -> str:
-    """The same table as GitHub markdown (for docs/benchmarks.md). `x best`
+    """The same table as GitHub markdown (for docs/log/benchmarks.md). `x best`
     is the ratio to the faster of target-only and the best fixed gamma;
     `accepted len` is accepted_length()."""
     lines = ["| workload | variant | tok/s | x target | x best fixed | x best | accepted len "

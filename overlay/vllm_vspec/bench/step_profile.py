@@ -33,7 +33,7 @@ millisecond per step, which served pairs on a 2-core host do not (their
 rounds scatter by 5-10%). What a step costs here is what it costs after the
 forward pass has evicted the CPU caches: vspec's per-step bookkeeping
 measured this way costs 10-50x what the same calls cost timed alone
-(docs/benchmarks.md, "Where a vspec step's time goes").
+(docs/log/benchmarks.md, "Where a vspec step's time goes").
 
     python -m vllm_vspec.bench.step_profile steps target,eagle-vspec-0,vspec-0 \
         --rounds 8 --batch 32 --out results/steps-b32.json

@@ -93,7 +93,7 @@ def _method_variants(method: str, model: Path, static_table: list[list[int]],
     # whether admitting arrivals in groups pays on this host.
     out.append(Variant(f"{prefix}online-refill", "online", spec(MAX_GAMMA),
                        vspec={"policy": "online", "refill_batch": SEED_REFILL_BATCH[method]}))
-    # Per-request verify budgets (issue 28, docs/verify-budget.md): every
+    # Per-request verify budgets (issue 28, docs/design/verify-budget.md): every
     # request drafts the step's depth (0..4), the target verifies, per
     # request, the prefix the admission chose; budget-1 never drafts 0.
     out.append(Variant(f"{prefix}budget", "online", spec(MAX_GAMMA),
@@ -110,7 +110,7 @@ def _method_variants(method: str, model: Path, static_table: list[list[int]],
     return out
 
 
-# EAGLE trees (docs/eagle-tree.md): one node budget K for every tree server,
+# EAGLE trees (docs/design/eagle-tree.md): one node budget K for every tree server,
 # so the fixed trees and `eagle-tree-online` are the same server but for the
 # policy (buffers, lookahead slots and the token budget are sized by K; the
 # ratios then measure the controller, not the sizing). 8 holds the widest

@@ -1,5 +1,5 @@
 """The arms a policy chooses from: draft lengths (gamma) at width 1, or
-(gamma, width) trees (docs/eagle-tree.md, sections 1 and 4.5).
+(gamma, width) trees (docs/design/eagle-tree.md, sections 1 and 4.5).
 
 An arm space owns everything that depends on what an arm is: which arms a
 step may take, which are neighbours, how to move towards another, their

@@ -18,7 +18,7 @@ scores arms.
 
 Arms (arms.py): gammas, or (gamma, width) trees when the controller is
 built with `max_width` > 1 (what the engine's `tree_width` /
-`min_tree_width` settings will pass: docs/eagle-tree.md 4.5). A tree of
+`min_tree_width` settings will pass: docs/design/eagle-tree.md 4.5). A tree of
 width W drafts gamma*W nodes within the host's `num_speculative_tokens`.
 With max_width 1 (the default) every decision and tally is what it was
 before widths existed (tests/test_arm_replay.py); trace lines carry width 1.

@@ -92,7 +92,7 @@ class LatencyProfile:
         deep and `width` wide: its first pass runs `batch` queries (each
         request's root) and each further depth `batch * width` (the
         frontier), over a context grown by every pass before
-        (docs/eagle-tree.md 4.4). Width 1 is the linear drafter."""
+        (docs/design/eagle-tree.md 4.4). Width 1 is the linear drafter."""
         drafting = sum(self.draft(ctx + i * batch + max(i - 1, 0) * batch * (width - 1),
                                   batch * width if i else batch)
                        for i in range(draft))

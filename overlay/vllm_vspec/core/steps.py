@@ -26,7 +26,7 @@ class BatchState:
     max_num_batched_tokens: int    # gamma g feasible iff num_reqs * (g + 1) <= this
     mean_context_len: float = 0.0
     # False when a request of the batch rules a tree out (sampled, or
-    # context-dependent logits processing: docs/eagle-tree.md 4.2): the
+    # context-dependent logits processing: docs/design/eagle-tree.md 4.2): the
     # step's arms are width 1. Read by tree arm spaces (arms.py) and by the
     # controller's prefill steps; the one place a tree is allowed.
     tree_allowed: bool = True

@@ -3,7 +3,7 @@ greedy acceptance and the inputs of the `vspec::tree_commit` op.
 
 Plain torch, no vLLM import (like kernels/acceptance.py): the maths the
 engine's tree steps run (hosts/vllm/tree/: the drafter, verify and commit;
-docs/eagle-tree.md says which host methods call what), tested against brute
+docs/design/eagle-tree.md says which host methods call what), tested against brute
 force in tests/test_tree.py.
 
 The tree (one per request and step), with gamma = depth and width = W:

@@ -612,7 +612,7 @@ PREFIX_CACHE_NOTE = (
     "not for `mtp`, hybrid models or a host without the switch), so the head may",
     "draft from one stale KV position after a hit whose next token differs from",
     "its writer's. Outputs stay exact; the measured cost of the drop is in",
-    "docs/benchmarks.md (\"EAGLE at gamma 0 against target-only at c32\").",
+    "docs/log/benchmarks.md (\"EAGLE at gamma 0 against target-only at c32\").",
 )
 
 

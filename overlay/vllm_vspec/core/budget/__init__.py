@@ -18,5 +18,5 @@ so that the expected committed tokens per second of the step is highest:
   of the next step, and learns from the step's outcome.
 
 Stdlib only (core layer). Not yet wired into an engine: the interface the
-engine integration will call is docs/verify-budget.md.
+engine integration will call is docs/design/verify-budget.md.
 """

@@ -14,7 +14,7 @@ the online policy's judged probes, policies/online.py AHEAD_MIN_EVIDENCE)
 moves to it when it scores best, however small its lead. Else a neighbour a
 few percent better than the current arm, less than the hysteresis, is never
 reached (issue 29: a CPU bench held batch 1 at gamma 4 for 599 of 715 steps
-while gamma 3 measured 1-3% ahead, docs/benchmarks.md).
+while gamma 3 measured 1-3% ahead, docs/log/benchmarks.md).
 """
 
 from __future__ import annotations

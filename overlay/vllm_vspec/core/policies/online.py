@@ -90,7 +90,7 @@ from vllm_vspec.core.steps import nearest_bucket
 NEIGHBOUR_PROBE_MARGIN = 0.10
 
 # Relative arm speeds carry to a bucket at most this many doublings of batch
-# size away. Measured on the CPU host (bench trace, docs/benchmarks.md):
+# size away. Measured on the CPU host (bench trace, docs/log/benchmarks.md):
 # at batch 2 a gamma-4 step took no longer than a gamma-1 step, at batch 32
 # longer than even a gamma-3 step, and gamma 4 seeded from batch 2 held
 # batch 32 at 0.75x target-only.
@@ -101,7 +101,7 @@ SEED_MAX_OCTAVES = 1
 # few: with two samples each, one slow spell on the second arm of a downward
 # sweep stopped it at max gamma, and the line through two neighbouring arms
 # (slope clamped at 0) extrapolated every lower arm as no faster, so batch 1
-# stayed at gamma 4 where gamma 2 was faster (docs/benchmarks.md, "Overshoot
+# stayed at gamma 4 where gamma 2 was faster (docs/log/benchmarks.md, "Overshoot
 # at low acceptance").
 SWEEP_STOP_MARGIN = 0.10
 SWEEP_MIN_ARMS = 3
@@ -309,7 +309,7 @@ class _Arms:
             # moved by a median 0.26 tokens between control points in a CPU
             # bench while the bound grew from 0 to 0.07 tokens in 700 steps,
             # so nearly every judgement dropped the evidence;
-            # docs/benchmarks.md, issue 29.) A move beyond the bound also
+            # docs/log/benchmarks.md, issue 29.) A move beyond the bound also
             # re-centres the mean at once: a level shift is folded once, as
             # one bounded step, and does not hide the next one. (Left to the
             # slow mean, a jump from 1.6 to 3.8 tokens stayed beyond the
@@ -368,7 +368,7 @@ class _Arms:
             # estimate of 0 or 1) made verdicts: a CPU bench held batch 1 at
             # gamma 1 for 124 steps and at gamma 0 for 132 (position 2's,
             # then 1's, estimate stale near 0, the arm above backed off on
-            # it; docs/benchmarks.md, issue 29).
+            # it; docs/log/benchmarks.md, issue 29).
             var = ((spread + (e.get(g, 1.0) * se_g / means[cur]) ** 2 + sum(gap_acc_var) / n) / n
                    + (e.get(cur, 1.0) * se_cur / means[cur]) ** 2
                    if se_cur is not None and se_g is not None else math.inf)
@@ -526,7 +526,7 @@ class OnlinePolicy:
         # estimate, with no probes, would never be re-measured, and at gamma 0
         # the acceptance that drives every other estimate is not measured
         # either: a frozen tie that held batch 1 at gamma 0 for 300 steps in
-        # a bench run (docs/benchmarks-log.md, "A frozen tie at gamma 0").
+        # a bench run (docs/log/benchmarks-log.md, "A frozen tie at gamma 0").
         if not self.governor.exploring(bucket):
             depth = max(space.gamma(a) for a in feasible)
             e_all = {w: self.acceptance.expected(w, depth)

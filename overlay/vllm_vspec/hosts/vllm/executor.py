@@ -11,7 +11,7 @@ engine core wakes again. A target-only engine makes no such call. A step
 vspec scheduled at gamma 0 drafts nothing, so the answer is known to be
 None before asking; asking anyway cost a vspec server at gamma 0 about 13%
 of its throughput at concurrency 1 against the target-only server
-(docs/benchmarks.md, issue 29).
+(docs/log/benchmarks.md, issue 29).
 
 Steps at gamma >= 1 ask as stock vLLM does; an engine whose scheduler is not
 vspec's (no `num_spec_tokens_to_schedule` on its scheduler output) asks on

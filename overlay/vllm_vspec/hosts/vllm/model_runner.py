@@ -283,7 +283,7 @@ class PlainSampling:
     vLLM 0.32 builds spec-decode metadata for every step of an engine with a
     speculative config and samples through the rejection sampler even with
     zero drafts; at gamma 0 that made each step cost more than a target-only
-    step (docs/benchmarks.md). Without drafts the rejection sampler only
+    step (docs/log/benchmarks.md). Without drafts the rejection sampler only
     samples each request's bonus token with the same sampler, penalties and
     generators, so the plain sampler gives the same tokens. Only the metadata
     changes: the inputs, the attention metadata and vLLM's per-row draft

@@ -15,7 +15,7 @@ size, platforms/cpu.py:292). The overhead benchmark resends its prompts
 every round: there every EAGLE server's prefix-cache hit rate was 0% where
 target-only's and the draft-model servers' was 32%, and a vspec EAGLE
 server held at gamma 0, which reads no head KV at all, made 0.81x
-target-only's tokens/s at concurrency 32 (docs/benchmarks.md, issue 29).
+target-only's tokens/s at concurrency 32 (docs/log/benchmarks.md, issue 29).
 
 So for method eagle and eagle3 vspec sets the host's own switch,
 SpeculativeConfig.disable_eagle_block_drop (config/speculative.py:452),

@@ -14,7 +14,7 @@ nothing", and the next step is a plain target-only step. With `tree_width` >
 1 the step's tree width travels beside it as `vspec_tree_width` (an attribute
 of the output; vspec's runner reads it), and the drafts come back as gamma*W
 tree nodes with the width the runner drafted them with
-(tree/verify.TreeDraftTokenIds; docs/eagle-tree.md).
+(tree/verify.TreeDraftTokenIds; docs/design/eagle-tree.md).
 
 Glossary (as in vLLM's rejection sampler): for one request in one step,
 *drafted* = draft tokens verified, *accepted* = the prefix of them the target

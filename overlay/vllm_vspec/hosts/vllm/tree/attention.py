@@ -1,4 +1,4 @@
-"""vLLM's CPU attention backend with draft-tree masks (docs/eagle-tree.md 4.1).
+"""vLLM's CPU attention backend with draft-tree masks (docs/design/eagle-tree.md 4.1).
 
 vLLM 0.32's CPU kernel is causal or not; it takes no mask. A draft tree needs
 one: tree node i sees the committed prefix plus its own ancestors, not its

@@ -1,4 +1,4 @@
-"""The EAGLE tree drafter in the runner's tree steps (docs/eagle-tree.md 4.4).
+"""The EAGLE tree drafter in the runner's tree steps (docs/design/eagle-tree.md 4.4).
 
 `EagleTreeDrafter` is a `tree/verify.TreeDrafter` (the runner's `tree` part's
 `drafter`) over the engine's own EAGLE proposer's tree drafting (its

@@ -1,4 +1,4 @@
-"""Tree drafting for vspec's EAGLE proposer (docs/eagle-tree.md 4.4).
+"""Tree drafting for vspec's EAGLE proposer (docs/design/eagle-tree.md 4.4).
 
 `TreeDrafting.propose_tree(gamma, width, **propose kwargs)` drafts a
 (gamma, width) beam per request (tree.py: the layout, the beam rule and
@@ -182,7 +182,7 @@ class TreeDrafting(DraftObserver):
                              f"{p.max_num_tokens} tokens per pass")
         if p._enable_probabilistic_draft_probs and not kwargs["sampling_metadata"].all_greedy:
             raise ValueError("tree drafting is greedy (top-width draft logits): a batch "
-                             "with a sampled request drafts linearly (docs/eagle-tree.md 4.2)")
+                             "with a sampled request drafts linearly (docs/design/eagle-tree.md 4.2)")
         if width > 1 and not tree_builders(p.draft_attn_groups):
             raise RuntimeError("tree drafting needs vspec's tree attention backend "
                                "(tree/attention.py) on the drafter's layers")

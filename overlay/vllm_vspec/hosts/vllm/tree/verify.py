@@ -1,5 +1,5 @@
 """Target-side draft trees in the V1 model runner: verify and commit
-(docs/eagle-tree.md 4.3).
+(docs/design/eagle-tree.md 4.3).
 
 A tree drafter (`TreeDrafter`: the EAGLE tree drafter, or a test double)
 returns, per request, a tree whose depth-major layout (tree.py) flattens into
