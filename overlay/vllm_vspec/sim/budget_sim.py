@@ -1,4 +1,4 @@
-"""The simulator of per-request verify budgets (issue 28; `vllm-vspec sim --verify-budget`).
+"""The simulator of per-request verify budgets (`vllm-vspec sim --verify-budget`).
 
 It compares, on one latency profile and the same simulated requests:
 - `online`: the engine's batch-uniform GammaController (policy online,

@@ -1,4 +1,4 @@
-"""Per-request verify budgets (issue 28): which draft slots a step verifies.
+"""Per-request verify budgets: which draft slots a step verifies.
 
 The batch-uniform controller (controller.py) gives every request the same
 gamma. Here each request's drafted tokens carry the drafter's probability

@@ -1,4 +1,4 @@
-"""Per-request verify budgets in vLLM's scheduler (policy `budget`, issue 28).
+"""Per-request verify budgets in vLLM's scheduler (policy `budget`).
 
 VSpecScheduler holds one BudgetAdmission when `policy = "budget"` and
 calls it at four points of a step (synchronous scheduling only):

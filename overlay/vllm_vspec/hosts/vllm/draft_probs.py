@@ -1,4 +1,4 @@
-"""Draft probabilities carried with the draft token ids (issue 28).
+"""Draft probabilities carried with the draft token ids.
 
 The `budget` policy ranks draft slots by the drafter's probability of the
 token it drafted. vspec's proposers record it at no extra pass, from the

@@ -79,10 +79,10 @@ class HeadLag:
         req_ids = batch.req_ids[:n]
         starts = batch.num_computed_tokens_cpu[:n].tolist()
         if skip:
-            # The step's token layout as the host's _prepare_inputs left it
-            # in the runner's CPU buffers (vLLM 0.32 gpu_model_runner.py
-            # 1944-1956, 2029-2030, 2127-2130): token i belongs to batch row
-            # req_indices[i], at rank query_pos[i] within its request.
+            # The step's token layout as the host's
+            # GPUModelRunner._prepare_inputs left it in the runner's CPU
+            # buffers: token i belongs to batch row req_indices[i], at rank
+            # query_pos[i] within its request.
             total = int(runner.query_start_loc.np[n])
             row_of = runner.req_indices.np[:total]
             positions = batch.num_computed_tokens_cpu[row_of] + runner.query_pos.np[:total]

@@ -123,11 +123,11 @@ class VSpecRunner:
     # extends GPUModelRunner.initialize_metadata_builders: the runner's own
     # attention group of the drafter's layers builds no metadata per step.
     # vLLM 0.32 gives the draft layers a group of their own in the runner
-    # (initialize_attn_backend, gpu_model_runner.py:6696-6791: the key
-    # splits on num_heads_q) and _build_attention_metadata builds it every
-    # step (gpu_model_runner.py:2447-2503, 2556), but nothing reads it: the
-    # drafter builds each pass's metadata with its own groups
-    # (llm_base_proposer.py:1709-1767, `draft_attn_groups`), as vspec's
+    # (GPUModelRunner.initialize_attn_backend: the group key splits on
+    # num_heads_q) and GPUModelRunner._build_attention_metadata builds it
+    # every step, but nothing reads it: the drafter builds each pass's
+    # metadata with its own groups (SpecDecodeBaseProposer.
+    # initialize_attn_backend, `draft_attn_groups`), as vspec's
     # catch-up and tree passes do (drafter_batch.run_pass). At gamma 0 that
     # build was the one attention-metadata cost a target-only step lacks.
     def initialize_metadata_builders(self, kv_cache_config, kernel_block_sizes) -> None:
@@ -220,10 +220,10 @@ class VSpecRunner:
     # drafts before the scheduler schedules them.
     # Also: a step that drafted nothing (gamma 0) hands the scheduler
     # nothing, as a target-only engine does: the host would hand it an empty
-    # list per request (gpu_model_runner.py:4627-4632, 4670-4684) for
-    # Scheduler.update_draft_token_ids to loop over (scheduler.py:2550-2568),
-    # and the scheduler cleared every request's drafts when it scheduled
-    # them (scheduler.py:861-876), so nothing is lost. Such a step recorded
+    # list per request (GPUModelRunner.take_draft_token_ids,
+    # _get_draft_token_ids_cpu) for Scheduler.update_draft_token_ids to loop
+    # over, and Scheduler.schedule cleared every request's drafts when it
+    # scheduled them, so nothing is lost. Such a step recorded
     # nothing for the handover parts either (draft_observers: a [B, 0]
     # step's records are None).
     def take_draft_token_ids(self) -> DraftTokenIds | None:
@@ -308,7 +308,7 @@ class UnreadDraftGroup(AttentionGroup):
     loudly instead of reading a stale build. CUDA graph capture still
     builds through the host's own path (build_metadata_for_cudagraph_capture)."""
 
-    # overrides AttentionGroup.build_metadata (vllm/v1/worker/utils.py:341).
+    # overrides AttentionGroup.build_metadata (vllm/v1/worker/utils.py).
     def build_metadata(self, *args, **kwargs):
         return None
 

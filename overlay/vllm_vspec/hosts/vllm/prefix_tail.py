@@ -1,24 +1,20 @@
 """Prefix-cache hits of a vspec engine with an EAGLE head: target-only's.
 
 vLLM 0.32 shortens every prefix-cache hit of an EAGLE-type engine by one
-block: SpeculativeConfig.use_eagle_block_drop (config/speculative.py:1950)
-goes to the scheduler's KV cache manager (v1/core/sched/scheduler.py:
-315-334), whose coordinator drops the last matched block of every KV cache
-group when no group is marked as the drafter's
-(v1/core/kv_cache_coordinator.py:127-133). The reason it gives
-(kv_cache_coordinator.py:135-146): the head's KV at the last position of
-the hit was written from the writer's next token, which the new request
-need not share. That is one position of the head's KV, and it can change
+block: SpeculativeConfig.use_eagle_block_drop goes to the scheduler's KV
+cache manager (Scheduler.__init__), whose coordinator drops the last matched
+block of every KV cache group when no group is marked as the drafter's
+(KVCacheCoordinator.__init__). The reason it gives there: the head's KV at
+the last position of the hit was written from the writer's next token,
+which the new request need not share. That is one position of the head's KV, and it can change
 drafts only (strict verification keeps outputs exact), yet the target
 recomputes a whole block for it: 128 tokens on vLLM-CPU (its default block
-size, platforms/cpu.py:292). The overhead benchmark resends its prompts
-every round: there every EAGLE server's prefix-cache hit rate was 0% where
-target-only's and the draft-model servers' was 32%, and a vspec EAGLE
-server held at gamma 0, which reads no head KV at all, made 0.81x
-target-only's tokens/s at concurrency 32 (docs/log/benchmarks.md, issue 29).
+size, CpuPlatform.check_and_update_config). A workload that resends its
+prompts then gets no prefix-cache hit at all on an EAGLE engine where
+target-only gets them (measured: docs/log/benchmarks.md).
 
 So for method eagle and eagle3 vspec sets the host's own switch,
-SpeculativeConfig.disable_eagle_block_drop (config/speculative.py:452),
+SpeculativeConfig.disable_eagle_block_drop,
 before the host scheduler reads it. The cost moves to the drafts: a hit
 whose next token differs from its writer's drafts from one stale head-KV
 position until the context moves on. A lazy gamma 0 (head_lag.py) relies
@@ -27,11 +23,11 @@ positions whose target states nobody kept hold whatever head KV their
 block has (HeadLag.uncovered).
 
 Left as the host has it: MTP and any engine whose drafter's KV group the
-host marked (kv_cache_utils.py:1987-1991, 2029-2083 mark it when the KV
+host marked (kv_cache_utils._annotate_eagle_groups marks it when the KV
 cache is set up, before the scheduler exists: the drop there does not
 follow the switch), hybrid models (their Mamba prefill checkpoints read
-the switch in the worker's process, model_executor/layers/mamba/
-checkpoint.py:121-123, whose copy of the config predates the scheduler),
+the switch in the worker's process, MambaPrefillCheckpointBuilder.build,
+whose copy of the config predates the scheduler),
 and hosts without the switch.
 """
 
@@ -40,7 +36,7 @@ from __future__ import annotations
 from typing import Any
 
 # Methods whose head reads one token past a cached prefix (vLLM's
-# num_prefill_lookahead_tokens is 1 for them, config/vllm.py:644-665).
+# VllmConfig.num_prefill_lookahead_tokens is 1 for them).
 KEEP_TAIL_METHODS = ("eagle", "eagle3")
 
 

@@ -287,10 +287,9 @@ def _has_prefill(so: SchedulerOutput) -> bool:
     token plus its drafts (a new, resumed or chunked prompt)."""
     # Every request schedules at least its new token and its drafts
     # (vLLM's Scheduler.schedule keeps only the drafts within the tokens it
-    # scheduled: vllm/v1/core/sched/scheduler.py:861-876), so the totals
-    # match exactly when no request does more: an O(requests with drafts)
-    # test instead of a loop over the batch every step (28 -> 1 us at batch
-    # 32, issue 29).
+    # scheduled), so the totals match exactly when no request does more.
+    # Rule: this runs every step, so it costs O(requests with drafts), never
+    # a loop over the whole batch.
     spec = so.scheduled_spec_decode_tokens
     return so.total_num_scheduled_tokens > len(so.num_scheduled_tokens) + sum(
         len(s) for s in spec.values())

@@ -5,15 +5,15 @@ run on NPU). Elsewhere (CPU, CUDA) always the step's gamma.
 Why pad, as read from vLLM-Ascend 0.23.0.post1's sources (statically; none
 of this has run on an NPU): the runner replays the target's full decode
 graph only for a uniform decode step, every request scheduling exactly
-1 + K tokens (worker/model_runner_v1.py lines 2953-2958); a step with
+1 + K tokens (NPUModelRunner._determine_batch_execution_and_padding); a step with
 gamma < K takes the mixed-batch path (piecewise graphs under
 FULL_AND_PIECEWISE, eager under FULL_DECODE_ONLY). Padding each request's
 drafts with K - gamma invalid drafts (-1, vLLM's placeholder id) keeps the
 step uniform, so the target costs what stock vLLM-Ascend's fixed-K verify
 costs, never more. Why outputs should stay exact: the runner gathers the
-verifier's draft ids with the -1 kept (lines 1599-1600), feeds a -1 input
-to the model as token 0 (_sanitize_placeholder_input_ids_for_forward, lines
-1508-1523), and -1 never equals a target token, so the verifier rejects it
+verifier's draft ids with the -1 kept (NPUModelRunner._calc_spec_decode_metadata),
+feeds a -1 input to the model as token 0
+(NPUModelRunner._sanitize_placeholder_input_ids_for_forward), and -1 never equals a target token, so the verifier rejects it
 (and everything after it). That chain is read, not tested on the NPU path
 (the CPU engine tests run vLLM 0.32, whose own scheduler pads partial drafts
 the same way: vllm/v1/core/sched/scheduler.py, "Pad new decode requests to
@@ -23,19 +23,19 @@ stops where no graph is kept (a batch over the capture range).
 
 A graph per verify width (1 + g) would remove that cost; it is not built:
 vLLM's dispatcher pads token counts width-blind and derives `num_reqs` from
-one `uniform_decode_query_len` (vLLM 0.23 vllm/v1/cudagraph_dispatcher.py
-lines 136-149, `_create_padded_batch_descriptor`), and the target's graph parameters are
-keyed by token count only (acl_graph.py `_graph_params`; attention_v1.py
-lines 544-569 zip one list per token count), so two widths' graphs at one
+one `uniform_decode_query_len` (vLLM 0.23's
+CudagraphDispatcher._create_padded_batch_descriptor), and the target's graph
+parameters are keyed by token count only (acl_graph.py `_graph_params`;
+AscendAttentionBackendImpl.update_graph_params zips one list per token count), so two widths' graphs at one
 token count would share one list (docs/ascend.md, "ACL graphs").
 
 Where it is decided: here, when the scheduler is built, from the engine
 core's vllm_config. The worker's compilation config is final only after
-NPUModelRunner._check_and_update_cudagraph_mode (model_runner_v1.py line
-5061 can downgrade FULL modes). With one worker (uniproc executor, TP 1) the
+NPUModelRunner._check_and_update_cudagraph_mode (which can downgrade FULL
+modes). With one worker (uniproc executor, TP 1) the
 worker holds the engine core's own vllm_config object
-(vllm/v1/executor/uniproc_executor.py line 51) and the scheduler is built
-after the workers captured (vllm/v1/engine/core.py lines 131-136), so this
+(UniProcExecutor) and the scheduler is built after the workers captured
+(EngineCore.__init__ builds the executor first), so this
 reads the final mode (read, not run); with TP > 1 each worker has a copy and
 vLLM 0.23 returns nothing of it to the engine core. The NPU proposer warns
 on its first step when its worker's final mode has no full decode graph

@@ -53,7 +53,7 @@ OFF_INDEX_SOURCES = {"triton-ascend": "https://mirrors.huaweicloud.com/ascend/re
 
 # ----------------------------------------------------------------- kernels
 # Where a CANN install keeps AscendC's cmake files, in the order vLLM-Ascend
-# 0.23.0.post1's own CMakeLists.txt probes them (lines 42-50; the first two
+# 0.23.0.post1's own CMakeLists.txt probes them (the first two
 # are ascendc_kernel_cmake of the toolkit, the third CANN 9.x's devkit
 # layout). The host's kernel build fails without one of them.
 ASCENDC_CMAKE_DIRS = ("tools/tikcpp/ascendc_kernel_cmake",
