@@ -144,6 +144,14 @@ def _tree_variants(model: Path) -> list[Variant]:
 NGRAM_SPEC = {"method": "ngram", **wiring.NGRAM_PROMPT_LOOKUP}
 
 
+def method_config(method: str, model: Path | None, k: int) -> dict[str, Any]:
+    """The --speculative-config of `method` at K = k with its drafter `model`
+    (none for ngram and mtp): the one place every caller builds it from."""
+    if method == "ngram":
+        return {**NGRAM_SPEC, "num_speculative_tokens": k}
+    return speculative_config(method, model or Path(), k)
+
+
 def _ngram_variants() -> list[Variant]:
     spec = lambda k: {**NGRAM_SPEC, "num_speculative_tokens": k}  # noqa: E731
     out = [Variant(f"ngram-fixed-{k}", "fixed", spec(k), gamma=k)

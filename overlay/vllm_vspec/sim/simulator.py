@@ -349,18 +349,61 @@ class SimClock:
         return self.now
 
 
+class Acceptance(Protocol):
+    """Where a simulated step's acceptance comes from: the requests' lengths
+    and, per step, how many of each request's verified drafts it accepts.
+    The one difference between the synthetic simulator and exact replay."""
+
+    out_len: np.ndarray            # tokens each request generates in decode steps
+    prompt_len: np.ndarray         # its prompt tokens (the step's context)
+
+    def accepted(self, idx: np.ndarray, done: np.ndarray, verify: np.ndarray,
+                 verify_w: np.ndarray, rates: Mapping[int, tuple]) -> np.ndarray: ...
+
+
+class BernoulliAcceptance:
+    """Synthetic acceptance: draft position j of request r at output
+    position t is accepted iff u[r, t, j] < p_j (the workload's rates of the
+    moment, per tree width); u is drawn once, so policies share their luck."""
+
+    def __init__(self, workload: Workload, rng: np.random.Generator, width: int):
+        lo_len, hi_len = workload.output_len
+        n = workload.num_requests
+        self.out_len = rng.integers(lo_len, hi_len + 1, size=n)
+        self.prompt_len = np.full(n, workload.prompt_len, dtype=np.int64)
+        self.u = rng.random((n, int(self.out_len.max()) + 1, width), dtype=np.float32)
+        self.positions = np.arange(width)
+
+    def accepted(self, idx, done, verify, verify_w, rates):
+        by_width = np.zeros((max(rates) + 1, self.u.shape[2]), dtype=np.float32)
+        for w, r in rates.items():
+            by_width[w] = r
+        trial = self.u[idx, done, :] < by_width[verify_w]     # each request's verified width
+        ok = trial & (self.positions[None, :] < verify[:, None])
+        return np.cumprod(ok, axis=1).sum(axis=1)
+
+
 def simulate(workload: Workload, profile: LatencyProfile, policy: StepPolicy, clock: SimClock,
              *, name: str, max_gamma: int, max_num_batched_tokens: int = 8192,
              seed: int = 0, noise: float = 0.03, gamma0_mode: str = "sync",
              drafter: bool = True,
-             on_rates: Callable[[tuple], None] | None = None) -> SimResult:
-    """`drafter=False`: no draft model (target-only serving; only gamma 0)."""
+             on_rates: Callable[[tuple], None] | None = None,
+             acceptance: Acceptance | None = None,
+             on_batch: Callable[[np.ndarray, np.ndarray, np.ndarray], None] | None = None,
+             prefill: bool = False) -> SimResult:
+    """`drafter=False`: no draft model (target-only serving; only gamma 0).
+    `acceptance`: where acceptance comes from (default: BernoulliAcceptance
+    over the workload's rates, drawn from `seed`); `on_batch(idx, done,
+    pending)`: the step's requests, their generated tokens and pending draft
+    lengths, before the policy decides (what an oracle may know).
+    `prefill`: a request's prompt tokens join the target's pass (and the
+    drafter's) of the step that admits it, at each model's per-token cost."""
     rng = np.random.default_rng(seed)
-    n = workload.num_requests
-    lo_len, hi_len = workload.output_len
-    out_len = rng.integers(lo_len, hi_len + 1, size=n)
     width = max(max_gamma, 1)                      # draft positions (depths) per request
-    u = rng.random((n, int(out_len.max()) + 1, width), dtype=np.float32)
+    if acceptance is None:
+        acceptance = BernoulliAcceptance(workload, rng, width)
+    out_len, prompt_len = acceptance.out_len, acceptance.prompt_len
+    n = len(out_len)
     noise_rng = np.random.default_rng(seed + 1)
     done = np.zeros(n, dtype=np.int64)             # tokens generated per request
     pending = np.zeros(n, dtype=np.int64)          # drafts (tree depth) awaiting verification
@@ -371,7 +414,6 @@ def simulate(workload: Workload, profile: LatencyProfile, policy: StepPolicy, cl
     next_req = progress = schedule = steps = 0
     gamma_steps: dict[str, int] = {}
     timeline: list[tuple[float, int, int]] = []
-    positions = np.arange(width)
     # A request's prefill step drafts too: the arm in force then (the
     # engine's prefill step keeps the last decision; before any, the
     # policy's opening arm, GammaController.gamma; a policy without one,
@@ -393,7 +435,9 @@ def simulate(workload: Workload, profile: LatencyProfile, policy: StepPolicy, cl
             on_rates(rates)
         idx = np.array(active)
         b = len(active)
-        ctx = float(workload.prompt_len * b + done[idx].sum())
+        ctx = float(prompt_len[idx].sum() + done[idx].sum())
+        if on_batch is not None:
+            on_batch(idx, done[idx], pending[idx])
         decision = policy.decide(BatchState(b, max_num_batched_tokens, ctx / b))
         gamma = decision.gamma
         if drafter and admitted:
@@ -404,17 +448,15 @@ def simulate(workload: Workload, profile: LatencyProfile, policy: StepPolicy, cl
         if missing:
             raise ValueError(f"workload {workload.name}: no acceptance rates for tree "
                              f"width {sorted(missing)} (has {sorted(rates)})")
-        by_width = np.zeros((max(rates) + 1, width), dtype=np.float32)
-        for w, r in rates.items():
-            by_width[w] = r
-        trial = u[idx, done[idx], :] < by_width[verify_w]     # each request's verified width
-        ok = trial & (positions[None, :] < verify[:, None])
-        accepted = np.cumprod(ok, axis=1).sum(axis=1)
+        accepted = acceptance.accepted(idx, done[idx], verify, verify_w, rates)
         committed = np.minimum(accepted + 1, out_len[idx] - done[idx])
         ms = profile.split_step_ms(b + int((verify * verify_w).sum()), gamma, b, ctx,
                                    decision.width)
         if drafter:
             ms += sync_gamma0_ms(profile, gamma, b, ctx, gamma0_mode)
+        if prefill and admitted:
+            prompt_tokens = float(prompt_len[admitted].sum())
+            ms += prompt_tokens * (profile.target.beta + (profile.draft.beta if drafter else 0.0))
         if drafter and gamma > 0 and lag[idx].any():
             ms += profile.draft(ctx, int(lag[idx].sum()))   # the catch-up pass
             lag[idx] = 0

@@ -44,6 +44,7 @@ class EngineRun:
     model: Path
     draft: Path | None = None
     gamma: int = 0
+    method: str = "draft_model"  # the `step` engine's speculative method
 
     def sample(self, batch: int, ctx: int, ms: float) -> dict:
         if self.kind == "step":
@@ -92,8 +93,9 @@ def collect_engine(run: EngineRun, shapes: list[Shape], decode_steps: int,
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    spec = ({"method": "draft_model", "model": str(run.draft), "num_speculative_tokens": run.gamma}
-            if run.kind == "step" else None)
+    from vllm_vspec.bench.variants import method_config
+
+    spec = method_config(run.method, run.draft, run.gamma) if run.kind == "step" else None
     longest = max(s.prompt_len for s in shapes) + (2 * decode_steps + 2) * (run.gamma + 1) + 8
     llm = LLM(str(run.model), skip_tokenizer_init=True, dtype="float32", seed=seed,
               gpu_memory_utilization=0.3, kv_cache_memory_bytes=kv_cache_memory_bytes,

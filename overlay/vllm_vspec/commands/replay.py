@@ -1,0 +1,205 @@
+"""`vllm-vspec replay`: score gamma policies exactly, on recorded token
+streams and measured step costs (overlay/vllm_vspec/replay/).
+
+  record  target-only greedy streams of a prompt set, and the drafter's
+          acceptance run at every decode position, on the real engine
+  costs   step costs of this host's engines, fitted to the simulator's
+          latency model, residuals printed (written beside the recording)
+  score   every policy on every workload over the recording: a table of
+          tokens/s and ratios, JSON and a gamma-over-time plot
+
+    vllm-vspec replay record --method draft_model --output profiles/replay/draft_model-k4.json.gz
+    vllm-vspec replay costs --recording profiles/replay/draft_model-k4.json.gz
+    vllm-vspec replay score --recording profiles/replay/draft_model-k4.json.gz
+
+With greedy decoding and strict acceptance the target's output is the same
+under every policy, so one recording serves every policy and every
+workload, and a score has no run-to-run noise (`--noise` adds seeded
+log-normal step-time noise to test robustness).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from vllm_vspec.cli import HelpFormatter, UserError
+
+FAMILIES_DIR = Path(__file__).resolve().parents[3] / "models" / "prompts" / "families"
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("replay", help="score gamma policies exactly on recorded streams and measured step costs",
+                              description=__doc__, formatter_class=HelpFormatter)
+    sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+
+    r = sub.add_parser("record", help="record streams and acceptance runs on the real engine",
+                       formatter_class=HelpFormatter)
+    from vllm_vspec.replay.record import METHODS
+    r.add_argument("--method", choices=METHODS, default="draft_model", help="speculative method")
+    r.add_argument("--prompts", type=Path, nargs="+", default=[FAMILIES_DIR],
+                   help="a directory of <family>.jsonl files, or JSONL files (a `prompt` string a line)")
+    r.add_argument("--requests-per-family", type=int, default=40,
+                   help="prompts taken from each family file, in file order")
+    r.add_argument("--num-speculative-tokens", type=int, default=4, help="K: the chain length recorded")
+    r.add_argument("--output-len", type=int, default=64, help="output tokens per request")
+    r.add_argument("--target", type=Path, default=None,
+                   help="target model directory (default: the method's bundled target)")
+    r.add_argument("--draft", type=Path, default=None,
+                   help="drafter model directory (default: the method's bundled drafter)")
+    r.add_argument("--output", type=Path, required=True, help="recording file to write (.json.gz)")
+    r.set_defaults(func=run_record)
+
+    c = sub.add_parser("costs", help="measure this host's step costs and fit them",
+                       formatter_class=HelpFormatter)
+    c.add_argument("--recording", type=Path, required=True, help="recording file (replay record)")
+    c.add_argument("--batch-sizes", default="1,8,32", help="comma-separated batch sizes to time")
+    c.add_argument("--decode-steps", type=int, default=8, help="timed decode steps per batch size")
+    c.set_defaults(func=run_costs)
+
+    s = sub.add_parser("score", help="score every policy on every workload over a recording",
+                       formatter_class=HelpFormatter)
+    s.add_argument("--recording", type=Path, required=True, help="recording file (replay record)")
+    s.add_argument("--costs", type=Path, default=None,
+                   help="latency profile JSON (default: the one `replay costs` wrote beside the recording)")
+    from vllm_vspec.replay.score import DEFAULT_POLICIES, shapes
+    s.add_argument("--workloads", default=",".join(shapes()), help=f"comma list of {', '.join(shapes())}")
+    s.add_argument("--policies", default=",".join(DEFAULT_POLICIES),
+                   help="vspec policies scored beside target-only, fixed gamma, the static table and the oracles")
+    s.add_argument("--requests-low", type=int, default=48, help="requests of the c1 workload")
+    s.add_argument("--requests-high", type=int, default=240, help="requests of the c32 workload (c8: half)")
+    s.add_argument("--vspec", default="{}", help="JSON table of vspec settings for the vspec policies")
+    s.add_argument("--gamma0-mode", choices=("lazy", "sync"), default="lazy",
+                   help="what a gamma-0 step costs (lazy: vspec's vLLM worker with a draft model or EAGLE)")
+    s.add_argument("--noise", type=float, default=0.0, help="log-normal step-time noise sigma (seeded)")
+    s.add_argument("--seed", type=int, default=0, help="seed of the step-time noise")
+    s.add_argument("--output", type=Path, default=Path("results/replay"),
+                   help="directory for replay.json and replay.png")
+    s.set_defaults(func=run_score)
+
+
+def _prompts(paths: list[Path], per_family: int):
+    from vllm_vspec.bench.workloads import load_prompts
+    from vllm_vspec.replay.record import Prompt
+
+    files: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            files += sorted(path.glob("*.jsonl"))
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise UserError(f"--prompts {path}: no such file or directory")
+    if not files:
+        raise UserError(f"--prompts {' '.join(map(str, paths))}: no *.jsonl file there")
+    return [Prompt(f"{f.stem}/{i}", f.stem, text)
+            for f in files for i, text in enumerate(load_prompts(f)[:per_family])]
+
+
+def run_record(args: argparse.Namespace) -> int:
+    from vllm_vspec.replay.record import record
+
+    for flag, value in (("--requests-per-family", args.requests_per_family),
+                        ("--num-speculative-tokens", args.num_speculative_tokens),
+                        ("--output-len", args.output_len)):
+        if value < (2 if flag == "--output-len" else 1):
+            raise UserError(f"{flag}={value} is not allowed: a positive integer"
+                            + (" >= 2" if flag == "--output-len" else ""))
+    prompts = _prompts(args.prompts, args.requests_per_family)
+    print(f"recording {len(prompts)} prompts, {args.method} K={args.num_speculative_tokens}, "
+          f"{args.output_len} tokens each", flush=True)
+    rec = record(args.method, prompts, k=args.num_speculative_tokens, output_len=args.output_len,
+                 target=args.target, drafter=args.draft,
+                 prompt_set=",".join(str(p) for p in args.prompts))
+    rec.save(args.output)
+    disagree = sum(len(r.disagree) for r in rec.requests)
+    rates = ", ".join(f"{x:.2f}" for x in rec.mean_rates())
+    print(f"{args.output}: {len(rec.requests)} requests, {sum(r.decode_len for r in rec.requests)} "
+          f"decode positions, conditional acceptance per position {rates}; "
+          f"{disagree} probe/stream disagreements; {rec.header['seconds']} s")
+    return 0
+
+
+def run_costs(args: argparse.Namespace) -> int:
+    from vllm_vspec.replay import costs
+    from vllm_vspec.replay.recording import load
+    from vllm_vspec.tools.profile_collect import host_description, int_list
+
+    rec = load(args.recording)
+    batches = int_list("--batch-sizes", args.batch_sizes, 1)
+    if args.decode_steps < 2:
+        raise UserError(f"--decode-steps={args.decode_steps} is not allowed: an integer >= 2")
+    h = rec.header
+    prompt_len = round(sum(r.prompt_len for r in rec.requests) / len(rec.requests))
+    started = time.time()
+    drafter = Path(h["drafter"]) if h.get("drafter") else None
+    samples = costs.measure(h["method"], Path(h["target"]), drafter, rec.k, batches, prompt_len,
+                            args.decode_steps)
+    device = host_description()
+    note = (f"measured by `vllm-vspec replay costs` on "
+            f"{time.strftime('%Y-%m-%d', time.gmtime(started))}: {h['method']} K={rec.k}, "
+            f"target {h['target']}, batches {args.batch_sizes}, prompts of {prompt_len} tokens, "
+            f"float32, eager")
+    profile = costs.fit(samples, name=f"replay-{h['method']}", device=device, note=note)
+    rows = costs.residuals(profile, samples)
+    prof_path, samples_path = costs.save(profile, samples, rows, args.recording,
+                                         {"device": device, "note": note})
+    print(costs.residual_text(rows))
+    print(f"profile -> {prof_path}\nsamples and residuals -> {samples_path}")
+    return 0
+
+
+def run_score(args: argparse.Namespace) -> int:
+    from vllm_vspec.config import POLICIES
+    from vllm_vspec.core.latency import load_profile
+    from vllm_vspec.replay import score as sc
+    from vllm_vspec.replay.costs import costs_paths
+    from vllm_vspec.replay.recording import load
+
+    rec = load(args.recording)
+    costs = args.costs or costs_paths(args.recording)[0]
+    if not Path(costs).is_file():
+        raise UserError(f"--costs {costs}: no such file (measure it with `vllm-vspec replay costs "
+                        f"--recording {args.recording}`, or pass a latency profile)")
+    profile = load_profile(costs)
+    all_shapes = sc.shapes(args.requests_low, args.requests_high)
+    names = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    bad = [w for w in names if w not in all_shapes]
+    if bad or not names:
+        raise UserError(f"--workloads={args.workloads!r} is not allowed: a comma list of "
+                        f"{', '.join(all_shapes)}")
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    scorable = [p for p in POLICIES if p not in ("fixed", "cycle", "budget")]
+    bad = [p for p in policies if p not in scorable]
+    if bad:
+        raise UserError(f"--policies={args.policies!r} is not allowed: a comma list of "
+                        f"{', '.join(scorable)} (fixed gammas, target-only, the table and the "
+                        f"oracles are always scored)")
+    try:
+        vspec = json.loads(args.vspec)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"--vspec={args.vspec!r} is not allowed: a JSON object ({exc})") from None
+    if args.noise < 0:
+        raise UserError(f"--noise={args.noise} is not allowed: a sigma >= 0")
+    t0 = time.monotonic()
+    results = sc.score(rec, profile, str(costs), [all_shapes[n] for n in names], policies=policies,
+                       vspec=vspec, gamma0_mode=args.gamma0_mode, noise=args.noise, seed=args.seed,
+                       progress=lambda what: print(f"\r  scoring {what:<24}", end="",
+                                                   file=sys.stderr, flush=True))
+    print("\r" + " " * 40 + "\r", end="", file=sys.stderr)
+    seconds = time.monotonic() - t0
+    h = rec.header
+    print(f"replay of {args.recording} ({h['method']} K={rec.k}, {len(rec.requests)} requests), "
+          f"costs {costs}, noise {args.noise}, seed {args.seed}: {seconds:.1f} s\n")
+    print(sc.table_text(results))
+    args.output.mkdir(parents=True, exist_ok=True)
+    meta = {"recording": str(args.recording), "costs": str(costs), "method": h["method"],
+            "k": rec.k, "noise": args.noise, "seed": args.seed, "gamma0_mode": args.gamma0_mode,
+            "policies": policies, "workloads": names, "vspec": vspec}
+    (args.output / "replay.json").write_text(json.dumps(sc.to_json(results, meta), indent=1) + "\n")
+    sc.plot(results, args.output / "replay.png")
+    print(f"-> {args.output / 'replay.json'}, {args.output / 'replay.png'}")
+    return 0

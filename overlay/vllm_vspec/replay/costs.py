@@ -1,0 +1,97 @@
+"""Step costs for replay (`vllm-vspec replay costs`): measured on this
+host's in-process engines, fitted to the latency model the simulator
+prices steps with (core/latency.py), residuals printed.
+
+What is measured (tools/profile_collect.py, one engine at a time, every
+decode step timed alone): a target-only engine at each batch size, and
+the recording's method at gamma 1..K (stock vLLM, fixed K = gamma) at
+each batch size, with prompts of the recording's mean length. The fit is
+T_step(g) = sum_{i<g} T_draft(ctx + i*B, B) + T_target(ctx, B*(g+1)) with
+T(ctx, n) = alpha*ctx + beta*n + delta per model, non-negative least
+squares in relative error. A gamma-0 step of a lazy vspec engine costs
+T_target(ctx, B), its catch-up T_draft(ctx, tokens skipped); a prefill
+adds its prompt tokens to the step's target pass (score.py).
+
+The profile and its samples are written beside the recording
+(`<recording>.costs.json`, `<recording>.costs.samples.json`), so a user's
+own host is measured the same way and scores with its own costs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Sequence
+
+from vllm_vspec.core.latency import LatencyProfile, fit_profile, profile_predict, save_profile
+
+
+def costs_paths(recording_path: str | Path) -> tuple[Path, Path]:
+    """(profile, samples) beside a recording file."""
+    p = Path(recording_path)
+    stem = p.name.removesuffix(".gz").removesuffix(".json")
+    return p.with_name(f"{stem}.costs.json"), p.with_name(f"{stem}.costs.samples.json")
+
+
+def measure(method: str, target: Path, drafter: Path | None, k: int, batches: Sequence[int],
+            prompt_len: int, decode_steps: int = 8, kv_cache_memory_bytes: int = 1 << 30,
+            log=print) -> list[dict]:
+    """Samples of a target-only engine and of `method` at gamma 1..k."""
+    from vllm_vspec.tools import profile_collect as pc
+
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    runs = [pc.EngineRun("target", target)] + [
+        pc.EngineRun("step", target, drafter, g, method) for g in range(1, k + 1)]
+    shapes = [pc.Shape(b, prompt_len) for b in batches]
+    samples: list[dict] = []
+    for i, run in enumerate(runs, 1):
+        t0 = time.monotonic()
+        log(f"[{i}/{len(runs)}] {run.kind}" + (f" {method} gamma {run.gamma}" if run.gamma else "")
+            + f": batches {','.join(map(str, batches))} x {decode_steps} steps")
+        samples += pc.collect_engine(run, shapes, decode_steps, kv_cache_memory_bytes, 0, True)
+        log(f"      {time.monotonic() - t0:.0f} s")
+    return samples
+
+
+def fit(samples: Sequence[dict], name: str, device: str, note: str) -> LatencyProfile:
+    return fit_profile(samples, name=name, device=device, note=note)
+
+
+def residuals(profile: LatencyProfile, samples: Sequence[dict]) -> list[dict]:
+    """Per (kind, gamma, batch): median measured ms, predicted ms, relative error."""
+    groups: dict[tuple, list[dict]] = {}
+    for s in samples:
+        key = (s["kind"], s.get("gamma", 0), s.get("batch", s.get("n")))
+        groups.setdefault(key, []).append(s)
+    rows = []
+    for (kind, gamma, batch), group in sorted(groups.items()):
+        ms = statistics.median(s["ms"] for s in group)
+        pred = statistics.median(profile_predict(profile, s) for s in group)
+        rows.append({"kind": kind, "gamma": gamma, "batch": batch, "samples": len(group),
+                     "measured_ms": round(ms, 3), "predicted_ms": round(pred, 3),
+                     "error": round(pred / ms - 1, 4) if ms else 0.0})
+    return rows
+
+
+def residual_text(rows: Sequence[dict]) -> str:
+    lines = [f"{'engine':<10}{'gamma':>6}{'batch':>6}{'n':>4}{'measured ms':>13}"
+             f"{'fitted ms':>11}{'error':>8}"]
+    for r in rows:
+        lines.append(f"{r['kind']:<10}{r['gamma']:>6}{r['batch']:>6}{r['samples']:>4}"
+                     f"{r['measured_ms']:>13.2f}{r['predicted_ms']:>11.2f}{r['error']:>+8.1%}")
+    errors = sorted(abs(r["error"]) for r in rows)
+    lines.append(f"fit error over {len(rows)} cells: median {errors[len(errors) // 2]:.1%}, "
+                 f"max {errors[-1]:.1%}")
+    return "\n".join(lines)
+
+
+def save(profile: LatencyProfile, samples: Sequence[dict], rows: Sequence[dict],
+         recording_path: str | Path, meta: dict) -> tuple[Path, Path]:
+    prof_path, samples_path = costs_paths(recording_path)
+    save_profile(profile, prof_path)
+    samples_path.write_text(json.dumps({**meta, "samples": list(samples),
+                                        "residuals": list(rows)}, indent=1) + "\n")
+    return prof_path, samples_path

@@ -1,0 +1,179 @@
+"""Write a recording on the real engine (`vllm-vspec replay record`).
+
+1. Target-only greedy decoding (a stock vLLM engine without speculation)
+   gives every request's output stream.
+2. The acceptance run a_K at every decode position comes from the drafter
+   as the served engine runs it: a stock vLLM engine with the method at K
+   (prefix caching on) gets one probe request per decode position d, whose
+   prompt is the prompt plus output[:d]. Its prefill step commits output[d]
+   and drafts K tokens from prompt + output[:d + 1] exactly as a decode
+   step does from the true prefix; its first decode step verifies them, and
+   the tokens it commits minus one are a_K(d). This is the same proposer
+   code for every method (draft model, EAGLE, EAGLE-3, MTP, n-gram), so no
+   drafter is re-implemented here. A probe whose prefill token differs from
+   the stream (a float near-tie between prefill and decode) is listed in
+   the request's `disagree`.
+
+Engines run in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), float32,
+eager, one after the other.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from vllm_vspec.replay.recording import RecordedRequest, Recording
+
+MODELS = Path(__file__).resolve().parents[3] / "models"
+DERIVED = MODELS / "derived"
+# Per method: (served target, drafter or None). The deep target's outputs
+# and hidden states are the trained target's (its extra layers add zeros),
+# and it costs what a real target's step costs: what `bench` serves.
+DEFAULT_MODELS: dict[str, tuple[Path, Path | None]] = {
+    "draft_model": (DERIVED / "tiny-target-deep", MODELS / "tiny-draft"),
+    "eagle": (DERIVED / "tiny-target-deep", MODELS / "tiny-eagle"),
+    "eagle3": (DERIVED / "tiny-target-deep", MODELS / "tiny-eagle3"),
+    "mtp": (DERIVED / "tiny-mimo-deep", None),
+    "ngram": (DERIVED / "tiny-target-deep", None),
+}
+METHODS = tuple(DEFAULT_MODELS)
+
+
+@dataclass(frozen=True)
+class Prompt:
+    key: str
+    family: str
+    text: str
+
+
+def _engine(target: Path, spec: dict | None, max_model_len: int, max_num_seqs: int,
+            kv_bytes: int):
+    from vllm import LLM
+
+    return LLM(model=str(target), dtype="float32", enforce_eager=True, seed=0,
+               max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+               max_num_batched_tokens=max(4096, max_model_len),
+               gpu_memory_utilization=0.3, kv_cache_memory_bytes=kv_bytes,
+               enable_prefix_caching=True, generation_config="vllm",
+               distributed_executor_backend="uni",
+               **({"speculative_config": spec} if spec else {}))
+
+
+def _run(engine, requests: Sequence[tuple[str, list[int], int]],
+         on_output: Callable[[str, list[int]], bool], progress: Callable[[int], None]) -> None:
+    """Add every (id, prompt token ids, max tokens) request and step the
+    engine until all finish; `on_output(id, tokens so far)` after each step
+    that gave a request tokens returns True to abort it early."""
+    from vllm import SamplingParams, TokensPrompt
+
+    for rid, ids, max_tokens in requests:
+        engine.add_request(rid, TokensPrompt(prompt_token_ids=ids),
+                           SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
+    done = 0
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            finished = out.finished
+            if not finished and on_output(out.request_id, list(out.outputs[0].token_ids)):
+                engine.abort_request([out.request_id])
+                finished = True
+            elif finished:
+                on_output(out.request_id, list(out.outputs[0].token_ids))
+            if finished:
+                done += 1
+                progress(done)
+
+
+def _progress(label: str, total: int) -> Callable[[int], None]:
+    start, last = time.monotonic(), [0.0]
+
+    def show(done: int) -> None:
+        now = time.monotonic()
+        if done == total or now - last[0] >= 2.0:
+            last[0] = now
+            print(f"\r  {label}: {done}/{total} ({now - start:.0f} s)", end="\n" if done == total else "",
+                  file=sys.stderr, flush=True)
+    return show
+
+
+def record(method: str, prompts: Sequence[Prompt], *, k: int = 4, output_len: int = 64,
+           target: Path | None = None, drafter: Path | None = None,
+           max_num_seqs: int = 32, kv_cache_memory_bytes: int = 2 << 30,
+           prompt_set: str = "") -> Recording:
+    """Record `prompts` for `method` at K = `k` (see the module docstring)."""
+    from vllm_vspec.tools.engine_runs import shutdown_llm
+    import vllm
+    import torch
+    from transformers import AutoTokenizer
+
+    if method not in METHODS:
+        raise ValueError(f"method {method!r} is not allowed: one of {', '.join(METHODS)}")
+    if k < 1:
+        raise ValueError(f"num_speculative_tokens={k} is not allowed: an integer >= 1")
+    default_target, default_drafter = DEFAULT_MODELS[method]
+    target = Path(target or default_target)
+    drafter = drafter or default_drafter
+    for what, path in (("target", target), ("drafter", drafter)):
+        if path is not None and not (Path(path) / "config.json").is_file():
+            raise ValueError(f"{what} {path}: no config.json there (run `make install` for "
+                             f"the derived bundled models, or pass a model directory)")
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    tok = AutoTokenizer.from_pretrained(str(target))
+    ids = [tok(p.text)["input_ids"] for p in prompts]
+    max_model_len = max(len(i) for i in ids) + output_len + k + 8
+    started = time.time()
+
+    streams: dict[str, list[int]] = {}
+    engine = _engine(target, None, max_model_len, max_num_seqs, kv_cache_memory_bytes)
+    try:
+        _run(engine.llm_engine, [(str(i), p, output_len) for i, p in enumerate(ids)],
+             lambda rid, toks: streams.__setitem__(rid, toks) and False,
+             _progress("target-only streams", len(ids)))
+    finally:
+        shutdown_llm(engine)
+
+    from vllm_vspec.bench.variants import method_config
+
+    spec = method_config(method, drafter, k)
+    accept: dict[tuple[int, int], int] = {}
+    disagree: dict[int, list[int]] = {}
+    probes = [(f"{i}:{d}", ids[i] + streams[str(i)][:d], k + 2)
+              for i in range(len(ids)) for d in range(len(streams[str(i)]) - 1)]
+    engine = _engine(target, spec, max_model_len, max_num_seqs, kv_cache_memory_bytes)
+
+    def on_probe(rid: str, toks: list[int]) -> bool:
+        i, d = (int(x) for x in rid.split(":"))
+        if len(toks) >= 2:
+            if toks[0] != streams[str(i)][d]:
+                disagree.setdefault(i, []).append(d)
+            accept[(i, d)] = min(k, len(toks) - 2)
+            return True
+        return False
+    try:
+        _run(engine.llm_engine, probes, on_probe, _progress(f"{method} K={k} probes", len(probes)))
+    finally:
+        shutdown_llm(engine)
+    missing = [rid for rid, _, _ in probes if tuple(int(x) for x in rid.split(":")) not in accept]
+    if missing:
+        raise RuntimeError(f"{len(missing)} probes ended without a decode step (first: {missing[0]})")
+
+    requests = [RecordedRequest(p.key, p.family, tuple(ids[i]), tuple(streams[str(i)]),
+                                tuple(accept[(i, d)] for d in range(len(streams[str(i)]) - 1)),
+                                tuple(sorted(disagree.get(i, ()))))
+                for i, p in enumerate(prompts)]
+    header = {
+        "method": method, "target": str(target), "drafter": str(drafter) if drafter else None,
+        "num_speculative_tokens": k, "output_len": output_len, "prompt_set": prompt_set,
+        "speculative_config": spec, "dtype": "float32", "enforce_eager": True,
+        "versions": {"vllm": vllm.__version__, "torch": torch.__version__,
+                     "python": platform.python_version()},
+        "host": platform.node() and platform.machine(),
+        "recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "seconds": round(time.time() - started, 1),
+    }
+    return Recording(header, requests)

@@ -1,0 +1,143 @@
+"""A recording: per request its token stream and, per decode position, the
+drafter's acceptance run a_K (see the package docstring). No vLLM import.
+
+Positions: the prefill step commits the first output token; decode position
+d (0-based) is the (d+1)-th decode step's start, after d + 1 output tokens,
+so a request of L output tokens has L - 1 decode positions. `accept[d]` is
+how many tokens of the K-token chain drafted from prompt + output[:d + 1]
+match output[d + 1:]; a step there at gamma g accepts min(g, accept[d]).
+
+File: gzip'd JSON, one header (what made it: models, method, K, versions,
+settings) and one object per request. Loading checks the schema and names
+the file and field that is wrong.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+SCHEMA = 1
+
+
+class RecordingError(ValueError):
+    """A recording file that cannot be used (names the file and the field)."""
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    key: str                       # "<family>/<index in its prompt file>"
+    family: str
+    prompt: tuple[int, ...]        # the prompt's token ids
+    output: tuple[int, ...]        # the target's greedy output token ids
+    accept: tuple[int, ...]        # a_K per decode position (len(output) - 1 values)
+    # Decode positions whose probe disagreed with the stream (its prefill
+    # token differed: a float near-tie between prefill and decode numerics);
+    # their accept value is the probe's all the same.
+    disagree: tuple[int, ...] = ()
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt)
+
+    @property
+    def decode_len(self) -> int:
+        """Tokens committed by decode steps (the prefill step commits one)."""
+        return len(self.output) - 1
+
+    def rates(self, k: int) -> tuple[float, ...]:
+        """Conditional acceptance per draft position 1..k over this request's
+        positions: P(a >= j | a >= j - 1); a position never reached is 0."""
+        reach = [sum(1 for a in self.accept if a >= j) for j in range(k + 1)]
+        return tuple(reach[j] / reach[j - 1] if reach[j - 1] else 0.0 for j in range(1, k + 1))
+
+
+@dataclass
+class Recording:
+    header: dict[str, Any]
+    requests: list[RecordedRequest] = field(default_factory=list)
+
+    @property
+    def k(self) -> int:
+        return int(self.header["num_speculative_tokens"])
+
+    def families(self) -> dict[str, list[RecordedRequest]]:
+        out: dict[str, list[RecordedRequest]] = {}
+        for r in self.requests:
+            out.setdefault(r.family, []).append(r)
+        return out
+
+    def mean_rates(self) -> tuple[float, ...]:
+        """Conditional acceptance per position over every decode position."""
+        pooled = RecordedRequest("all", "all", (), (0,) * (1 + sum(len(r.accept) for r in self.requests)),
+                                 tuple(a for r in self.requests for a in r.accept))
+        return pooled.rates(self.k)
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        body = {"schema": SCHEMA, "header": self.header,
+                "requests": [{**asdict(r), "prompt": list(r.prompt), "output": list(r.output),
+                              "accept": list(r.accept), "disagree": list(r.disagree)}
+                             for r in self.requests]}
+        # mtime 0: the same recording writes the same bytes.
+        with open(path, "wb") as raw, gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as f:
+            f.write(json.dumps(body, separators=(",", ":")).encode())
+        return path
+
+
+REQUIRED_HEADER = ("method", "target", "num_speculative_tokens")
+
+
+def load(path: str | Path) -> Recording:
+    path = Path(path)
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            body = json.load(f)
+    except FileNotFoundError:
+        raise RecordingError(f"recording {path}: no such file (write one with "
+                             f"`vllm-vspec replay record`)") from None
+    except (OSError, EOFError, ValueError) as exc:
+        raise RecordingError(f"recording {path}: not a gzip'd JSON recording ({exc})") from None
+    if not isinstance(body, dict) or body.get("schema") != SCHEMA:
+        raise RecordingError(f"recording {path}: schema {body.get('schema') if isinstance(body, dict) else None!r}"
+                             f" is not allowed: this version reads schema {SCHEMA}")
+    header = body.get("header")
+    missing = [k for k in REQUIRED_HEADER if not isinstance(header, dict) or k not in header]
+    if missing:
+        raise RecordingError(f"recording {path}: header lacks {', '.join(missing)}")
+    requests = []
+    for i, r in enumerate(body.get("requests") or []):
+        try:
+            req = RecordedRequest(str(r["key"]), str(r["family"]), tuple(int(t) for t in r["prompt"]),
+                                  tuple(int(t) for t in r["output"]),
+                                  tuple(int(a) for a in r["accept"]),
+                                  tuple(int(d) for d in r.get("disagree", ())))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise RecordingError(f"recording {path}: request {i} is malformed ({exc!r})") from None
+        if len(req.accept) != req.decode_len or any(not 0 <= a <= int(header["num_speculative_tokens"])
+                                                    for a in req.accept):
+            raise RecordingError(f"recording {path}: request {req.key}: `accept` must hold "
+                                 f"len(output) - 1 = {req.decode_len} values in "
+                                 f"[0, {header['num_speculative_tokens']}]")
+        requests.append(req)
+    if not requests:
+        raise RecordingError(f"recording {path}: no requests")
+    return Recording(header, requests)
+
+
+def predicted_accepts(request: RecordedRequest, start: int, gammas: Sequence[int]) -> list[int]:
+    """What a request accepts step by step from decode position `start` when
+    its verified drafts have the lengths `gammas` (each step commits
+    accepted + 1 tokens). Stops at the end of the stream."""
+    out, d = [], start
+    for g in gammas:
+        if d >= request.decode_len:
+            break
+        a = min(g, request.accept[d], request.decode_len - d - 1)
+        out.append(a)
+        d += a + 1
+    return out
