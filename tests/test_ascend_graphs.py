@@ -1,18 +1,23 @@
 """Draft ACL graphs per gamma, through vLLM-Ascend 0.23.0.post1's own capture
-and replay code, driven on CPU (issue 24; nothing here runs on an NPU).
+and replay code, driven on CPU (nothing here runs on an NPU).
 
 What is the host's own code, read from the pinned sdist (hash-checked by
 vllm_vspec.tools.ascend_build.common) at test time, never copied:
 - compilation/acl_graph.py, executed whole: ACLGraphWrapper (capture on a
   new batch descriptor, replay after), GraphParams, set_draft_graph_params,
   get_draft_graph_params, weak_ref_workspaces;
+- spec_decode/llm_base_proposer.py AscendSpecDecodeBaseProposer.dummy_run
+  (the capture pass the runner calls per capture size: the per-step
+  metadata, the rows the draft graph samples, the wrapped draft call, the
+  update when FULL and not capturing) and shallow_copy_metadata;
 - attention/attention_v1.py AscendAttentionBackendImpl.full_graph_fia (the
   capture side: appends each attention call's event, parameters and task
   handle to the draft store under its token count) and
   AscendAttentionBackendImpl.update_graph_params (the replay side: zips the
   store's entries for the token count with the step's per-draft-step
-  metadata and rewrites each captured task), taken out of the file by name
-  and run in a namespace that supplies their module globals.
+  metadata and rewrites each captured task);
+the methods are taken out of their files by name and run in a namespace that
+supplies their module globals.
 
 What is a stand-in, written here (so these tests show the host code's
 bookkeeping, not the NPU's behaviour):
@@ -21,14 +26,14 @@ bookkeeping, not the NPU's behaviour):
   task's arguments, a replay is queued and its tasks run at the next flush,
   each only if its external event was recorded after the replay was queued
   (else the NPU would wait on it: reported as a hang);
-- the host proposer's dummy_run / _propose (`HostLikeProposer`): the order of
-  host llm_base_proposer.py dummy_run (lines 566-717: metadata per draft
-  step, forward context, `self._runnable(...)`, the update when FULL and not
-  capturing) and _propose (lines 791-1037: dispatch, `run_draft()`, then
-  `_update_full_graph_params_if_needed`), with the merged draft loop
-  (`_run_merged_draft`, line 1054) reduced to one FIA call per draft step
-  and attention layer, and load_model's wrap (lines 495-509);
-- the forward context (set_ascend_forward_context's fields the code reads).
+- the rest of the host proposer (`HostLikeProposer`): the buffers its
+  __init__ sizes by K, load_model's wrap, a _propose in the order of the
+  host's (dispatch, the draft call, then the update) without its input
+  preparation, and the merged draft loop reduced to one FIA call per draft
+  step and attention layer (the model's forward), recording the rows and
+  steps of every call;
+- the runner fields dummy_run reads, the attention metadata builder, the
+  forward context (set_ascend_forward_context's fields the code reads).
 
 vspec's StepGammaProposer (the real class) sits over the host-like
 proposer, as over the host's in the wheel.
@@ -38,12 +43,14 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import copy
 import dataclasses
 import sys
 import textwrap
 import types
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Callable
 
 import pytest
 import torch
@@ -268,8 +275,13 @@ def host(host_tree, monkeypatch):
     monkeypatch.delitem(sys.modules, "vllm_ascend.vspec.proposers", raising=False)
     import vllm_ascend.vspec.proposers as proposers
 
-    yield SimpleNamespace(acl_graph=acl_graph, attention=functions, context=context,
-                          extra=extra, proposers=proposers)
+    namespace = SimpleNamespace(acl_graph=acl_graph, attention=functions, context=context,
+                                extra=extra, proposers=proposers)
+    # llm_base_proposer.py: the host proposer's own dummy_run.
+    for name, function in _host_dummy_run(host_tree, namespace).items():
+        if name in ("dummy_run", "shallow_copy_metadata"):
+            monkeypatch.setattr(HostLikeProposer, name, function, raising=False)
+    yield namespace
     sys.modules.pop("vllm_ascend.vspec.proposers", None)
 
 
@@ -318,18 +330,122 @@ def _metadata(seq_lens: list[int]) -> SimpleNamespace:
                            attn_mask=None, causal=True, attn_state="DecodeOnly")
 
 
+class _Buffer:
+    """vLLM's CpuGpuBuffer: a host tensor and its device copy (both CPU here)."""
+
+    def __init__(self, n):
+        self.cpu, self.gpu = torch.zeros(n, dtype=torch.int32), torch.zeros(n, dtype=torch.int32)
+
+
+class _Builder:
+    """The draft attention group's metadata builder (the attention backend's,
+    not the proposer's logic): what full_graph_fia then reads at capture."""
+
+    def build_for_graph_capture(self, common, state):
+        return _metadata([0] * NUM_TOKENS)
+
+
+def _runner(max_num_reqs: int, max_num_tokens: int) -> SimpleNamespace:
+    """The NPUModelRunner fields the host's dummy_run reads, as its
+    _dummy_run leaves them for a uniform decode capture (DP 1, no PCP)."""
+    width = 1 + K
+    block_table = SimpleNamespace(get_device_tensor=lambda: torch.zeros(max_num_reqs, 4),
+                                  slot_mapping=SimpleNamespace(gpu=torch.zeros(max_num_tokens)))
+    qsl = _Buffer(max_num_reqs + 1)
+    qsl.cpu.copy_(torch.arange(max_num_reqs + 1) * width)
+    return SimpleNamespace(
+        _sync_metadata_across_dp=lambda n, is_draft_model=False: (n, None, None),
+        pcp_manager=None, max_num_reqs=max_num_reqs, max_num_tokens=max_num_tokens,
+        attn_groups=[object()], query_start_loc=qsl,
+        input_batch=SimpleNamespace(num_computed_tokens_cpu_tensor=torch.zeros(max_num_reqs),
+                                    block_table=[block_table]),
+        optimistic_seq_lens_cpu=torch.zeros(max_num_reqs, dtype=torch.int32),
+        seq_lens=torch.zeros(max_num_reqs, dtype=torch.int32),
+        actual_seq_lengths_q=list(range(1, max_num_tokens + 1)),
+        positions=torch.zeros(max_num_tokens, dtype=torch.long), _dsa_positions_cpu_buf=None,
+        attn_state="DecodeOnly", decode_token_per_req=width, pin_memory=False)
+
+
+def _host_dummy_run(host_tree: Path, host) -> Callable:
+    """AscendSpecDecodeBaseProposer.dummy_run, the host's own source from the
+    pinned sdist, compiled with its module globals: the host's forward-context
+    extras (_EXTRA_CTX), vLLM's CUDAGraphMode and PADDING_SLOT_ID, and
+    stand-ins for the leaves it calls (the forward context setter, the
+    snapshot copy to the device, the metadata record)."""
+    from vllm.config import CUDAGraphMode
+    from vllm.v1.spec_decode.utils import PADDING_SLOT_ID
+
+    @contextlib.contextmanager
+    def set_ascend_forward_context(attn_metadata, vllm_config, *, batch_descriptor=None,
+                                   aclgraph_runtime_mode=CUDAGraphMode.NONE,
+                                   draft_attn_metadatas=None, **_):
+        context = host.context
+        context.batch_descriptor, context.cudagraph_runtime_mode = \
+            batch_descriptor, aclgraph_runtime_mode
+        context.draft_attn_metadatas = draft_attn_metadatas
+        context.capturing = False   # set_ascend_forward_context, line 109
+        yield
+
+    def copy_snapshot_to_gpu(buffer):
+        buffer.gpu.copy_(buffer.cpu)
+
+    path = host_tree / "vllm_ascend/spec_decode/llm_base_proposer.py"
+    namespace = dict(
+        torch=torch, copy=copy, CUDAGraphMode=CUDAGraphMode, PADDING_SLOT_ID=PADDING_SLOT_ID,
+        _EXTRA_CTX=host.extra, get_forward_context=lambda: host.context,
+        set_ascend_forward_context=set_ascend_forward_context,
+        copy_snapshot_to_gpu=copy_snapshot_to_gpu,
+        AscendCommonAttentionMetadata=SimpleNamespace,
+        AscendAttentionState=SimpleNamespace(SpecDecoding="SpecDecoding",
+                                             ChunkedPrefill="ChunkedPrefill"))
+    for name in ("dummy_run", "shallow_copy_metadata"):
+        source = _function(path, "AscendSpecDecodeBaseProposer", name)
+        exec(compile(source, str(path), "exec"), namespace)
+    return namespace
+
+
 class HostLikeProposer:
-    """The order of the host proposer's graph paths (see the module doc)."""
+    """The host proposer's graph paths over the NPU stand-in: dummy_run and
+    shallow_copy_metadata are the host's own (set by the `host` fixture);
+    __init__ sets what the host's __init__ sets that they read (buffers sized
+    by K, llm_base_proposer.py lines 241-260), load_model wraps as the
+    host's does (lines 495-509); _propose follows the order of the host's
+    (lines 791-1037: dispatch, run_draft, then the update) without its input
+    preparation; the merged draft loop is one FIA call per draft step and
+    attention layer (the model's forward), recording what each call got."""
 
     host = None  # the `host` fixture's namespace, set by _make
+    max_num_seqs = NUM_TOKENS // (1 + K)
+    dummy_run: Callable
+    shallow_copy_metadata: Callable
 
     def __init__(self, vllm_config, device, runner=None):
-        self.vllm_config, self.device, self.runner = vllm_config, device, runner
+        self.vllm_config, self.device = vllm_config, device
         self.num_speculative_tokens = vllm_config.speculative_config.num_speculative_tokens
+        k = self.num_speculative_tokens
+        self.runner = runner or _runner(self.max_num_seqs, NUM_TOKENS)
         self.use_cuda_graph = True
         self.maybe_eager_context = contextlib.nullcontext()
         self._runnable = self._run_merged_draft
         self.impl = _Impl()
+        self.pcp_size = self.dcp_size = 1
+        self.block_table_tensor_clone = None
+        self.query_start_loc = _Buffer(self.runner.max_num_reqs + 1)
+        self.draft_attn_groups = [SimpleNamespace(get_metadata_builder=_Builder,
+                                                  kv_cache_spec=None)]
+        lens = self.runner.max_num_tokens + 2 * self.runner.max_num_reqs
+        self.slot_mapping_group = [torch.zeros(lens + (k - 1) * self.runner.max_num_reqs,
+                                               dtype=torch.int32) for _ in range(k)]
+        self.seq_lens_group = [torch.zeros(lens, dtype=torch.int32) for _ in range(k)]
+        self.query_start_loc_group = [torch.zeros(lens, dtype=torch.int32) for _ in range(k)]
+        self.use_compress = self.supports_mm_inputs = False
+        self.method, self.attn_layer_names, self.kv_cache_gid = "eagle", list(LAYERS), 0
+        self.token_indices_to_sample = torch.zeros(NUM_TOKENS, dtype=torch.int32)
+        self.extra_slots_per_request = 1
+        self.draft_calls: list[dict] = []   # one per merged-draft call (capture or eager)
+
+    def _get_positions(self, num_tokens):   # vLLM's SpecDecodeBaseProposer
+        return self.runner.positions[:num_tokens]
 
     def load_model(self, model):   # lines 495-509
         from vllm.config import CUDAGraphMode
@@ -339,52 +455,68 @@ class HostLikeProposer:
                 self._run_merged_draft, self.vllm_config, runtime_mode=CUDAGraphMode.FULL,
                 use_eagle=True, enable_enpu=False)
 
-    def _run_merged_draft(self, steps, batch_size):
-        for step in range(self.num_speculative_tokens):
+    def _run_merged_draft(self, num_input_tokens, batch_size, token_indices_to_sample,
+                          target_positions, inputs_embeds, multi_steps_attn_metadata,
+                          num_tokens, is_prefill=None):
+        steps = self.num_speculative_tokens
+        self.draft_calls.append(dict(batch_size=batch_size, steps=steps,
+                                     sampled=token_indices_to_sample.shape[0],
+                                     capturing=self.host.extra.capturing))
+        for step in range(steps):
             for layer in LAYERS:
                 FAKE.tag = (step, layer)
                 if self.host.extra.capturing:   # attention_v1.py lines 1594-1595
                     self.host.attention.full_graph_fia(
                         self.impl, torch.zeros(NUM_TOKENS, 8), torch.zeros(1), torch.zeros(1),
-                        steps[step][layer], torch.zeros(NUM_TOKENS * 8))
-                else:   # the eager FIA call
-                    FAKE.fia_out(actual_seq_lengths_kv=steps[step][layer].seq_lens_list)
-        return torch.zeros(batch_size, self.num_speculative_tokens, dtype=torch.long)
+                        multi_steps_attn_metadata[step][layer], torch.zeros(NUM_TOKENS * 8))
+                elif multi_steps_attn_metadata:   # the eager FIA call (none in an eager dummy run)
+                    FAKE.fia_out(
+                        actual_seq_lengths_kv=multi_steps_attn_metadata[step][layer].seq_lens_list)
+        return torch.zeros(batch_size, steps, dtype=torch.long)
 
-    def _forward(self, mode, steps):
-        from vllm.forward_context import BatchDescriptor
-
-        context = self.host.context
-        context.cudagraph_runtime_mode = mode
-        context.batch_descriptor = BatchDescriptor(num_tokens=NUM_TOKENS)
-        context.capturing = False   # set_ascend_forward_context, line 109
-        return self._runnable(steps=steps, batch_size=NUM_TOKENS)
-
-    def _update(self, steps):
+    def _update_full_graph_params(self, forward_context, num_tokens, draft_attn_metadatas=None):
         self.host.attention.update_graph_params(
-            None, self.host.context, NUM_TOKENS, self.vllm_config, None, None, steps)
-
-    def dummy_run(self, num_tokens, in_graph_capturing=False, aclgraph_runtime_mode=None,
-                  is_profile=False, **_):
-        from vllm.config import CUDAGraphMode
-
-        mode = aclgraph_runtime_mode if self.use_cuda_graph else CUDAGraphMode.NONE
-        steps = [{layer: _metadata([0] * NUM_TOKENS) for layer in LAYERS}
-                 for _ in range(self.num_speculative_tokens)]
-        self._forward(mode, steps)
-        if mode == CUDAGraphMode.FULL and not self.host.extra.capturing:
-            self._update(steps)
+            None, forward_context, num_tokens, self.vllm_config, None, None, draft_attn_metadatas)
 
     def _propose(self, seq_lens=None, scheduler_output=None, **_):
         from vllm.config import CUDAGraphMode
+        from vllm.forward_context import BatchDescriptor
 
         mode = CUDAGraphMode.FULL if self.use_cuda_graph else CUDAGraphMode.NONE
         steps = [{layer: _metadata(seq_lens[step]) for layer in LAYERS}
                  for step in range(self.num_speculative_tokens)]
-        draft = self._forward(mode, steps)
+        context = self.host.context
+        context.cudagraph_runtime_mode = mode
+        context.batch_descriptor = _descriptor(NUM_TOKENS)
+        context.capturing = False   # set_ascend_forward_context, line 109
+        rows = NUM_TOKENS // (1 + K)
+        draft = self._runnable(
+            num_input_tokens=NUM_TOKENS, batch_size=rows,
+            token_indices_to_sample=self.token_indices_to_sample[:rows], target_positions=None,
+            inputs_embeds=None, multi_steps_attn_metadata=steps, num_tokens=NUM_TOKENS)
         if mode == CUDAGraphMode.FULL:
-            self._update(steps)
+            self._update_full_graph_params(context, NUM_TOKENS, steps)
         return draft
+
+
+def _descriptor(num_tokens: int):
+    """The runner's batch descriptor of a uniform decode batch at num_tokens."""
+    from vllm.forward_context import BatchDescriptor
+
+    return BatchDescriptor(num_tokens=num_tokens, num_reqs=num_tokens // (1 + K), uniform=True)
+
+
+def _capture(proposer, num_tokens: int = NUM_TOKENS) -> None:
+    """NPUModelRunner._dummy_run's call of the drafter for one capture size
+    (model_runner_v1.py, `self.drafter.dummy_run(...)`, all by keyword)."""
+    from vllm.config import CUDAGraphMode
+
+    proposer.dummy_run(num_tokens=num_tokens, with_prefill=False,
+                       num_reqs=num_tokens // (1 + K), num_tokens_across_dp=None,
+                       aclgraph_runtime_mode=CUDAGraphMode.FULL,
+                       batch_descriptor=_descriptor(num_tokens),
+                       dummy_compute_logits=lambda hidden_states: None,
+                       in_graph_capturing=True, is_profile=False)
 
 
 def _make(host, vspec=None):
@@ -397,8 +529,7 @@ def _make(host, vspec=None):
     proposer = host.proposers.VSpecEagleProposer(config, torch.device("cpu"))
     proposer.load_model(model=None)
     host.acl_graph.set_draft_graph_params([NUM_TOKENS])   # model_runner_v1.py line 5099
-    proposer.dummy_run(num_tokens=NUM_TOKENS, in_graph_capturing=True,
-                       aclgraph_runtime_mode=CUDAGraphMode.FULL)
+    _capture(proposer)
     return proposer
 
 
@@ -444,6 +575,23 @@ def test_each_gamma_is_captured_once_into_its_own_parameter_store(host):
         assert [h.task.graph for h in handles] == [graphs[gamma]] * (gamma * len(LAYERS))
 
 
+def test_every_gammas_draft_graph_samples_the_batch_descriptors_rows(host):
+    """The host's dummy_run sizes the rows its draft graph samples by
+    num_speculative_tokens (`batch_size = num_tokens // (num_speculative_tokens
+    + 1)`). A FULL draft graph is replayed only for a uniform decode batch of
+    1 + K tokens a request (the dispatcher's uniform_decode), whose drafts the
+    runner copies into its max_num_reqs-row buffer: every gamma's graph,
+    captured through the host's own dummy_run, samples the descriptor's
+    num_tokens // (1 + K) rows and drafts its own gamma steps."""
+    proposer = _make(host)
+    captures = [call for call in proposer.draft_calls if call["capturing"]]
+    assert sorted(call["steps"] for call in captures) == list(range(1, K + 1))
+    rows = _descriptor(NUM_TOKENS).num_reqs
+    assert rows == NUM_TOKENS // (1 + K) <= proposer.runner.max_num_reqs
+    assert [(call["steps"], call["batch_size"], call["sampled"]) for call in captures] == \
+        [(call["steps"], rows, rows) for call in captures]
+
+
 def test_each_gamma_replays_its_own_graph_with_its_own_steps_parameters(host):
     proposer = _make(host)
     graphs = _graphs(proposer)
@@ -482,8 +630,7 @@ def _make_unkeyed(host):
     proposer.vspec_key_graph_params = False
     proposer.load_model(model=None)
     host.acl_graph.set_draft_graph_params([NUM_TOKENS])
-    proposer.dummy_run(num_tokens=NUM_TOKENS, in_graph_capturing=True,
-                       aclgraph_runtime_mode=CUDAGraphMode.FULL)
+    _capture(proposer)
     _graphs(proposer)
     return proposer
 
@@ -527,8 +674,7 @@ def test_eager_drafts_capture_nothing_and_keep_the_hosts_flashcomm1_workaround(h
     proposer.load_model(model=None)
     assert proposer._vspec_runnables == {}
     host.acl_graph.set_draft_graph_params([NUM_TOKENS])
-    proposer.dummy_run(num_tokens=NUM_TOKENS, in_graph_capturing=True,
-                       aclgraph_runtime_mode=CUDAGraphMode.FULL)
+    _capture(proposer)
     assert not isinstance(host.acl_graph.get_draft_graph_params().attn_params, PerGamma)
     executed = _step(proposer, 1, 2)
     assert [gamma for gamma, _, _ in executed] == [None] * (2 * len(LAYERS))   # eager calls

@@ -19,8 +19,9 @@ with the host's own code).
 
 `PerGammaGraphParams` is the host's own `GraphParams` dataclass whose four
 dicts are `PerGamma` views: an int key reads and writes the store of the gamma
-the proposer is drafting (`gamma_of()`, set by StepGammaProposer._drafting
-around every capture, replay and update), so each gamma's capture appends to,
+the proposer is drafting (`gamma_of()`: StepGammaProposer binds it around
+every replay and update, and its graph wrapper's runnable binds it inside
+every capture), so each gamma's capture appends to,
 and its replay update reads, only its own lists. Outside a drafting pass
 (gamma None: profiling and warm-up dummy runs, which draft K) it is K's store;
 iteration there (the host's sleep-mode reset, device_allocator/

@@ -11,16 +11,19 @@ Invariants:
 - 0 <= gamma <= max_num_speculative_tokens, and 1 + gamma <= 16 (FIA verifies
   at most 16 query tokens per request); violations raise, naming the value.
 - The draft model keeps the host's full ACL graph (what stock captures for
-  the K-step merged draft loop, host llm_base_proposer.py lines 495-509):
+  the K-step merged draft loop in AscendSpecDecodeBaseProposer.load_model):
   one captured graph per gamma 1..K, each through the host's own capture
   path (dummy_run once per gamma, one ACLGraphWrapper per gamma), and the
   host's draft graph-parameter store keyed by (gamma, token count)
   (graph_params.py), so each gamma's replay update reads and writes only
-  its own captured parameters. `ascend_draft_full_graph = false` runs the
+  its own captured parameters. Every gamma's graph samples the rows of the
+  batch descriptor it is captured for, num_tokens // (1 + K) (at most
+  max_num_seqs): a FULL draft graph replays only for a uniform decode batch
+  of 1 + K tokens a request. `ascend_draft_full_graph = false` runs the
   draft model eagerly instead (the host's own `use_cuda_graph = False`
   switch, which it flips for GLM drafts), and then sets the host's
   flashcomm1 eager-compile workaround the way its __init__ would have
-  (llm_base_proposer.py lines 236-239). The target's graphs are untouched.
+  (AscendSpecDecodeBaseProposer.__init__). The target's graphs are untouched.
 - What a verification step commits (valid token counts, next tokens) comes
   from vspec's commit_accepted instead of the host's chain of about ten
   torch ops: the AscendC kernel when the wheel's library has it, else the
@@ -40,6 +43,7 @@ with the 0.30 proposers (native_gamma.py), over the host-agnostic core.
 from __future__ import annotations
 
 import contextlib
+import functools
 from types import MappingProxyType
 from typing import Any, Callable, Iterator, Mapping
 
@@ -83,7 +87,8 @@ class StepGammaProposer(VSpecAscendProposer):
     each subclass below, before the host proposer, so its attributes
     shadow the host's."""
 
-    _vspec_active_gamma: int | None = None  # set only inside _drafting
+    _vspec_active_gamma: int | None = None  # drafted steps; set only inside _drafting
+    _vspec_graph_gamma: int | None = None  # whose draft graph runs; None: the drafted steps'
     _vspec_runnables: Mapping[int, Any] = MappingProxyType({})  # gamma < K -> graph wrapper
     commits_with_vspec_op = True
     # Key the host's draft graph parameters by gamma (graph_params.py); off
@@ -103,10 +108,14 @@ class StepGammaProposer(VSpecAscendProposer):
         self.max_num_speculative_tokens = k
 
     # The host sets `_runnable` to the merged draft loop and, with full graphs,
-    # to one ACLGraphWrapper around it; reads pick the wrapper of the step's gamma.
+    # to one ACLGraphWrapper around it; reads pick the wrapper of the gamma
+    # being captured, else of the step's gamma.
     @property
     def _runnable(self) -> Any:
-        return self._vspec_runnables.get(self.num_speculative_tokens, self._vspec_max_runnable)
+        gamma = self._vspec_graph_gamma
+        if gamma is None:
+            gamma = self.num_speculative_tokens
+        return self._vspec_runnables.get(gamma, self._vspec_max_runnable)
 
     @_runnable.setter
     def _runnable(self, runnable: Any) -> None:
@@ -123,9 +132,9 @@ class StepGammaProposer(VSpecAscendProposer):
         if self.use_cuda_graph and settings is not None and not settings.ascend_draft_full_graph:
             logger.info("vspec: ascend_draft_full_graph=false: the draft model runs eagerly "
                         "(the target keeps its ACL graphs)")
-            # vLLM-Ascend 0.23.0.post1 keeps the workaround in
-            # llm_base_proposer.py (lines 236-239; load_model enters it, line
-            # 324). Imported here: stand-in hosts in the tests lack it.
+            # The host keeps the workaround in llm_base_proposer.py (its
+            # __init__ builds it, load_model enters it). Imported here:
+            # stand-in hosts in the tests lack it.
             from vllm_ascend.spec_decode.llm_base_proposer import _maybe_eager_context
 
             run_draft_eagerly(self, _maybe_eager_context)
@@ -138,11 +147,22 @@ class StepGammaProposer(VSpecAscendProposer):
         if not isinstance(host, ACLGraphWrapper):
             return
         self._vspec_runnables = {
-            g: ACLGraphWrapper(self._run_merged_draft, self.vllm_config,
+            g: ACLGraphWrapper(functools.partial(self._draft_steps, g), self.vllm_config,
                                runtime_mode=host.runtime_mode,
                                use_eagle=host.use_eagle, enable_enpu=host.enable_enpu)
             for g in range(1, self.max_num_speculative_tokens)
         }
+
+    def _draft_steps(self, gamma: int, *args: Any, **kwargs: Any) -> Any:
+        """The host's merged draft loop (`_run_merged_draft`) drafting `gamma`
+        steps: what gamma's graph wrapper captures and runs. Its inputs (the
+        rows it samples, the per-step attention metadata) are the caller's."""
+        outer = self._vspec_active_gamma
+        self._vspec_active_gamma = gamma
+        try:
+            return self._run_merged_draft(*args, **kwargs)
+        finally:
+            self._vspec_active_gamma = outer
 
     # Extends AscendSpecDecodeBaseProposer._propose: drafts the scheduler's
     # gamma for this step instead of the configured K, as one drafter step
@@ -166,26 +186,36 @@ class StepGammaProposer(VSpecAscendProposer):
     # (gamma, token count) parameter store; other dummy runs (profiling,
     # warm-up) use the maximum, which bounds memory. The runner
     # (NPUModelRunner._dummy_run) passes every argument by keyword.
+    # A FULL draft graph replays only for a uniform decode batch of 1 + K
+    # tokens a request (the dispatcher's uniform_decode), so every gamma's
+    # capture runs the host's dummy_run at K: it samples num_tokens // (1 + K)
+    # rows (the batch descriptor's, at most max_num_seqs) and builds K steps
+    # of metadata; only the captured merged draft loop drafts gamma steps
+    # (_draft_steps, the wrapper's runnable).
     def dummy_run(self, *args: Any, **kwargs: Any) -> None:
         mode = kwargs.get("aclgraph_runtime_mode", CUDAGraphMode.NONE)
         capturing = (kwargs.get("in_graph_capturing", False) and not kwargs.get("is_profile", False)
                      and mode != CUDAGraphMode.NONE and self.use_cuda_graph)
-        if capturing and self.vspec_key_graph_params:
+        if not capturing:
+            with self._drafting(None):
+                super().dummy_run(*args, **kwargs)
+            return
+        if self.vspec_key_graph_params:
             graph_params.install(acl_graph, self)
-        gammas = range(1, self.max_num_speculative_tokens + 1) if capturing else [None]
-        for gamma in gammas:
-            with self._drafting(gamma):
+        for gamma in range(1, self.max_num_speculative_tokens + 1):
+            with self._drafting(None, graph_gamma=gamma):
                 super().dummy_run(*args, **kwargs)
 
     @contextlib.contextmanager
-    def _drafting(self, gamma: int | None) -> Iterator[None]:
-        """Bind the step's gamma; the maximum again afterwards, even on error."""
-        self._vspec_active_gamma = gamma
+    def _drafting(self, gamma: int | None, graph_gamma: int | None = None) -> Iterator[None]:
+        """Bind the step's gamma (and the gamma whose draft graph runs, when it
+        differs); the maximum again afterwards, even on error."""
+        self._vspec_active_gamma, self._vspec_graph_gamma = gamma, graph_gamma
         self.drafting.new_pass()
         try:
             yield
         finally:
-            self._vspec_active_gamma = None
+            self._vspec_active_gamma = self._vspec_graph_gamma = None
 
 
 def _warn_if_padding_keeps_no_graph(vllm_config: Any) -> None:

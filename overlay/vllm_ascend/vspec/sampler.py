@@ -13,9 +13,9 @@ The rule's strict prefix (`*_after_tokens`) counts each request's generated
 tokens from the runner's input batch (`num_tokens_no_spec - num_prompt_tokens`,
 rejection_sampler.tokens_generated, what vspec's CPU/CUDA runner counts).
 vLLM hands `output_token_ids` to the sampler only when penalties or an
-output-aware logits processor need them (vLLM 0.23 gpu_input_batch.py
-lines 883-891, `_make_sampling_metadata`), so counting those made every
-request fresh and every lossy rule strict on Ascend (issue 24 item 4).
+output-aware logits processor need them (vLLM 0.23 InputBatch
+`_make_sampling_metadata`), so a count of those would leave every request
+fresh and every lossy rule strict on Ascend.
 """
 
 from __future__ import annotations

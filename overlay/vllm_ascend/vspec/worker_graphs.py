@@ -1,5 +1,5 @@
-"""The engine core adopts the graph mode its workers actually run (issue 24;
-not yet run on NPU).
+"""The engine core adopts the graph mode its workers actually run (not yet
+run on NPU).
 
 Why: the scheduler decides which decode steps are padded to 1 + K verify
 slots (vllm_vspec/hosts/vllm/verify_width.py, `VerifyWidth.of`) from the

@@ -1,6 +1,6 @@
 """What each Ascend graph default costs, simulated (`vllm-vspec sim
 --ascend-defaults --profile profiles/ascend-910b-qwen25-14b-draft.json`, or
-`python -m vllm_vspec.sim.ascend_defaults`; issue 24): stock vLLM-Ascend at fixed K against vspec's
+`python -m vllm_vspec.sim.ascend_defaults`): stock vLLM-Ascend at fixed K against vspec's
 online policy under the old and the new defaults, on an Ascend latency
 profile. A cost model, not a measurement: nothing here ran on an NPU.
 
@@ -13,7 +13,7 @@ ctx, from the profile's linear models T_target and T_draft:
   (vspec's old default under dynamic gamma) it costs the profile's T_draft.
   The bundled Ascend profile is an eager derivation (its draft delta is 24
   launch-bound layers); `graph_factor` is an assumption ("several times"
-  cheaper per pass, issue 24 item 1), reported with every table, not a
+  cheaper per pass), reported with every table, not a
   measured figure.
 - verify: T_target(ctx, B * (1 + w)), where w is what the step verifies:
   the previous step's gamma, or K when the scheduler pads the step to keep
