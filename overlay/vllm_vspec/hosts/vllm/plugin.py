@@ -27,6 +27,12 @@ from vllm_vspec.hosts.ascend_wheel import adopt_worker_graphs  # noqa: E402
 
 REGISTRATIONS.append(adopt_worker_graphs)
 
+# A requested API-server shutdown logs no traceback from the host's own
+# teardown race (launch/shutdown_log.py; a filter on vLLM's loggers).
+from vllm_vspec.launch.shutdown_log import install as quiet_shutdown_race  # noqa: E402
+
+REGISTRATIONS.append(quiet_shutdown_race)
+
 # The CPU attention backend with draft-tree masks (hosts/vllm/tree/attention.py).
 TREE_ATTENTION_BACKEND = "vllm_vspec.hosts.vllm.tree.attention.TreeCPUAttentionBackend"
 
