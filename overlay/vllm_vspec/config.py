@@ -22,7 +22,7 @@ from typing import Any, Callable, Literal, Mapping
 
 # Each choice is listed once, as the Literal type of its field; the tuples the
 # validation, --help and the docs read are derived from it.
-Policy = Literal["online", "profile", "fixed", "cycle", "budget"]
+Policy = Literal["online", "profile", "fixed", "cycle", "budget", "model"]
 AcceptanceRuleName = Literal["strict", "relaxed_topk", "margin"]
 Gamma0Mode = Literal["auto", "sync", "lazy", "sticky"]
 WarmupReturn = Literal["best", "incumbent"]
@@ -224,6 +224,20 @@ class VSpecConfig:
 
     profile_path: str | None = None
     """`profile` policy: path of a latency profile JSON (see profiles/)."""
+
+    model_memory_tokens: int = ranged(128, 2)
+    """`model` policy: judged draft tokens a position's acceptance posterior
+    remembers (older judgements fade by 1 - 1/memory a token): about this
+    many steps at batch 1, this many divided by the batch size above."""
+
+    model_cost_window: int = ranged(256, 2)
+    """`model` policy: decided steps the online step-cost model's fit
+    describes (older steps fade by 1 - 1/window a step)."""
+
+    model_thompson: bool = True
+    """`model` policy: draw acceptance and cost from their posteriors at each
+    decision (Thompson sampling: explores exactly as far as the evidence is
+    unsure). Off: always the posterior means (no exploration)."""
 
     verify_budget_cost_window: int = ranged(512, 8)
     """`budget` policy: steps per batch-size bucket that the online step-cost

@@ -42,6 +42,7 @@ REGISTRY: dict[str, str] = {
     "fixed": "vllm_vspec.core.policies.fixed:FixedPolicy",
     "cycle": "vllm_vspec.core.policies.cycle:CyclePolicy",
     "budget": "vllm_vspec.core.policies.budget:BudgetPolicy",
+    "model": "vllm_vspec.core.policies.model:ModelPolicy",
 }
 
 

@@ -1,0 +1,104 @@
+"""`model` policy: the gamma that a model of acceptance and step cost says
+commits the most tokens per second, every step.
+
+    gamma = argmax_g  B * E(g) / T(B, g)
+
+E(g) from per-position Beta posteriors of acceptance (core/posterior.py),
+T(B, g) from one step-cost model fitted online on every decided step,
+pooled over batch sizes (core/step_cost.py): a step at gamma g verifies
+B*g drafts next step and runs g draft passes now, plus the catch-up of any
+tokens a lazy gamma 0 left the drafter. Exploration is Thompson sampling:
+each decision draws the acceptance rates and the cost coefficients from
+their posteriors, so a gamma is tried as often as the evidence leaves it
+possibly best, and exploration stops as the arms separate. No bandit arms,
+windows, probes, hysteresis or per-bucket seeding: every step teaches both
+models whatever gamma it ran.
+
+Cold start: the first decisions sweep the feasible gammas from the top,
+twice each, so the cost model sees every draft length once before it
+extrapolates (and a state saved by `state()` skips the sweep).
+
+Linear drafts only (a tree space is refused at construction).
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+
+from vllm_vspec.config import VSpecConfig
+from vllm_vspec.core.arms import Arm, GammaArms
+from vllm_vspec.core.posterior import AcceptancePosterior, expected_tokens
+from vllm_vspec.core.step_cost import PooledStepCost, features
+
+SWEEP_REPEATS = 2
+# A drawn step cost is never taken below this fraction of the mean model's
+# prediction (a draw far into an unexplored direction must not make a
+# gamma look free).
+MIN_COST_FRACTION = 0.25
+
+
+class ModelPolicy:
+    def __init__(self, config: VSpecConfig, space=None):
+        self.space = GammaArms() if space is None else space
+        if self.space.max_width > 1:
+            raise ValueError("vspec.policy='model' is not allowed with tree_width > 1: "
+                             "it chooses linear draft lengths only (use online)")
+        self.config = config
+        self.k = config.max_gamma
+        self.acceptance = AcceptancePosterior(max(self.k, 1), config.model_memory_tokens)
+        self.cost = PooledStepCost(config.model_cost_window)
+        self.thompson = config.model_thompson
+        self.rng = random.Random(0)
+        self.nrng = np.random.default_rng(0)
+        self.lag = 0.0                 # tokens committed at gamma 0 the drafter has not seen
+        self.swept = 0
+
+    def opening(self) -> Arm:
+        return self.space.arm(self.k, 1)
+
+    def values(self, batch, arms, draw: bool) -> dict[int, float]:
+        """Predicted committed tokens per millisecond of each gamma of `arms`."""
+        b = max(batch.num_reqs, 1)
+        ctx = b * batch.mean_context_len
+        hi = max(self.space.gamma(a) for a in arms)
+        rates = self.acceptance.sample(self.rng) if draw else self.acceptance.mean()
+        e = expected_tokens(rates, max(hi, 1))
+        mean = self.cost.fit()[0]
+        theta = self.cost.sample(self.nrng) if draw else mean
+        out = {}
+        for a in arms:
+            g = self.space.gamma(a)
+            x = features(b, b * g, g, self.lag if g else 0.0, ctx)
+            floor = MIN_COST_FRACTION * max(float(mean @ x), 1e-6)
+            out[a] = b * e[g] / max(float(theta @ x), floor)
+        return out
+
+    def decide(self, batch, bucket: int, lo: int, hi: int,
+               previous: Arm | None) -> tuple[Arm, str]:
+        arms = list(self.space.arms(batch, lo, hi))
+        if self.swept < SWEEP_REPEATS * len(arms):
+            arm = arms[-1 - (self.swept // SWEEP_REPEATS) % len(arms)]
+            self.swept += 1
+            return arm, "sweep"
+        v = self.values(batch, arms, self.thompson)
+        return max(arms, key=lambda a: (v[a], -self.space.gamma(a))), "model"
+
+    def observe(self, outcome) -> None:
+        fb = outcome.feedback
+        self.acceptance.update(fb.drafted, fb.accepted)
+        b = max(outcome.batch.num_reqs, 1)
+        catchup = self.lag if outcome.gamma else 0.0
+        x = features(b, sum(fb.drafted), outcome.gamma, catchup, b * outcome.batch.mean_context_len)
+        self.cost.observe(x, outcome.interval_s * 1000.0)
+        self.lag = self.lag + fb.committed if outcome.gamma == 0 else 0.0
+
+    def state(self) -> dict:
+        """What a restarted server needs not to re-learn (core/policy_state.py)."""
+        return {"acceptance": self.acceptance.snapshot(), "cost": self.cost.state()}
+
+    def restore(self, state: dict) -> None:
+        self.acceptance.restore(state["acceptance"])
+        self.cost.restore(state["cost"])
+        self.swept = 1 << 30

@@ -1,0 +1,140 @@
+"""One online step-cost model for every batch size (the `model` policy).
+
+A decode step's time is linear in what it does:
+
+    T = c_step + c_req * B + c_verify * V + c_pass * P + c_pass_req * P * B
+        + c_catchup * C + c_ctx * ctx / 1000                     (ms)
+
+B requests, V draft tokens verified (the target runs B + V tokens), P draft
+passes (the gamma decided: the drafts it proposes), C tokens a lazy gamma 0
+left the drafter to catch up (paid by the next drafting step), ctx the
+batch's context tokens. One model pooled over all batch sizes: what is
+learnt at batch 8 informs batch 32, and a batch size seen for the first
+time is priced at once.
+
+Fit: exponentially weighted least squares, every decided step a sample
+(stable or not: the features say what the step did), the sums decaying
+by 1 - 1/window a step; a weak ridge (worth `prior_steps` steps, scaled to
+each feature's size) keeps directions the steps have not varied near 0.
+The marginal costs (everything but c_step, c_req and c_ctx) are kept >= 0,
+so the model is monotone in gamma. Its uncertainty is the fit's: the
+residual variance times the inverse information, from which `sample()`
+draws coefficients (Thompson sampling over costs: a gamma whose cost the
+steps have not pinned down gets tried as often as it might be best).
+
+Steps the model mispredicts by more than `outlier_factor` (a preemption,
+a pause of the host) are not folded in unless `outlier_run` come in a row
+(then the machine changed).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+FEATURES = ("step", "requests", "verified", "passes", "pass_requests", "catchup", "context_k")
+NONNEGATIVE = np.array([False, False, True, True, True, True, False])
+
+
+def features(batch: int, verified: float, passes: int, catchup: float, context: float) -> np.ndarray:
+    return np.array([1.0, batch, verified, passes, passes * batch, catchup, context / 1000.0])
+
+
+class PooledStepCost:
+    def __init__(self, window: float = 256.0, prior_steps: float = 0.5,
+                 outlier_factor: float = 3.0, outlier_run: int = 8):
+        if window < 2 or prior_steps <= 0 or outlier_factor <= 1 or outlier_run < 1:
+            raise ValueError(f"PooledStepCost(window={window}, prior_steps={prior_steps}, "
+                             f"outlier_factor={outlier_factor}, outlier_run={outlier_run}): need "
+                             f"window >= 2, prior_steps > 0, outlier_factor > 1, outlier_run >= 1")
+        n = len(FEATURES)
+        self.keep = 1.0 - 1.0 / window
+        self.prior_steps = prior_steps
+        self.outlier_factor, self.outlier_run = outlier_factor, outlier_run
+        self.xx = np.zeros((n, n))
+        self.xy = np.zeros(n)
+        self.weight = 0.0                  # decayed sample count
+        self.sq_rel = 0.0                  # decayed sum of squared relative residuals
+        self.samples = 0
+        self.skipped = 0
+        self._run = 0
+        self._fit: tuple[np.ndarray, np.ndarray] | None = None   # (mean, cholesky of covariance)
+
+    # ------------------------------------------------------------ fitting
+    def observe(self, x: np.ndarray, ms: float) -> bool:
+        """Fold one step in; False when it was skipped as an outlier."""
+        if ms <= 0 or not math.isfinite(ms):
+            return False
+        if self.samples >= 8:
+            pred = self.predict(x)
+            if not 1.0 / self.outlier_factor <= ms / max(pred, 1e-9) <= self.outlier_factor:
+                self._run += 1
+                if self._run < self.outlier_run:
+                    self.skipped += 1
+                    return False
+            self._run = 0
+            rel = (ms - pred) / ms
+            self.sq_rel = self.sq_rel * self.keep + rel * rel
+        self.xx = self.xx * self.keep + np.outer(x, x)
+        self.xy = self.xy * self.keep + x * ms
+        self.weight = self.weight * self.keep + 1.0
+        self.samples += 1
+        self._fit = None
+        return True
+
+    def _information(self) -> np.ndarray:
+        scale = np.diag(self.xx) / max(self.weight, 1e-9)
+        return self.xx + np.diag(self.prior_steps * np.maximum(scale, 1e-6))
+
+    def fit(self) -> tuple[np.ndarray, np.ndarray]:
+        """(mean coefficients, Cholesky factor of their covariance)."""
+        if self._fit is None:
+            a = self._information()
+            free = np.ones(len(FEATURES), dtype=bool)
+            theta = np.zeros(len(FEATURES))
+            # Active set: marginal costs that come out negative are pinned
+            # at 0 and the rest re-solved (a handful of rounds at most).
+            for _ in range(len(FEATURES)):
+                theta = np.zeros(len(FEATURES))
+                theta[free] = np.linalg.solve(a[np.ix_(free, free)], self.xy[free])
+                neg = free & NONNEGATIVE & (theta < 0)
+                if not neg.any():
+                    break
+                free &= ~neg
+            theta[~free] = 0.0
+            # Relative residual variance -> absolute at the typical step.
+            typical = max(self.xy[0] / max(self.weight, 1e-9), 1e-3)
+            var = (self.sq_rel / max(self.weight, 1.0) + 1e-4) * typical ** 2 if self.samples >= 8 \
+                else 0.25 * typical ** 2
+            cov = var * np.linalg.inv(a)
+            chol = np.linalg.cholesky(cov + 1e-12 * np.eye(len(FEATURES)) * max(np.trace(cov), 1e-12))
+            self._fit = (theta, chol)
+        return self._fit
+
+    def predict(self, x: np.ndarray) -> float:
+        return float(self.fit()[0] @ x)
+
+    def sample(self, rng: np.random.Generator) -> np.ndarray:
+        """Coefficients drawn from the fit's uncertainty, marginal costs >= 0."""
+        mean, chol = self.fit()
+        theta = mean + chol @ rng.standard_normal(len(FEATURES))
+        return np.where(NONNEGATIVE, np.maximum(theta, 0.0), theta)
+
+    def snapshot(self) -> dict:
+        mean = self.fit()[0] if self.samples else np.zeros(len(FEATURES))
+        return {"samples": self.samples, "skipped": self.skipped,
+                "coefficients_ms": dict(zip(FEATURES, (round(float(v), 6) for v in mean)))}
+
+    def state(self) -> dict:
+        return {"xx": self.xx.tolist(), "xy": self.xy.tolist(), "weight": self.weight,
+                "sq_rel": self.sq_rel, "samples": self.samples}
+
+    def restore(self, state: dict) -> None:
+        xx, xy = np.array(state["xx"], dtype=float), np.array(state["xy"], dtype=float)
+        if xx.shape != self.xx.shape or xy.shape != self.xy.shape:
+            raise ValueError(f"cost state has {xy.shape[0]} features, this model {len(FEATURES)}")
+        self.xx, self.xy = xx, xy
+        self.weight, self.sq_rel = float(state["weight"]), float(state["sq_rel"])
+        self.samples = int(state["samples"])
+        self._fit = None

@@ -1,0 +1,162 @@
+"""The `model` policy and its two models (core/posterior.py,
+core/step_cost.py): one behaviour a test, no engine."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from vllm_vspec.config import VSpecConfig
+from vllm_vspec.core.controller import GammaController
+from vllm_vspec.core.posterior import AcceptancePosterior, expected_tokens
+from vllm_vspec.core.step_cost import PooledStepCost, features
+from vllm_vspec.core.steps import BatchState, StepFeedback
+
+K = 4
+
+
+def feedback(rng: random.Random, rates, batch: int, gamma: int) -> StepFeedback:
+    """One step's feedback at conditional per-position `rates`."""
+    drafted, accepted = [], []
+    for _ in range(batch):
+        a = 0
+        while a < gamma and rng.random() < rates[a]:
+            a += 1
+        drafted.append(gamma)
+        accepted.append(a)
+    return StepFeedback(tuple(drafted), tuple(accepted), sum(accepted) + batch)
+
+
+def step_ms(batch: int, gamma: int) -> float:
+    """A host where a draft pass costs 1 ms + 0.02 ms a request and the
+    target 8 ms + 0.16 ms a token."""
+    return 8.0 + 0.16 * batch * (gamma + 1) + gamma * (1.0 + 0.02 * batch)
+
+
+def drive(ctl: GammaController, clock, rates, batch: int, steps: int, rng: random.Random,
+          ms=step_ms) -> list[int]:
+    """Run `steps` decided steps; the gammas chosen."""
+    gammas, last = [], ctl.gamma
+    for _ in range(steps):
+        d = ctl.decide(BatchState(batch, 8192, 300.0))
+        clock[0] += ms(batch, d.gamma) / 1000.0
+        ctl.observe(feedback(rng, rates, batch, last))
+        last = d.gamma
+        gammas.append(d.gamma)
+    return gammas
+
+
+def controller(**over):
+    clock = [0.0]
+    cfg = VSpecConfig.from_dict({"policy": "model", "min_gamma": 0, **over}, K)
+    return GammaController(cfg, K, clock=lambda: clock[0]), clock
+
+
+# ------------------------------------------------------------------ posterior
+def test_a_position_left_unjudged_keeps_its_history():
+    post = AcceptancePosterior(K, memory_tokens=64)
+    for _ in range(200):
+        post.update([3], [2])                 # positions 1-2 accepted, 3 rejected
+    before, counts = post.mean(), post.evidence()
+    for _ in range(500):
+        post.update([1], [0])                 # gamma 1 for a long stretch, position 1 rejected
+    after = post.mean()
+    assert post.evidence()[1:] == counts[1:]
+    # Only the prior (worth 2 of its ~64 judgements) follows position 1 down.
+    assert after[1] == pytest.approx(before[1], rel=0.05) and after[2] == pytest.approx(before[2], rel=0.05)
+    assert after[0] < 0.1
+
+
+def test_memory_is_counted_in_judged_tokens_not_steps():
+    one, many = AcceptancePosterior(K, 64), AcceptancePosterior(K, 64)
+    for _ in range(100):
+        one.update([1], [1])
+        many.update([1] * 32, [1] * 32)
+    one.update([1], [0])
+    many.update([1] * 32, [0] * 32)
+    # One rejection among 100 accepted moves batch 1 a little; a batch of 32
+    # rejections (32 judgements) moves batch 32's estimate far.
+    assert one.mean()[0] > 0.95 and many.mean()[0] < 0.7
+
+
+def test_an_unjudged_position_borrows_the_rate_of_the_one_before():
+    post = AcceptancePosterior(K, 128)
+    for _ in range(100):
+        post.update([1], [1])
+    assert post.mean()[1] == pytest.approx(post.mean()[0], rel=0.01)
+
+
+def test_expected_tokens_counts_the_bonus_token_and_surviving_drafts():
+    assert expected_tokens([0.5, 0.5], 2) == [1.0, 1.5, 1.75]
+
+
+# ------------------------------------------------------------------ step cost
+def test_the_cost_model_learns_a_linear_host_and_prices_an_unseen_batch_size():
+    model = PooledStepCost(window=1000)
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        b, g = int(rng.choice([1, 4, 8])), int(rng.integers(0, K + 1))
+        model.observe(features(b, b * g, g, 0.0, 300.0 * b), step_ms(b, g))
+    for g in range(K + 1):
+        assert model.predict(features(16, 16 * g, g, 0.0, 4800.0)) == pytest.approx(step_ms(16, g), rel=0.05)
+
+
+def test_a_host_pause_is_not_folded_into_the_cost_model():
+    model = PooledStepCost()
+    for g in [0, 1, 2, 3, 4] * 4:
+        model.observe(features(1, g, g, 0.0, 300.0), step_ms(1, g))
+    assert not model.observe(features(1, 2, 2, 0.0, 300.0), 50 * step_ms(1, 2))
+
+
+# ------------------------------------------------------------------ policy
+def test_exploration_stops_when_the_gammas_separate():
+    # Acceptance is high and drafting cheap: gamma 4 is clearly best, and
+    # once the models know it, the policy stays there.
+    ctl, clock = controller()
+    gammas = drive(ctl, clock, (0.95, 0.95, 0.95, 0.95), 1, 400, random.Random(0))
+    assert gammas[-100:].count(4) >= 97, gammas[-100:]
+
+
+def test_a_drafter_that_never_matches_turns_speculation_off():
+    ctl, clock = controller()
+    gammas = drive(ctl, clock, (0.0, 0.0, 0.0, 0.0), 8, 300, random.Random(0))
+    assert gammas[-100:].count(0) >= 95, gammas[-100:]
+
+
+def test_a_jump_in_acceptance_is_followed_within_a_bounded_number_of_steps():
+    ctl, clock = controller()
+    rng = random.Random(1)
+    drive(ctl, clock, (0.05, 0.05, 0.05, 0.05), 1, 300, rng)
+    gammas = drive(ctl, clock, (0.95, 0.95, 0.95, 0.95), 1, 200, rng)
+    moved = next(i for i, g in enumerate(gammas) if gammas[i:i + 20].count(4) >= 18)
+    assert moved < 120, gammas
+
+
+def test_a_large_batch_with_middling_acceptance_speculates_less_than_batch_1():
+    ctl, clock = controller()
+    rng = random.Random(2)
+    rates = (0.6, 0.5, 0.4, 0.3)
+    small = drive(ctl, clock, rates, 1, 300, rng)[-100:]
+    large = drive(ctl, clock, rates, 64, 300, rng)[-100:]
+    assert sum(large) / 100 < sum(small) / 100
+
+
+def test_a_warm_start_reproduces_the_last_decision():
+    ctl, clock = controller(model_thompson=False)
+    drive(ctl, clock, (0.8, 0.6, 0.4, 0.2), 4, 200, random.Random(3))
+    state = ctl.policy.state()
+    last = ctl.decide(BatchState(4, 8192, 300.0)).gamma
+    fresh, _ = controller(model_thompson=False)
+    fresh.policy.restore(state)
+    assert fresh.decide(BatchState(4, 8192, 300.0)).gamma == last
+
+
+def test_a_tree_space_is_refused_naming_the_key():
+    from vllm_vspec.core.arms import make_space
+    from vllm_vspec.core.policies.model import ModelPolicy
+
+    cfg = VSpecConfig.from_dict({"policy": "model"}, 8)
+    with pytest.raises(ValueError, match="tree_width"):
+        ModelPolicy(cfg, make_space(1, 2, 8))
