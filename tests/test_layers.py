@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "overlay" / "vllm_vspec"
-LAYERS = ("core", "kernels", "sim", "hosts", "launch", "tools", "bench", "commands")
+LAYERS = ("core", "kernels", "sim", "replay", "hosts", "launch", "tools", "bench", "commands")
 
 # layer -> (third-party roots it may not load, vllm_vspec layers it may not load).
 # config.py and the package root are below every layer.
@@ -26,6 +26,9 @@ RULES = {
     "core": ({"torch", "vllm"}, {"kernels", "sim", "hosts", "launch", "tools", "bench", "commands"}),
     "kernels": ({"vllm"}, {"sim", "hosts", "launch", "tools", "bench", "commands"}),
     "sim": ({"torch", "vllm"}, {"kernels", "hosts", "launch", "tools", "bench", "commands"}),
+    # replay scores with sim's loop; its recorder and cost measurement load
+    # vLLM, tools and bench only when they run.
+    "replay": ({"torch", "vllm"}, {"kernels", "hosts", "launch", "tools", "bench", "commands"}),
     # hosts/wiring.py is read by the launcher: no torch, no vLLM (hosts/vllm/ is tested apart).
     "hosts.wiring": ({"torch", "vllm"}, {"kernels", "sim", "launch", "tools", "bench", "commands"}),
     "hosts": (set(), {"sim", "launch", "tools", "bench", "commands"}),
@@ -75,7 +78,7 @@ def forbidden(layer: str) -> set[str]:
 # allowed to the later ones, and what a later one loads beyond them is its own
 # (a layer that fails shows in the later ones too: the first is the one to fix).
 # Three interpreters instead of eight: torch and vLLM load once.
-CHAINS = (("core", "hosts.wiring", "launch"), ("sim",), ("kernels", "hosts", "tools", "bench"))
+CHAINS = (("core", "hosts.wiring", "launch"), ("sim", "replay"), ("kernels", "hosts", "tools", "bench"))
 
 
 def layer_modules(layer: str) -> list[str]:
