@@ -61,7 +61,10 @@ def make_llm(model: Path = TARGET, *, speculative_config: dict | None = None,
     kwargs = dict(model=str(model), dtype="float32", max_model_len=512, seed=0,
                   gpu_memory_utilization=0.3, kv_cache_memory_bytes=128 << 20,
                   max_num_seqs=16, enforce_eager=True,
-                  distributed_executor_backend="uni", generation_config="vllm")
+                  distributed_executor_backend="uni", generation_config="vllm",
+                  # Named: with a `vspec` table vspec's platform hook would
+                  # otherwise fill `auto` with vspec's worker (platform.py).
+                  worker_cls="vllm.v1.worker.cpu_worker.CPUWorker")
     # vspec's engine arguments win over the defaults above: with the engine
     # core in a process of its own (VLLM_ENABLE_V1_MULTIPROCESSING=1) they
     # select vspec's executor, as they do for users (wiring.EXECUTOR_CLS).
