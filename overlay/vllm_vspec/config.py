@@ -225,7 +225,7 @@ class VSpecConfig:
     profile_path: str | None = None
     """`profile` policy: path of a latency profile JSON (see profiles/)."""
 
-    model_memory_tokens: int = ranged(128, 2)
+    model_memory_tokens: int = ranged(64, 2)
     """`model` policy: judged draft tokens a position's acceptance posterior
     remembers (older judgements fade by 1 - 1/memory a token): about this
     many steps at batch 1, this many divided by the batch size above."""

@@ -29,7 +29,7 @@ from typing import Sequence
 
 
 class AcceptancePosterior:
-    def __init__(self, num_positions: int, memory_tokens: float = 128.0,
+    def __init__(self, num_positions: int, memory_tokens: float = 64.0,
                  prior_strength: float = 2.0, first_prior: float = 0.5):
         if num_positions < 1 or memory_tokens <= 1 or prior_strength <= 0 or not 0 < first_prior < 1:
             raise ValueError(f"AcceptancePosterior(num_positions={num_positions}, memory_tokens="

@@ -438,7 +438,14 @@ def simulate(workload: Workload, profile: LatencyProfile, policy: StepPolicy, cl
         ctx = float(prompt_len[idx].sum() + done[idx].sum())
         if on_batch is not None:
             on_batch(idx, done[idx], pending[idx])
-        decision = policy.decide(BatchState(b, max_num_batched_tokens, ctx / b))
+        state = BatchState(b, max_num_batched_tokens, ctx / b)
+        if prefill and admitted and isinstance(policy, GammaController):
+            # A step that carries a prefill is the controller's to decide or
+            # not (by default it keeps the arm in force and is not observed),
+            # as in the engine.
+            decision = policy.decide_step(active, set(started), True, lambda: state)
+        else:
+            decision = policy.decide(state)
         gamma = decision.gamma
         if drafter and admitted:
             pending[admitted], pending_w[admitted] = in_force or (gamma, decision.width)
@@ -463,9 +470,10 @@ def simulate(workload: Workload, profile: LatencyProfile, policy: StepPolicy, cl
         ms *= math.exp(noise * noise_rng.standard_normal()) if noise else 1.0
         clock.now += ms / 1000.0
         has = verify > 0
-        policy.observe(StepFeedback(
-            drafted=tuple(verify[has].tolist()), accepted=tuple(accepted[has].tolist()),
-            committed=int(committed.sum()), width=drafted_width))
+        if decision.decided:
+            policy.observe(StepFeedback(
+                drafted=tuple(verify[has].tolist()), accepted=tuple(accepted[has].tolist()),
+                committed=int(committed.sum()), width=drafted_width))
         done[idx] += committed
         if gamma == 0 and gamma0_mode == "lazy":
             lag[idx] += committed

@@ -6,8 +6,11 @@ commits the most tokens per second, every step.
 E(g) from per-position Beta posteriors of acceptance (core/posterior.py),
 T(B, g) from one step-cost model fitted online on every decided step,
 pooled over batch sizes (core/step_cost.py): a step at gamma g verifies
-B*g drafts next step and runs g draft passes now, plus the catch-up of any
-tokens a lazy gamma 0 left the drafter. Exploration is Thompson sampling:
+B*g drafts next step and runs g draft passes now. The catch-up a lazy
+gamma 0 leaves the drafter is fitted (so it does not bias the other
+costs) but not charged to a decision: it is paid once whenever drafting
+resumes and grows while it waits, so charging it to one step would hold
+gamma 0 for ever. Exploration is Thompson sampling:
 each decision draws the acceptance rates and the cost coefficients from
 their posteriors, so a gamma is tried as often as the evidence leaves it
 possibly best, and exploration stops as the arms separate. No bandit arms,
@@ -70,7 +73,7 @@ class ModelPolicy:
         out = {}
         for a in arms:
             g = self.space.gamma(a)
-            x = features(b, b * g, g, self.lag if g else 0.0, ctx)
+            x = features(b, b * g, g, 0.0, ctx)
             floor = MIN_COST_FRACTION * max(float(mean @ x), 1e-6)
             out[a] = b * e[g] / max(float(theta @ x), floor)
         return out
