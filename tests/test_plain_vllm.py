@@ -78,19 +78,24 @@ def test_the_entry_point_is_installed_under_vllms_platform_group():
 
 # --------------------------------------------------------------- the hook
 def config(vspec=None, *, method="draft_model", worker_cls="auto", scheduler_cls=None,
-           backend="mp"):
-    cfg = engine_config(method, 4, vspec, worker_cls=worker_cls, scheduler_cls=scheduler_cls)
+           backend="mp", **kw):
+    cfg = engine_config(method, 4, vspec, worker_cls=worker_cls, scheduler_cls=scheduler_cls,
+                        **kw)
     cfg.parallel_config.distributed_executor_backend = backend
     return cfg
 
 
-def run_hook(cfg, host_worker="vllm.v1.worker.cpu_worker.CPUWorker"):
-    """before_host, what CpuPlatform's own hook does to the fields vspec
-    reads (fills worker_cls `auto`), after_host."""
-    chosen = platform.before_host(cfg, "cpu")
+HOST_WORKERS = {"cpu": "vllm.v1.worker.cpu_worker.CPUWorker",
+                "cuda": "vllm.v1.worker.gpu_worker.Worker"}
+
+
+def run_hook(cfg, device="cpu"):
+    """before_host, what the host platform's own hook does to the fields
+    vspec reads (fills worker_cls `auto`), after_host."""
+    chosen = platform.before_host(cfg, device)
     if cfg.parallel_config.worker_cls == "auto":
-        cfg.parallel_config.worker_cls = host_worker
-    platform.after_host(cfg, "cpu", chosen)
+        cfg.parallel_config.worker_cls = HOST_WORKERS[device]
+    platform.after_host(cfg, device, chosen)
     return cfg
 
 
@@ -149,6 +154,19 @@ def test_bad_settings_are_refused_by_a_non_value_error_naming_the_key(table, key
 def test_settings_without_a_speculative_config_are_refused():
     with pytest.raises(platform.VSpecStartupError, match="need speculative decoding"):
         run_hook(config({"policy": "fixed"}, method=None))
+
+
+def test_on_cuda_the_v2_model_runner_is_refused_naming_the_switch():
+    with pytest.raises(platform.VSpecStartupError, match="set VLLM_USE_V2_MODEL_RUNNER=0"):
+        run_hook(config({}, device="cuda", v2_runner=True), "cuda")
+    cfg = run_hook(config({}, device="cuda", v2_runner=False), "cuda")
+    assert classes(cfg) == (wiring.SCHEDULER_CLS, wiring.WORKER_CLS["cuda"], "mp")
+
+
+def test_on_cuda_a_named_host_worker_is_left_to_its_own_runner():
+    cfg = run_hook(config({}, device="cuda", v2_runner=True,
+                          worker_cls=HOST_WORKERS["cuda"]), "cuda")
+    assert classes(cfg) == (wiring.SCHEDULER_CLS, HOST_WORKERS["cuda"], "mp")
 
 
 def test_an_uncaught_refusal_prints_one_line_and_no_traceback():

@@ -124,6 +124,16 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
     return {**cfg.to_dict(), "lossless": cfg.lossless}
 
 
+def vllm_range() -> dict[str, Any]:
+    """The supported vLLM releases and whether the installed vLLM is one."""
+    from vllm_vspec.hosts.vllm import releases
+
+    found = releases.installed()
+    return {"supported": releases.range_text(),
+            "installed": None if found is None else " ".join(found),
+            "in_range": found is not None and releases.supported(found[1])}
+
+
 def summary(hosts: list[tuple[str, dict[str, Path]]], in_effect: dict[str, Any]) -> dict:
     from vllm_vspec.kernels import ops  # imports torch: only when the summary is built
 
@@ -136,6 +146,7 @@ def summary(hosts: list[tuple[str, dict[str, Path]]], in_effect: dict[str, Any])
             "torch": _version("torch"),
             "torch-npu": _version("torch-npu", "torch_npu"),
         },
+        "vllm_range": vllm_range(),
         "ascend_build": ascend_wheel.build_info(),
         "cann": os.environ.get("ASCEND_HOME_PATH") or os.environ.get("ASCEND_TOOLKIT_HOME")
         or "not found",
@@ -169,6 +180,9 @@ def run(args: argparse.Namespace) -> int:
 def _table(result: dict, reports: list[HostReport]) -> str:
     s = result["summary"]
     rows = [("versions", "")] + [(f"  {k}", v) for k, v in s["versions"].items()]
+    r = s["vllm_range"]
+    rows.append(("vllm range", f"{r['supported']}; installed: {r['installed'] or 'none'} "
+                 f"({'in range' if r['in_range'] else 'OUTSIDE the range'})"))
     info = s["ascend_build"]
     rows.append(("ascend build", "not installed" if info is None else
                  f"host {info['host']['version']}, {len(info['patches'])} patches"))

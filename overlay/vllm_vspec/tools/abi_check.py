@@ -210,7 +210,25 @@ def resolve(sources: Sources, qualname: str, depth: int = 0) -> ClassRef | None:
         return ClassRef(f"{module_name}.{name}", mod, mod.classes[name])
     if name in mod.imports and mod.imports[name] != qualname:
         return resolve(sources, mod.imports[name], depth + 1)
+    for alias in _aliases(mod, name):
+        found = resolve(sources, f"{module_name}.{alias}", depth + 1)
+        if found is not None:
+            return found
     return None
+
+
+def _aliases(mod: Module, name: str) -> list[str]:
+    """The names a module-level alias stands for: `X = A` or a class chosen
+    at import, `X = A if cond else B` (vLLM's CudaPlatform); the first one
+    readable is the class (the alternatives share a base that carries the
+    interface)."""
+    out: list[str] = []
+    for node in mod.tree.body:
+        if isinstance(node, ast.Assign) and [_dotted(t) for t in node.targets] == [name]:
+            values = [node.value.body, node.value.orelse] if isinstance(node.value, ast.IfExp) \
+                else [node.value]
+            out += [d for d in map(_dotted, values) if d is not None and d != name]
+    return out
 
 
 def _base_names(ref: ClassRef) -> list[str]:
@@ -1103,3 +1121,60 @@ def check_host(name: str, roots: dict[str, Path]) -> HostReport:
     if not report.classes and not report.findings:
         report.skipped = "no adapter class subclasses this host"
     return report
+
+
+# ========================================================== vLLM releases
+# The wheels of the supported vLLM releases (hosts/vllm/releases.py) live
+# in the repository's download cache beside the Ascend pins' vLLM wheels
+# (.cache/vllm-wheel/), fetched from the index and kept only when their
+# SHA-256 is the pinned one. Only their .py files are read.
+RELEASE_CACHE = "vllm-wheel"
+
+
+def vllm_only_roots(roots: dict[str, Path]) -> dict[str, Path]:
+    """Our package roots for a plain vLLM host (no Ascend overlay modules)."""
+    return {k: v for k, v in roots.items() if k == "vllm_vspec"}
+
+
+def fetch_release(release, cache: Path) -> Path:
+    """The release's wheel in `cache`/vllm-wheel, downloaded and verified
+    when absent (tools/ascend_build/common.fetch_verified)."""
+    from vllm_vspec.hosts.vllm.releases import SOURCE_PROJECT
+    from vllm_vspec.tools.ascend_build import common
+
+    return common.fetch_verified(cache / RELEASE_CACHE, SOURCE_PROJECT, release.wheel,
+                                 release.sha256)
+
+
+def check_releases(ours: dict[str, Path], cache: Path) -> list[HostReport]:
+    """The check on every supported vLLM release's sources, one report each."""
+    from vllm_vspec.hosts.vllm.releases import RELEASES
+
+    return [check_host(f"vllm {r.version} ({r.wheel})",
+                       {"vllm": fetch_release(r, cache), **vllm_only_roots(ours)})
+            for r in RELEASES]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m vllm_vspec.tools.abi_check`: fetch the supported releases'
+    wheels into the cache (`make vllm-sources`) and check our adapters
+    against each; exit 1 on any finding."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m vllm_vspec.tools.abi_check",
+                                description=main.__doc__.split("\n\n")[0])
+    p.add_argument("--cache", type=Path, default=Path(".cache"),
+                   help="download cache (default: .cache, the repository's)")
+    args = p.parse_args(argv)
+    ours = {"vllm_vspec": Path(__file__).resolve().parents[1]}
+    reports = check_releases(ours, args.cache)
+    for r in reports:
+        print(f"ABI {r.name}: {'OK' if r.ok else 'MISMATCH'} "
+              f"({len(r.classes)} classes, {r.checked} checks)")
+        for f in r.findings:
+            print(f"  {f.line()}")
+    return 0 if all(r.ok for r in reports) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

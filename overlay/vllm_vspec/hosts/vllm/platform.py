@@ -166,9 +166,25 @@ def after_host(vllm_config: Any, device: str, chosen: list[str]) -> None:
     if line:
         print(line, file=sys.stderr, flush=True)
     try:
+        _check_runner(vllm_config, device)
         wiring.resolve(vllm_config)
     except VSpecConfigError as e:
         _raise(e)
+
+
+def _check_runner(vllm_config: Any, device: str) -> None:
+    """vspec's CUDA worker builds vLLM's V1 model runner; vLLM 0.32 and 0.33
+    default to the V2 runner on CUDA wherever it supports the method. The
+    worker would refuse that after the engine core started; refused here
+    instead, naming the switch (`vllm-vspec serve` sets it)."""
+    from vllm_vspec.hosts import wiring
+
+    worker = wiring.WORKER_CLS.get(device)
+    if (device == "cuda" and vllm_config.parallel_config.worker_cls == worker
+            and getattr(vllm_config, "use_v2_model_runner", False)):
+        raise VSpecConfigError("worker_cls", worker, "vLLM's V1 model runner, which vspec's "
+                               "worker extends: set VLLM_USE_V2_MODEL_RUNNER=0 in the "
+                               "server's environment (vLLM picks V2 by default on CUDA)")
 
 
 __all__ = ["detect", "before_host", "after_host", "VSpecStartupError", "PLATFORM_CLS"]
