@@ -160,3 +160,15 @@ def test_a_tree_space_is_refused_naming_the_key():
     cfg = VSpecConfig.from_dict({"policy": "model"}, 8)
     with pytest.raises(ValueError, match="tree_width"):
         ModelPolicy(cfg, make_space(1, 2, 8))
+
+
+def test_at_batch_1_a_run_of_full_acceptances_asks_for_longer_drafts_than_a_run_of_rejections():
+    ctl, clock = controller(model_thompson=False)
+    rng = random.Random(4)
+    # Alternating stretches: everything accepted for 12 steps, then nothing.
+    for _ in range(20):
+        drive(ctl, clock, (0.98,) * K, 1, 12, rng)
+        drive(ctl, clock, (0.02,) * K, 1, 12, rng)
+    after_full = drive(ctl, clock, (0.98,) * K, 1, 6, rng)[-1]
+    after_none = drive(ctl, clock, (0.02,) * K, 1, 6, rng)[-1]
+    assert after_full > after_none

@@ -17,6 +17,13 @@ possibly best, and exploration stops as the arms separate. No bandit arms,
 windows, probes, hysteresis or per-bucket seeding: every step teaches both
 models whatever gamma it ran.
 
+At batch 1 the acceptance used is conditioned on the request's last
+known outcome (did the step observed last accept every draft it
+verified?): matches come in runs, so a full acceptance foretells a higher
+rate for the drafts decided now, which are verified two steps after it.
+At larger batches the pooled posterior serves (the feedback does not name
+requests).
+
 Cold start: the first decisions sweep the feasible gammas from the top,
 twice each, so the cost model sees every draft length once before it
 extrapolates (and a state saved by `state()` skips the sweep).
@@ -57,6 +64,12 @@ class ModelPolicy:
         self.nrng = np.random.default_rng(0)
         self.lag = 0.0                 # tokens committed at gamma 0 the drafter has not seen
         self.swept = 0
+        # Batch 1: acceptance conditioned on whether the request's last known
+        # step accepted every draft it verified (runs of matches persist),
+        # and the outcomes of the last two observed steps (None: unknown).
+        self.by_outcome = {o: AcceptancePosterior(max(self.k, 1), config.model_memory_tokens)
+                           for o in (True, False)}
+        self.outcomes: list[bool | None] = []
 
     def opening(self) -> Arm:
         return self.space.arm(self.k, 1)
@@ -66,7 +79,10 @@ class ModelPolicy:
         b = max(batch.num_reqs, 1)
         ctx = b * batch.mean_context_len
         hi = max(self.space.gamma(a) for a in arms)
-        rates = self.acceptance.sample(self.rng) if draw else self.acceptance.mean()
+        post = self.acceptance
+        if b == 1 and self.outcomes and self.outcomes[-1] is not None:
+            post = self.by_outcome[self.outcomes[-1]]
+        rates = post.sample(self.rng) if draw else post.mean()
         e = expected_tokens(rates, max(hi, 1))
         mean = self.cost.fit()[0]
         theta = self.cost.sample(self.nrng) if draw else mean
@@ -92,6 +108,16 @@ class ModelPolicy:
         fb = outcome.feedback
         self.acceptance.update(fb.drafted, fb.accepted)
         b = max(outcome.batch.num_reqs, 1)
+        if b == 1 and len(fb.drafted) <= 1:
+            # The drafts verified now were decided when the outcome two
+            # steps back was the last one known.
+            known = self.outcomes[-2] if len(self.outcomes) >= 2 else None
+            if known is not None:
+                self.by_outcome[known].update(fb.drafted, fb.accepted)
+            full = bool(fb.drafted) and fb.drafted[0] > 0 and fb.accepted[0] == fb.drafted[0]
+            self.outcomes = (self.outcomes + [full if fb.drafted and fb.drafted[0] else None])[-2:]
+        else:
+            self.outcomes = []
         catchup = self.lag if outcome.gamma else 0.0
         x = features(b, sum(fb.drafted), outcome.gamma, catchup, b * outcome.batch.mean_context_len)
         self.cost.observe(x, outcome.interval_s * 1000.0)
