@@ -220,7 +220,9 @@ def _mtp_engine(**draft):
     """An Ascend engine config of method mtp whose speculative config answers
     vLLM's model-family tests (use_gemma4_mtp, use_step3p5_mtp) as `draft`
     says, and names the draft's model type for the host's multi-KV test."""
-    config = _engine_config("mtp")
+    # vspec asked for by name: 0.30.0rc2's overlay turns it off by default
+    # (tests/test_ascend_stock_fallback.py); the host's own proposers are what is tested here.
+    config = _engine_config("mtp", vspec={"enabled": True})
     for test in ("use_gemma4_mtp", "use_step3p5_mtp"):
         setattr(config.speculative_config, test, lambda v=draft.get(test, False): v)
     config.speculative_config.draft_model_config = SimpleNamespace(
@@ -239,7 +241,8 @@ def test_engines_the_host_drafts_with_a_proposer_of_its_own_keep_it_with_vspec_o
     monkeypatch.setitem(sys.modules, multi_kv.__name__, multi_kv)
     routing = _routing_with(tmp_path, REPO / "patches/vllm-ascend" / version / "overlay.toml")
     assert routing.vspec_settings(_mtp_engine()).policy == "online"     # routed: vspec on
-    assert routing.vspec_settings(_engine_config("eagle3")).policy == "online"
+    assert routing.vspec_settings(
+        _engine_config("eagle3", vspec={"enabled": True})).policy == "online"
     kept = {"step3p5": _mtp_engine(use_step3p5_mtp=True)}
     if version == "0.30.0rc2":
         kept |= {"gemma4": _mtp_engine(use_gemma4_mtp=True),

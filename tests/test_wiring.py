@@ -67,14 +67,31 @@ def test_settings_must_be_a_table():
         wiring.resolve(engine_config(vspec="online"))
 
 
-def test_a_static_gamma_table_conflicts_with_vspec_on():
-    with pytest.raises(VSpecConfigError, match="num_speculative_tokens_per_batch_size"):
-        wiring.resolve(engine_config(vspec={}, static_table=[[1, 8, 4]]))
+@pytest.mark.parametrize("facts, named", [
+    (dict(static_table=[[1, 8, 4]]), "num_speculative_tokens_per_batch_size=[[1, 8, 4]]"),
+    (dict(data_parallel_size=2, moe=True), "data_parallel_size=2 on a MoE model"),
+])
+@pytest.mark.parametrize("device", ["cpu", "npu"])
+def test_what_vspec_cannot_drive_runs_as_stock_with_one_warning(facts, named, device, caplog,
+                                                                 monkeypatch):
+    monkeypatch.setattr(wiring, "_warned", set())
+    with caplog.at_level("WARNING", logger="vllm.vllm_vspec.hosts.wiring"):
+        assert wiring.resolve(engine_config(vspec={}, device=device, **facts)) is None
+        assert wiring.resolve(engine_config(device=device, **facts)) is None  # a second engine
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and named in lines[0] and "runs as stock vLLM" in lines[0], lines
 
 
-def test_lockstep_data_parallel_is_refused_naming_the_fix():
-    with pytest.raises(VSpecConfigError, match=r"data_parallel_size=2 on a MoE model.*enabled"):
-        wiring.resolve(engine_config(vspec={}, data_parallel_size=2, moe=True))
+@pytest.mark.parametrize("facts, named", [
+    (dict(static_table=[[1, 8, 4]]), "num_speculative_tokens_per_batch_size"),
+    (dict(data_parallel_size=2, moe=True), r"data_parallel_size=2 on a MoE model"),
+])
+def test_asking_for_vspec_by_name_where_it_cannot_drive_fails_naming_why(facts, named):
+    with pytest.raises(VSpecConfigError, match=rf"vspec.enabled=True .*{named}"):
+        wiring.resolve(engine_config(vspec={"enabled": True}, **facts))
+
+
+def test_dense_data_parallel_ranks_each_run_vspec():
     # Dense models' DP ranks are independent engines; vspec off is stock vLLM.
     assert wiring.resolve(engine_config(vspec={}, data_parallel_size=2)) is not None
     assert wiring.resolve(engine_config(vspec={"enabled": False}, data_parallel_size=2,

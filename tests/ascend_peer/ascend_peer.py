@@ -5,7 +5,7 @@ For a host pin (--host; `make ascend-peer-test HOST=...`; default:
 patches/hosts.toml's default) this prepares,
 cached under .cache/ascend-peer (ascend_env.py): the pin's sdist unpacked as
 shipped ("stock") and with our patch series and overlay files ("overlaid",
-what our wheel installs; vspec's routing on, as the wheel has it by default),
+what our wheel installs; vspec's routing on, as `vllm-vspec manage enable` turns it on),
 and an isolated venv with the vLLM release the pin runs on. It then runs the
 sdist's tests/ut files of the directories that suite.toml names for the host
 (the files vLLM-Ascend's CI runs on CPU: not under a2/, a3_*/, 310p/), once
@@ -201,6 +201,12 @@ def run_trees(env: ascend_env.HostEnv, files: list[str], keyword: str | None,
     ops_lib = REPO / "build" / "csrc-cpu" / "lib" / "libvspec_ops.so"
     if ops_lib.is_file():
         base_env["VSPEC_OPS_LIB"] = str(ops_lib)
+    # vspec on in the overlaid tree, as the environment default (what
+    # `vllm-vspec manage enable` stores): a pin whose overlay turns it off by
+    # default (0.30.0rc2's overlay.toml [defaults]) would otherwise route nothing.
+    from vllm_vspec.core import install_state
+
+    state = install_state.write_state(True, workdir / "vspec-state.json", by="ascend peer suite")
     procs, reports = [], {}
     pending = list(TREES)
     while pending or procs:
@@ -219,6 +225,8 @@ def run_trees(env: ascend_env.HostEnv, files: list[str], keyword: str | None,
                    *(["-k", keyword] if keyword else []), *files]
             penv = dict(base_env, PYTHONPATH=os.pathsep.join([str(HERE), str(COMMON), str(src)]),
                         VLLM_CACHE_ROOT=str(workdir / f"vllm-cache-{tree}"))
+            if tree == "overlaid":
+                penv[install_state.STATE_ENV] = str(state)
             out = log.open("w")
             procs.append((tree, subprocess.Popen(cmd, cwd=src, env=penv, stdout=out,
                                                  stderr=subprocess.STDOUT), report, log, out))

@@ -36,12 +36,16 @@ from pathlib import Path
 from typing import Any, Callable
 
 from vllm_vspec.config import VSpecConfig
-from vllm_vspec.hosts.wiring import SCHEDULER_CLS, resolve
+from vllm_vspec.core import install_state
+from vllm_vspec.hosts.wiring import SCHEDULER_CLS, resolve, run_stock
 
 # This host's overlay selection (see the module docstring); absent in a checkout.
 HOST_FILE = Path(__file__).with_name("host.toml")
-_ROUTING: dict[str, Any] = (tomllib.loads(HOST_FILE.read_text()).get("routing", {})
-                            if HOST_FILE.is_file() else {})
+_HOST: dict[str, Any] = tomllib.loads(HOST_FILE.read_text()) if HOST_FILE.is_file() else {}
+_ROUTING: dict[str, Any] = _HOST.get("routing", {})
+# This host's defaults: `enabled = false` turns vspec off unless a launch sets
+# `vspec.enabled` (off_by_host_default); `reason` says why.
+_DEFAULTS: dict[str, Any] = _HOST.get("defaults", {})
 
 # speculative method -> "module:Class" of our proposer (imported on demand:
 # routing is imported by platform.py before torch_npu is initialised).
@@ -72,12 +76,49 @@ SAMPLER: str = _ROUTING.get("sampler", "vllm_ascend.vspec.sampler:VSpecAscendRej
 
 def vspec_settings(vllm_config: Any) -> VSpecConfig | None:
     """The engine's vspec settings (wiring.resolve), or None when vspec does
-    not apply: it is off, or the method is one we do not drive."""
+    not apply: it is off (by the launch, or by this host's default), the
+    method is one we do not drive, or the engine selects another Ascend
+    scheduler (only one scheduler class can run; the engine runs as stock
+    with one warning, wiring.run_stock)."""
     spec = vllm_config.speculative_config
     if spec is not None and (spec.method not in PROPOSERS
                              or keeps_host(spec.method, vllm_config) is not None):
         return None
-    return resolve(vllm_config)
+    if spec is not None and off_by_host_default(vllm_config):
+        return None
+    settings = resolve(vllm_config)
+    why = None if settings is None else other_scheduler(vllm_config)
+    if why is not None:
+        return run_stock((vllm_config.additional_config or {}).get("vspec"), why)
+    return settings
+
+
+def other_scheduler(vllm_config: Any) -> str | None:
+    """Why vspec's scheduler cannot run here: another Ascend scheduler is
+    selected (dynamic batch, profiling chunk, recompute), or None."""
+    current = vllm_config.scheduler_config.scheduler_cls
+    if current in (None, SCHEDULER_CLS, *STOCK_SCHEDULERS):
+        return None
+    return f"scheduler_cls={current!r} is selected (vspec needs its own {SCHEDULER_CLS!r})"
+
+
+def off_by_host_default(vllm_config: Any) -> bool:
+    """True when this host's overlay turns vspec off by default
+    (host.toml `[defaults] enabled = false`, with its `reason`) and neither
+    the launch (`vspec.enabled`) nor the environment (`vllm-vspec manage
+    enable`) chose: one start-up line says so, and how to turn it on."""
+    if _DEFAULTS.get("enabled", True):
+        return False
+    raw = (vllm_config.additional_config or {}).get("vspec")
+    if isinstance(raw, dict) and "enabled" in raw or "enabled" in install_state.read_state():
+        return False
+    if ("defaults", "enabled") not in _said:
+        _said.add(("defaults", "enabled"))
+        logger.warning("vspec: off by default on this vLLM-Ascend (%s); the engine runs as "
+                       "stock. --additional-config '{\"vspec\": {\"enabled\": true}}' turns "
+                       "it on for a launch, `vllm-vspec manage enable` for this environment",
+                       _DEFAULTS.get("reason", "see docs/ascend.md"))
+    return True
 
 
 def keeps_host(method: str, vllm_config: Any) -> str | None:
@@ -107,20 +148,13 @@ def _holds(test: str, vllm_config: Any) -> bool:
 
 def scheduler_cls_for(vllm_config: Any) -> str | None:
     """Class path of our scheduler for NPUPlatform.check_and_update_config, or
-    None to keep the host's choice. Another Ascend scheduler already selected
-    (dynamic batch, profiling chunk, recompute) is a conflict, not a silent
-    override: only one scheduler class can run."""
+    None to keep the host's choice (vspec off; another Ascend scheduler
+    already selected is never overridden: vspec_settings)."""
     if vspec_settings(vllm_config) is None:
         return None
-    current = vllm_config.scheduler_config.scheduler_cls
     # One class path for both modes: VSpecScheduler builds its async
     # subclass when the engine schedules asynchronously.
-    ours = SCHEDULER_CLS
-    if current not in (None, ours, *STOCK_SCHEDULERS):
-        raise ValueError(
-            f"scheduler_cls={current!r} conflicts with vspec, which needs {ours!r}; "
-            "turn one off (e.g. --additional-config '{\"vspec\": {\"enabled\": false}}')")
-    return ours
+    return SCHEDULER_CLS
 
 
 def proposer_cls_for(method: str, vllm_config: Any) -> type | None:

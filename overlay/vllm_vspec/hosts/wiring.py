@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import json
+import logging
 import os
 from typing import Any, Mapping
 
@@ -94,7 +95,8 @@ _KEEP = 16
 
 def resolve(vllm_config: Any) -> VSpecConfig | None:
     """The validated vspec settings of an engine, or None when the engine
-    runs as stock vLLM: no speculative decoding, or `enabled = false`. With
+    runs as stock vLLM: no speculative decoding, `enabled = false`, or a
+    configuration vspec cannot drive (stock_reason: one warning). With
     None nothing of vspec applies (no K limit, no acceptance rule, no
     worker requirement). Bad settings raise VSpecConfigError naming the key,
     the value and what is allowed, at start-up. `gamma0_mode` is the mode
@@ -156,12 +158,9 @@ def _resolve(vllm_config: Any) -> VSpecConfig | None:
     k = spec.num_speculative_tokens
     width = VERIFY_WIDTH_LIMITS.get(_device_type(vllm_config))
     cfg = VSpecConfig.from_dict(raw, k).with_max_gamma(k, width)
-    if getattr(spec, "num_speculative_tokens_per_batch_size", None):  # absent on vLLM 0.23
-        raise VSpecConfigError(
-            "enabled", True, "false while speculative_config sets "
-            "num_speculative_tokens_per_batch_size (a static gamma table); "
-            "vspec chooses gamma per step itself, so remove one of the two")
-    _check_data_parallel(vllm_config)
+    why = stock_reason(vllm_config)
+    if why is not None:
+        return run_stock(raw, why)
     _check_graphs(vllm_config)
     _check_method(cfg, spec.method)
     _check_trees(cfg, vllm_config)
@@ -176,20 +175,51 @@ def _device_type(vllm_config: Any) -> str:
     return vllm_config.device_config.device_type  # "cpu", "cuda", "npu", ...
 
 
-def _check_data_parallel(vllm_config: Any) -> None:
-    """Refuse lockstep data parallelism. vLLM runs the DP ranks of a MoE
-    model in lockstep (DPEngineCoreProc): every draft forward joins a DP
-    all-reduce, and an idle rank's dummy step drafts its last K. Ranks that
-    chose different gammas would wait on each other for ever, which is why
-    vLLM turns its own dynamic speculation off there. Dense models' DP ranks
-    are independent engines, each free to choose its own gamma."""
+# Configurations stock vLLM runs and vspec cannot drive. Such an engine runs
+# as stock vLLM (a fixed K every step) with one warning naming why, unless
+# the launch asked for vspec by name (`"enabled": true`): then start-up
+# fails naming the conflict. Installing vspec must never stop an engine that
+# stock vLLM starts.
+_OFF = "--additional-config '{\"vspec\": {\"enabled\": false}}'"
+logger = logging.getLogger(f"vllm.{__name__}")  # vLLM configures only "vllm."
+_warned: set[str] = set()
+
+
+def stock_reason(vllm_config: Any) -> str | None:
+    """Why vspec cannot drive this engine, or None.
+
+    - a static gamma table (`num_speculative_tokens_per_batch_size`, vLLM
+      0.30 and later): vLLM's own per-batch-size K, which vspec's per-step
+      gamma would replace;
+    - data parallelism over a MoE model: vLLM runs its DP ranks in lockstep
+      (DPEngineCoreProc): every draft forward joins a DP all-reduce, and an
+      idle rank's dummy step drafts its last K, so ranks that chose different
+      gammas would wait on each other for ever (vLLM turns its own dynamic
+      speculation off there too). Dense models' DP ranks are independent
+      engines, each free to choose its own gamma."""
+    spec = vllm_config.speculative_config
+    table = getattr(spec, "num_speculative_tokens_per_batch_size", None)  # absent on vLLM 0.23
+    if table:
+        return (f"speculative_config sets num_speculative_tokens_per_batch_size={table!r} "
+                "(vLLM's static gamma table; vspec chooses gamma per step itself)")
     dp = vllm_config.parallel_config.data_parallel_size
     if dp > 1 and vllm_config.model_config.is_moe:
-        raise VSpecConfigError(
-            "enabled", True, f"false with data_parallel_size={dp} on a MoE model: its "
-            "data-parallel ranks step in lockstep and would draft different gammas "
-            "(a deadlock); set --additional-config '{\"vspec\": {\"enabled\": false}}' "
-            "for a static K, or run data_parallel_size 1")
+        return (f"data_parallel_size={dp} on a MoE model (its data-parallel ranks step in "
+                "lockstep and would draft different gammas: a deadlock)")
+    return None
+
+
+def run_stock(raw: Any, why: str) -> None:
+    """None (the engine runs as stock vLLM) after one warning naming `why`;
+    VSpecConfigError naming `why` when the launch set `"enabled": true`."""
+    if isinstance(raw, dict) and raw.get("enabled") is True:
+        raise VSpecConfigError("enabled", True, f"false here: {why}; drop \"enabled\": true "
+                               "to run this engine as stock vLLM")
+    if why not in _warned:
+        _warned.add(why)
+        logger.warning("vspec: off for this engine, which runs as stock vLLM (a fixed K every "
+                       "step): %s. %s says so and silences this line", why, _OFF)
+    return None
 
 
 def _check_graphs(vllm_config: Any) -> None:
@@ -373,4 +403,5 @@ def serve_argv(args: Mapping[str, Any]) -> list[str]:
 
 
 __all__ = ["SCHEDULER_CLS", "WORKER_CLS", "VERIFY_WIDTH_LIMITS", "METHOD_REFUSALS", "resolve",
+           "stock_reason", "run_stock",
            "resolve_platform", "graph_mode", "engine_args", "serve_argv"]
