@@ -21,7 +21,6 @@ import pytest
 
 from conftest import (DRAFT, TARGET, assert_same_tokens, close_llm, counter, greedy,
                       make_llm, run_preempted, runner_of, scheduler_of)
-from vllm_vspec.config import VSpecConfigError
 from vllm_vspec.core.trace import read_trace
 
 pytestmark = pytest.mark.engine
@@ -369,14 +368,17 @@ def test_default_settings_stop_speculating_with_a_draft_that_never_agrees(
         f"{dict(Counter(s['gamma'] for s in steps))})"
 
 
-# One engine-level refusal per error path: the scheduler's config check and
-# the runner-level check (a rule vspec's model runner carries out, which the
-# stock worker does not build). Every other key and range is refused by the
-# same two paths and is tested without an engine (test_wiring.py, test_config*).
+# One engine-level refusal per kind of check: a setting's own and one a rule
+# needs (vspec's model runner, which the stock worker does not build). Both
+# are refused while vLLM builds the engine config (vspec's platform hook,
+# hosts/vllm/platform.py). Every other key and range is refused the same way
+# and is tested without an engine (test_wiring.py, test_config*).
 @pytest.mark.parametrize("bad, key", [
     ({"polcy": "online"}, "polcy"),
     ({"acceptance": "margin", "margin": 1.0}, "acceptance"),
 ])
 def test_bad_vspec_settings_fail_at_startup_naming_the_key(bad, key):
-    with pytest.raises(VSpecConfigError, match=key):
+    from vllm_vspec.hosts.vllm.platform import VSpecStartupError
+
+    with pytest.raises(VSpecStartupError, match=key):
         make_llm(speculative_config=DRAFT_MODEL, vspec=bad)

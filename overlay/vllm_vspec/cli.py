@@ -88,7 +88,8 @@ def user_errors() -> tuple[type[BaseException], ...]:
     errors: list[type[BaseException]] = [UserError, VSpecConfigError, TraceError]
     for module, name in (("vllm_vspec.launch.presets", "PresetError"),
                          ("vllm_vspec.core.latency", "ProfileError"),
-                         ("vllm_vspec.tools.drafters", "DrafterError")):
+                         ("vllm_vspec.tools.drafters", "DrafterError"),
+                         ("vllm_vspec.hosts.vllm.platform", "VSpecStartupError")):
         loaded = sys.modules.get(module)  # only what the command imported
         if loaded is not None:
             errors.append(getattr(loaded, name))

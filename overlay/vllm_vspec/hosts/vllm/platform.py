@@ -81,10 +81,12 @@ class VSpecStartupError(RuntimeError):
     """vspec refused the engine's settings at start-up. Not a ValueError:
     vLLM builds its config in a pydantic dataclass, which would fold a
     ValueError into a multi-line validation report. Uncaught, the process
-    prints its one-line message and no traceback (_one_line_hook)."""
+    prints its one-line message and no traceback (_one_line_hook). `error`
+    is the VSpecConfigError; `key`, `value` and `allowed` are its."""
 
     def __init__(self, error: VSpecConfigError):
         self.error = error
+        self.key, self.value, self.allowed = error.key, error.value, error.allowed
         super().__init__(f"vspec refused the engine's settings: {error}")
 
 
