@@ -395,18 +395,25 @@ def test_sigterm_with_requests_in_flight_drains_exits_0_and_logs_no_traceback(tm
                 r = httpx.post(launch.base_url + "/v1/completions", timeout=120, json={
                     "model": PRESET, "prompt": f"def f{i}(x):", "max_tokens": 128,
                     "ignore_eos": True, "temperature": 0})
-                answers.append((r.status_code, r.json()["choices"][0]["finish_reason"]))
+                answers.append((r.status_code, r.json()["choices"][0]["finish_reason"])
+                               if r.status_code == 200 else (r.status_code, r.text[:300]))
             except Exception as e:  # noqa: BLE001 - reported by the assertion below
                 answers.append(e)
         clients = [threading.Thread(target=ask, args=(i,)) for i in range(8)]
         for c in clients:
             c.start()
 
-        def running() -> bool:
+        def all_held() -> bool:
+            """The engine holds every request (running or waiting; an
+            answered one counts) and runs one: none is still on its way in."""
             page = httpx.get(launch.base_url + "/metrics", timeout=5).text
-            m = re.search(r"^vllm:num_requests_running\{[^}]*\} ([0-9.]+)$", page, re.M)
-            return m is not None and float(m.group(1)) >= 1
-        launch.wait_for("a running request", running, 120)
+            gauges = {}
+            for name in ("running", "waiting"):
+                m = re.search(rf"^vllm:num_requests_{name}\{{[^}}]*\}} ([0-9.]+)$", page, re.M)
+                gauges[name] = float(m.group(1)) if m else 0.0
+            return gauges["running"] >= 1 and sum(gauges.values()) + len(answers) >= len(clients)
+        launch.wait_for("all requests held by the engine", all_held, 120)
+        assert len(answers) < len(clients), f"all answered before SIGTERM: {answers}"
         seconds = launch.stop_and_wait(signal.SIGTERM, supervisor.drain_deadline(SHUTDOWN_TIMEOUT))
         for c in clients:
             c.join(timeout=60)
