@@ -201,11 +201,12 @@ def _healthy_probe_seen(launch: Launch, pgid: int) -> None:
     time.sleep(supervisor.PROBE_EVERY_S + supervisor.PROBE_TIMEOUT_S + 0.5)
 
 
-def test_a_serving_server_gets_the_signal_and_its_clean_exit_is_status_0(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_serving_server_gets_sigterm_and_its_clean_exit_is_status_0(tmp_path, sig):
     with _serving(tmp_path, "drains") as launch:
         pgid = launch.wait_for("the server pid line", launch.server_pgid, 60)
         _healthy_probe_seen(launch, pgid)
-        launch.stop_and_wait(signal.SIGTERM, 30)
+        launch.stop_and_wait(sig, 30)
         log = launch.log()
         assert launch.proc.returncode == 0, log
         assert "server: got SIGTERM" in log and CANCELLED not in log, log

@@ -13,7 +13,7 @@ Ctrl-C reaches the launcher only. The guarantees (docs/lifecycle.md):
   seconds. vLLM 0.32's API server cannot be trusted to end on its own
   there (docs/host-defects.md: it swallows the signal while it waits for
   its engine core);
-- once serving, a stop signal is forwarded to the API server, which drains
+- once serving, a stop signal reaches the API server as SIGTERM: it drains
   its requests for up to `--shutdown-timeout` seconds and stops its engine
   in order; it has TEARDOWN_S more to exit before the group is killed;
 - a second stop signal kills the group at once;
@@ -288,7 +288,9 @@ class Supervisor:
 
     def _drain(self, pgid: int, sig: int) -> int:
         deadline = drain_deadline(self.shutdown_timeout)
-        _signal_pid(self.proc.pid, sig)
+        # SIGTERM whatever the stop signal: vLLM's API server drains on
+        # SIGTERM and SIGINT alike, and has no handler for SIGHUP.
+        _signal_pid(self.proc.pid, signal.SIGTERM)
         if self._wait(deadline):
             code = exit_status(self.proc.returncode)
             self._clear_group(pgid)
