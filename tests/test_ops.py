@@ -314,9 +314,99 @@ def test_a_library_without_the_devices_kernels_falls_back_for_that_device(vspec,
     """The checkout's CPU build has no AscendC (PrivateUse1) kernels: an NPU
     caller gets the torch ops, a CPU caller the compiled ones."""
     monkeypatch.setattr(ops, "_fallback", None)
-    assert ops.load("cpu") is torch.ops.vspec
+    assert ops.load("cpu").compiled is torch.ops.vspec
     assert ops.load("npu") is ops.TORCH_OPS
     assert "has no npu kernel" in ops.backend()
+
+
+# ------------------------------------------------- run-time fallback (CheckedOps)
+class _StandInLibrary:
+    """A CPU stand-in for the compiled ops (the NPU launch path cannot run
+    here): `commit_accepted` raises like a failed kernel launch, or returns
+    a wrong result, as told; `tree_commit` is the real compiled op. Counts
+    its calls."""
+
+    def __init__(self, commit: str):
+        self.commit, self.calls = commit, []
+
+    def commit_accepted(self, *args):
+        self.calls.append("commit_accepted")
+        if self.commit == "raise":
+            raise RuntimeError("aclnnVspecCommitAccepted launch failed: 507015")
+        num_valid, next_token = torch.ops.vspec.commit_accepted(*args)
+        return (num_valid + 1 if self.commit == "wrong" else num_valid), next_token
+
+    def tree_commit(self, *args):
+        self.calls.append("tree_commit")
+        return torch.ops.vspec.tree_commit(*args)
+
+
+@pytest.fixture
+def stand_in(vspec, monkeypatch):
+    """ops.load() over a stand-in library, in a fresh 'process'."""
+    for name, value in (("_fallback", None), ("_failed", None), ("_checked", None),
+                        ("_announced", True)):
+        monkeypatch.setattr(ops, name, value)
+
+    def use(commit: str) -> _StandInLibrary:
+        library = _StandInLibrary(commit)
+        monkeypatch.setattr(ops, "load_compiled", lambda: library)
+        return library
+    return use
+
+
+COMMIT_ARGS = (torch.tensor([[4, 5, 50], [-1, 2, 3]], dtype=torch.int32),
+               torch.tensor([False, False]), torch.tensor([7, 8], dtype=torch.int32), 30)
+
+
+def _torch_commit():
+    return ops.TORCH_OPS.commit_accepted(*COMMIT_ARGS)
+
+
+@pytest.mark.parametrize("commit, why", [
+    ("raise", "the compiled commit_accepted failed at run time (RuntimeError: "
+              "aclnnVspecCommitAccepted launch failed: 507015)"),
+    ("wrong", "the compiled commit_accepted's first call disagreed with the torch "
+              "implementation (output 0: 2 of 2 values differ)"),
+])
+def test_a_failing_compiled_op_falls_back_to_torch_for_the_rest_of_the_process(
+        stand_in, caplog, commit, why):
+    library = stand_in(commit)
+    with caplog.at_level("WARNING", logger="vllm.vllm_vspec.kernels.ops"):
+        checked = ops.load("cpu")
+        got = checked.commit_accepted(*COMMIT_ARGS)
+        again = checked.commit_accepted(*COMMIT_ARGS)
+        later = ops.load("cpu")
+    assert [t.tolist() for t in got] == [t.tolist() for t in again] ==         [t.tolist() for t in _torch_commit()]
+    assert library.calls == ["commit_accepted"]   # never again, for any op
+    assert later is ops.TORCH_OPS
+    assert ops.backend() == f"torch fallback: {why}"
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [f"vspec ops: running the torch implementation for the rest of this "
+                     f"process ({why})"]
+
+
+def test_a_compiled_op_that_agrees_on_its_first_call_keeps_running(stand_in, monkeypatch):
+    library = stand_in("right")
+    want = [t.tolist() for t in _torch_commit()]
+    torch_calls = []
+    monkeypatch.setattr(ops.TORCH_OPS, "commit_accepted",
+                        lambda *a: torch_calls.append(1) or ops.TorchOps.commit_accepted(
+                            ops.TORCH_OPS, *a), raising=False)
+    checked = ops.load("cpu")
+    for _ in range(3):
+        got = checked.commit_accepted(*COMMIT_ARGS)
+    assert [t.tolist() for t in got] == want
+    assert library.calls == ["commit_accepted"] * 3 and torch_calls == [1]  # the first call only
+    assert ops.load("cpu") is checked and ops.backend() == f"compiled {ops.loaded_from()}"
+
+
+def test_arguments_the_torch_implementation_refuses_too_are_the_callers_error(stand_in):
+    stand_in("raise")
+    bad = (COMMIT_ARGS[0].long(), *COMMIT_ARGS[1:])   # sampled must be int32
+    with pytest.raises(RuntimeError, match="sampled must be int32"):
+        ops.load("cpu").commit_accepted(*bad)
+    assert ops.backend() == f"compiled {ops.loaded_from()}"   # no fallback
 
 
 def test_doctor_says_which_backend_runs(monkeypatch, tmp_path):

@@ -3,13 +3,17 @@ or their torch implementation when the compiled library is not there.
 
 `load()` gives the ops vspec's proposers call every step: the compiled
 library (libvspec_ops.so, loaded once per process, with each op's fake
-(Meta) implementation registered), or, when the library is missing, fails
-to load, lacks an op (a stale build) or has no kernel for the device the
-caller runs on (`device_type`), `TORCH_OPS`: the same ops.h definitions in
-torch, logged once per process as a warning naming why (the compiled
-library is logged once as INFO). A kernel never costs availability (docs/ascend.md, "Custom ops"); `backend()` and
-`vllm-vspec doctor` say which runs. `load_compiled()` is the strict form
-(raises), for the ops' own tests.
+(Meta) implementation registered) behind `CheckedOps`, or, when the library
+is missing, fails to load, lacks an op (a stale build) or has no kernel for
+the device the caller runs on (`device_type`), `TORCH_OPS`: the same ops.h
+definitions in torch, logged once per process as a warning naming why (the
+compiled library is logged once as INFO). A kernel never costs
+availability (docs/ascend.md, "Custom ops"): `CheckedOps` compares each
+op's first call with TORCH_OPS on the same inputs, and a compiled call that
+raises or a first call that disagrees moves the whole process to TORCH_OPS
+(one warning naming the op and why; that call returns the torch result).
+`backend()` and `vllm-vspec doctor` say which runs. `load_compiled()` is the
+strict form (raises, unchecked), for the ops' own tests.
 
 The fakes give output shapes and dtypes without touching data; that is what
 torch.compile's tracing needs. Whether an op can sit inside a captured ACL
@@ -50,7 +54,9 @@ logger = logging.getLogger(f"vllm.{__name__}")
 
 _loaded: Path | None = None
 _fallback: str | None = None   # why the torch implementation runs (None: it does not)
+_failed: str | None = None     # why the compiled ops failed at run time (then: torch for good)
 _announced = False             # the compiled library's start-up line was logged
+_checked: "CheckedOps | None" = None  # the process's guard over the compiled ops
 
 
 class OpsLibraryMissing(RuntimeError):
@@ -104,6 +110,8 @@ def load(device_type: str | None = None) -> Any:
     `VSPEC_OPS_LIB=none` asks for the torch implementation."""
     if os.environ.get(ENV) == "none":
         return _fall_back(f"{ENV}=none")
+    if _failed is not None:
+        return _fall_back(_failed)
     try:
         compiled = load_compiled()
     except (OpsLibraryMissing, OSError, RuntimeError) as exc:
@@ -113,17 +121,20 @@ def load(device_type: str | None = None) -> Any:
             torch._C._dispatch_has_kernel_for_dispatch_key(name, key) for name in FAKES):
         return _fall_back(f"{_loaded} has no {device_type} kernel for every op "
                           f"(a build without that backend)")
-    global _announced
+    global _announced, _checked
     if not _announced:
         _announced = True
         logger.info("vspec ops: the compiled library %s", _loaded)
-    return compiled
+    if _checked is None or _checked.compiled is not compiled:
+        _checked = CheckedOps(compiled)
+    return _checked
 
 
 def _fall_back(reason: str) -> "TorchOps":
     global _fallback
-    if _fallback is None:
-        logger.warning("vspec ops: running the torch implementation (%s)", reason)
+    if _fallback != reason and (_fallback is None or reason == _failed):
+        logger.warning("vspec ops: running the torch implementation%s (%s)",
+                       " for the rest of this process" if reason == _failed else "", reason)
     _fallback = reason
     return TORCH_OPS
 
@@ -187,6 +198,72 @@ class TorchOps:
 
 
 TORCH_OPS = TorchOps()
+
+
+class CheckedOps:
+    """The compiled ops as `load` gives them, with the torch implementation
+    behind them. Rules, per process:
+    - each op's first call also runs TORCH_OPS on the same inputs; outputs
+      that differ (shape, dtype or a value) mean the compiled op is wrong:
+    - a compiled call that raises where TORCH_OPS accepts the arguments (a
+      launch or kernel failure, not the caller's input);
+    either way that call returns TORCH_OPS's result, one warning names the op
+    and why, and every later call of every op (and every later `load`) runs
+    TORCH_OPS. Arguments TORCH_OPS refuses too are the caller's error: raised
+    as TORCH_OPS raises them, and the compiled ops stay."""
+
+    name = "compiled"
+
+    def __init__(self, compiled: Any):
+        self.compiled = compiled
+        self.checked: set[str] = set()  # ops whose first call agreed
+
+    def commit_accepted(self, *args: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._call("commit_accepted", args)
+
+    def tree_commit(self, *args: Any
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self._call("tree_commit", args)
+
+    def _call(self, op: str, args: tuple) -> Any:
+        fallback = getattr(TORCH_OPS, op)
+        if _failed is not None:
+            return fallback(*args)
+        try:
+            got = getattr(self.compiled, op)(*args)
+        except Exception as exc:  # noqa: BLE001 - whatever the launch raised
+            want = fallback(*args)  # the caller's bad arguments raise here
+            _fail(f"the compiled {op} failed at run time ({type(exc).__name__}: {exc})")
+            return want
+        if op in self.checked:
+            return got
+        want = fallback(*args)
+        diff = _difference(got, want)
+        if diff is not None:
+            _fail(f"the compiled {op}'s first call disagreed with the torch implementation "
+                  f"({diff})")
+            return want
+        self.checked.add(op)
+        return got
+
+
+def _difference(got: Any, want: Any) -> str | None:
+    """Where two op results differ (None: equal)."""
+    if len(got) != len(want):
+        return f"{len(got)} outputs, want {len(want)}"
+    for i, (g, w) in enumerate(zip(got, want)):
+        if g.shape != w.shape or g.dtype != w.dtype:
+            return f"output {i}: {g.dtype} {list(g.shape)}, want {w.dtype} {list(w.shape)}"
+        if not torch.equal(g, w):
+            return f"output {i}: {int((g != w).sum())} of {g.numel()} values differ"
+    return None
+
+
+def _fail(reason: str) -> None:
+    """The compiled ops failed: the torch implementation from now on."""
+    global _failed
+    _failed = reason
+    _fall_back(reason)
 
 
 # Dispatch key -> what runs there (csrc/ops.h lists the backends).
