@@ -138,10 +138,13 @@ def test_command_line_overrides_win_over_the_file(capsys, vllm_serve_parser):
 
 
 def test_every_config_field_has_a_generated_override_flag():
+    from vllm_vspec.commands.vocabulary import launch_flag  # the CLI's shared names
+
     help_text = cli.build_parser()._subparsers._group_actions[0].choices["serve"].format_help()
     for table, cls in (("launch", presets.LaunchConfig), ("vspec", VSpecConfig)):
         for f in dataclasses.fields(cls):
-            flag = "--" + ("vspec-" if table == "vspec" else "") + f.name.replace("_", "-")
+            flag = (launch_flag(f.name) if table == "launch"
+                    else "--vspec-" + f.name.replace("_", "-"))
             assert flag in help_text, f"no flag {flag} for {table}.{f.name}"
 
 

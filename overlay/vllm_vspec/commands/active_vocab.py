@@ -10,7 +10,7 @@ smallest id first: in a BPE vocabulary the earlier, more frequent merges).
 The file format and its ranking are core/active_vocab.py.
 
 Example (the bundled EAGLE pair):
-    vllm-vspec active-vocab results/argmax.jsonl --model models/tiny-target \\
+    vllm-vspec active-vocab results/argmax.jsonl --target models/tiny-target \\
         --fraction 0.5 -o results/active-vocab-50.json
 """
 
@@ -24,12 +24,16 @@ from vllm_vspec.core.active_vocab import build_ids, write_ids
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     from vllm_vspec.cli import HelpFormatter
+    from vllm_vspec.commands import vocabulary
 
     p = subparsers.add_parser("active-vocab", formatter_class=HelpFormatter, description=__doc__,
                               help="build a drafter active-vocabulary ids file from an argmax trace")
     p.add_argument("trace", help="a target_argmax trace (JSONL, vspec key target_argmax_trace_path)")
-    p.add_argument("--model", required=True,
-                   help="the target model directory (vocabulary size and special tokens)")
+    # Required, the old spelling counting as given (a required group of two).
+    target = p.add_mutually_exclusive_group(required=True)
+    target.add_argument("--target",
+                        help="the target model directory (vocabulary size and special tokens)")
+    vocabulary.deprecated(target, "--model", "--target", dest="target")
     size = p.add_mutually_exclusive_group(required=True)
     size.add_argument("--size", type=int, help="number of ids")
     size.add_argument("--fraction", type=float, help="number of ids as a fraction of the vocabulary")
@@ -47,13 +51,13 @@ def _main(args: argparse.Namespace) -> int:
     from vllm_vspec.tools.drafters import special_ids_of
     from vllm_vspec.tools.traces import greedy_token_counts
 
-    vocab_size = AutoConfig.from_pretrained(args.model).vocab_size
+    vocab_size = AutoConfig.from_pretrained(args.target).vocab_size
     n = args.size if args.size is not None else round(args.fraction * vocab_size)
     if not 1 <= n <= vocab_size:
         print(f"vllm-vspec active-vocab: size {n} is not in [1, {vocab_size}] (the vocabulary)")
         return 2
     counts = greedy_token_counts(args.trace)
-    specials = special_ids_of(args.model)
+    specials = special_ids_of(args.target)
     ids = build_ids(counts, specials, n, vocab_size if args.fill_unseen else 0)
     counted = sum(counts.values())
     write_ids(args.output, ids, specials, vocab_size, counted, str(args.trace))

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from vllm_vspec.bench import overhead, protocols, runner, variants, workloads
+from vllm_vspec.commands import vocabulary
 from vllm_vspec.bench.loadgen import completion_body
 from vllm_vspec.bench.server import SERVED_MODEL_NAME, ServerSpec
 from vllm_vspec.cli import HelpFormatter
@@ -43,9 +44,11 @@ def add_parser(subparsers) -> None:
         description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--dry-run", action="store_true",
                    help="print the server commands / request plan and exit")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT,
+    p.add_argument("--output-dir", type=Path, default=DEFAULT_OUT, metavar="DIR",
                    help="directory for results.json, the plot, server logs and traces "
                         "(protocol mode: the results JSON file is --output)")
+    vocabulary.deprecated(p, "--out", "--output-dir", dest="output_dir", type=Path,
+                          metavar="DIR")
     p.add_argument("--output-len", type=_output_len, default=None, metavar="N|LO:HI",
                    help="completion tokens per request; LO:HI draws each request's length "
                         "uniformly from that range, the same for every variant (unset: "
@@ -147,7 +150,7 @@ def _protocol_main(args: argparse.Namespace) -> int:
                          "sends one output length, give a single N")
     out_len = args.output_len[0] if args.output_len else proto.output_len
     conc = args.max_concurrency or proto.concurrency
-    output = args.output or args.out / f"{proto.name}.json"
+    output = args.output or args.output_dir / f"{proto.name}.json"
     requests = protocols.fixed_count(protocols.load_dataset(args.dataset, proto), n, out_len)
     if args.dry_run:
         print(f"protocol {proto.name}: {n} prompts from {args.dataset}, output {out_len} "
@@ -230,7 +233,7 @@ def build_plan(args: argparse.Namespace) -> runner.Plan:
     output_len = args.output_len or workloads.DEFAULT_OUTPUT_LEN
     return runner.Plan(spec, chosen, chosen_w,
                        {w.name: w.requests(prompts, output_len) for w in chosen_w},
-                       output_len, args.out, args.repeats)
+                       output_len, args.output_dir, args.repeats)
 
 
 def mtp_layers(target: Path) -> int:

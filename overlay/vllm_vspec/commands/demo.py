@@ -19,6 +19,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from vllm_vspec.commands import vocabulary
 from vllm_vspec.tools import engine_runs
 from vllm_vspec.config import VSpecConfig
 from vllm_vspec.tools.engine_runs import Variant
@@ -101,7 +102,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                    help="engine dtype (default float32: exactness without bf16 near-ties, and "
                         "faster than bf16 on CPUs without native bf16, such as AVX2-only hosts)")
-    p.add_argument("--json", type=Path, metavar="PATH", help="also write the results here")
+    p.add_argument("--output", type=Path, metavar="PATH", help="also write the results here (JSON)")
+    vocabulary.deprecated(p, "--json", "--output", dest="output", type=Path, metavar="PATH")
     p.set_defaults(func=run)
 
 
@@ -201,9 +203,9 @@ def run(args) -> int:
     print(f"greedy outputs: {same}/{total} speculative requests {verdict} ({args.dtype})")
     if same != total and args.dtype != "float32":
         print("bf16 can flip near-ties; rerun with --dtype float32 to check exactness without them")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(dict(
+    if args.output:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(json.dumps(dict(
             target=args.target, draft=args.draft, prompts=args.prompts, dtype=args.dtype,
             num_prompts=args.num_prompts, max_tokens=args.max_tokens,
             rows=[dataclasses.asdict(r) for r in rows]), indent=1) + "\n")

@@ -2,7 +2,7 @@
 
 Prompts: the bundled code and prose prompts, alternately to collecting and
 to measuring within each file (so both halves hold both kinds of text),
-`--prompts` each.
+`--num-prompts` each.
 
 1. Collect: the target's argmax on the collect prompts, two ways, counted
    together: one engine (fixed gamma K) generates for them with
@@ -123,9 +123,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     out_dir = Path(args.output).with_suffix("")
     out_dir.mkdir(parents=True, exist_ok=True)
-    collect, held_out = split_prompts(args.prompts)
-    spec = {"method": args.method, "model": str(args.draft), "num_speculative_tokens": args.k}
-    fixed = {"policy": "fixed", "min_gamma": args.k}
+    collect, held_out = split_prompts(args.num_prompts)
+    k = args.num_speculative_tokens
+    spec = {"method": args.method, "model": str(args.draft), "num_speculative_tokens": k}
+    fixed = {"policy": "fixed", "min_gamma": k}
 
     def engine(vspec: dict | None, speculative: bool = True):
         v = engine_runs.Variant("x", spec if speculative else None,
@@ -205,7 +206,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "identical_to_full": acc["identical"],
         })
     return {"method": args.method, "target": str(args.target), "draft": str(args.draft),
-            "k": args.k, "batch": args.batch, "max_tokens": args.max_tokens,
+            "k": args.num_speculative_tokens, "batch": args.batch, "max_tokens": args.max_tokens,
             "rounds": args.rounds, "prompts_collect": len(collect),
             "prompts_measured": len(held_out), "dtype": args.dtype,
             "collected_greedy_tokens": sum(generated.values()),
@@ -232,6 +233,7 @@ def print_table(result: dict[str, Any]) -> None:
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     from vllm_vspec.cli import HelpFormatter
+    from vllm_vspec.commands import vocabulary
 
     p = subparsers.add_parser("draft-head-bench", formatter_class=HelpFormatter,
                               description=__doc__,
@@ -240,9 +242,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--target", type=Path, default=MODELS / "tiny-target")
     p.add_argument("--draft", type=Path, default=None,
                    help="drafter (default: models/tiny-eagle for eagle, models/tiny-draft)")
-    p.add_argument("--k", type=int, default=4, help="fixed gamma")
-    p.add_argument("--prompts", type=int, default=16,
+    p.add_argument("--num-speculative-tokens", type=int, default=4, metavar="K",
+                   help="K, drafted every step (fixed gamma)")
+    vocabulary.deprecated(p, "--k", "--num-speculative-tokens", dest="num_speculative_tokens",
+                          type=int, metavar="K")
+    p.add_argument("--num-prompts", type=int, default=16, metavar="N",
                    help="prompts to collect on and to measure, each (at most 48)")
+    vocabulary.deprecated(p, "--prompts", "--num-prompts", dest="num_prompts", type=int,
+                          metavar="N")
     p.add_argument("--prompt-argmax", action=argparse.BooleanOptionalAction, default=True,
                    help="also count the target's argmax at every collect prompt position")
     p.add_argument("--rounds", type=int, default=1,

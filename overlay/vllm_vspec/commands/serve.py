@@ -1,9 +1,11 @@
 """`vllm-vspec serve`: launch `vllm serve` from a preset.
 
-    vllm-vspec serve --preset eagle --gamma 3 --vspec-min-gamma 0 -- --host 0.0.0.0
+    vllm-vspec serve --preset eagle --num-speculative-tokens 3 --vspec-min-gamma 0 -- --host 0.0.0.0
 
 The override flags are generated from the LaunchConfig and VSpecConfig fields
-(`--KEY` and `--vspec-KEY`), never listed by hand. Without `--dry-run` the
+(`--KEY` and `--vspec-KEY`; target_model, draft_model and gamma under the
+CLI's shared names `--target`, `--draft`, `--num-speculative-tokens`,
+commands/vocabulary.py), never listed by hand. Without `--dry-run` the
 launcher runs `vllm serve` as a supervised child process (launch/supervisor.py):
 vLLM's own CLI does the serving.
 Every vspec setting reaches it through one `--additional-config`: the
@@ -23,6 +25,7 @@ import sys
 import typing
 from pathlib import Path
 
+from vllm_vspec.commands import vocabulary
 from vllm_vspec.tools import drafters
 from vllm_vspec.launch import presets
 from vllm_vspec.config import VSpecConfig, field_docs
@@ -56,7 +59,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         group = p.add_argument_group(f"[{table}] overrides")
         docs, types = field_docs(cls), typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
-            flag = OVERRIDE_PREFIX[table] + f.name.replace("_", "-")
+            generated = OVERRIDE_PREFIX[table] + f.name.replace("_", "-")
+            flag = vocabulary.launch_flag(f.name) if table == "launch" else generated
             dest = _DEST.format(table=table, key=f.name)
             if types[f.name] is bool:
                 group.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction,
@@ -67,6 +71,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                            if typing.get_origin(types[f.name]) is typing.Literal else "VALUE")
                 group.add_argument(flag, dest=dest, default=None, metavar=metavar,
                                    help=docs[f.name])
+                if flag != generated:
+                    vocabulary.deprecated(group, generated, flag, dest=dest, metavar=metavar)
     p.add_argument("vllm_args", nargs="*", metavar="-- VLLM_ARGS",
                    help="extra `vllm serve` arguments (after `--`)")
     p.set_defaults(func=run)
