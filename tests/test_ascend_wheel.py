@@ -344,10 +344,10 @@ MUTATIONS = {
         "sample/rejection_sampler.py", "    def __init__(self, sampler):",
         "    def __init__(self, sampler, mode):",
         ("call", "__init__"), "required host parameters not passed: mode"),
-    "attribute read on self gone": (
+    "host method called on self gone": (
         "spec_decode/llm_base_proposer.py", "    def _run_merged_draft(",
         "    def _run_merged_draft_v2(",
-        ("attribute", "_run_merged_draft"), "no host class defines or assigns it"),
+        ("call", "_run_merged_draft"), "no host class defines it"),
     # The 0.30 break, on the 0.23 tree: the host re-assigns an attribute our
     # property answers differently, every call, and reads it back.
     "host assigns a shadowed attribute every call": (
