@@ -21,11 +21,12 @@ Ctrl-C reaches the launcher only. The guarantees (docs/lifecycle.md):
   and SIGKILL after LEFTOVER_GRACE_S; the launcher exits only once no
   process of the group is left (as a child subreaper it also reaps engine
   processes the API server orphaned);
-- exit status (`exit_status`): 0 after a requested stop that ended in time;
-  1 after a requested stop that had to be forced; the server's own status
-  when it ended unasked, and 1 where that status is 0: vLLM's API server
-  exits 0 when its engine core has died, and a server that stops without
-  being asked to has failed.
+- exit status: 0 after a requested stop (a cancelled start-up included,
+  killed or not; a drained server's own non-zero status is passed on); 1
+  when a serving server had to be killed; the server's own status when it
+  ended unasked, and 1 where that status is 0: vLLM's API server exits 0
+  when its engine core has died, and a server that stops without being
+  asked to has failed.
 """
 
 from __future__ import annotations
