@@ -8,7 +8,7 @@ the engine core in its own process; loopback only, every wait bounded):
   engine-core process started; the model loading) ends the launcher within
   the preset's shutdown timeout with status 0, one "start-up cancelled"
   line, and no process of the server's group left. Stock vLLM 0.32 hangs at
-  the last two points (docs/host-defects.md);
+  the second point and ignores the signal at the third (docs/host-defects.md);
 - kill -9 of the engine-core process: the launcher exits non-zero (stock
   vLLM's API server exits 0), and 10 s later no process of the group is left;
 - SIGTERM with requests in flight: every request answered, status 0, and no
