@@ -137,13 +137,24 @@ def test_the_drafters_copy_of_the_engine_config_is_left_alone():
     assert classes(cfg) == (None, "auto", "mp")
 
 
+NOT_JSON = "not a latency profile"  # the content of a malformed profile file
+
+
+# The seven bad settings plain vLLM used to refuse only after loading the model.
 @pytest.mark.parametrize("table, key", [
     ({"min_gamma": 9}, "min_gamma"),
     ({"polcy": "online"}, "polcy"),
+    ({"hysteresis": -1}, "hysteresis"),
     ({"policy": "nonsense"}, "policy"),
+    ({"policy": "profile"}, "profile_path"),
+    ({"policy": "profile", "profile_path": "{malformed}"}, "profile_path"),
     ({"trace_path": "/proc/vspec-nosuch/trace.jsonl"}, "trace_path"),
 ])
-def test_bad_settings_are_refused_by_a_non_value_error_naming_the_key(table, key):
+def test_bad_settings_are_refused_by_a_non_value_error_naming_the_key(table, key, tmp_path):
+    malformed = tmp_path / "profile.json"
+    malformed.write_text(NOT_JSON)
+    table = {k: v.format(malformed=malformed) if isinstance(v, str) else v
+             for k, v in table.items()}
     with pytest.raises(platform.VSpecStartupError) as info:
         run_hook(config(table))
     assert not isinstance(info.value, ValueError)
