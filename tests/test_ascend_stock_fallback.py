@@ -36,7 +36,9 @@ def routing(monkeypatch):
 
 
 def _warnings(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    """vspec's warnings (vLLM's own, e.g. on import, left out)."""
+    return [r.getMessage() for r in caplog.records
+            if r.levelname == "WARNING" and r.name.startswith(("vllm.vllm_vspec", "vllm.vllm_ascend"))]
 
 
 def _stock(routing, config) -> bool:
@@ -129,3 +131,18 @@ def test_the_023_pin_keeps_vspec_on_by_default(routing, monkeypatch):
     monkeypatch.setattr(routing, "_DEFAULTS", _defaults("0.23.0.post1"))
     assert _defaults("0.23.0.post1") == {}
     assert routing.vspec_settings(_engine_config("eagle")) is not None
+
+
+def test_doctor_lists_every_configuration_that_runs_as_stock(monkeypatch, tmp_path):
+    from vllm_vspec.commands import doctor
+    from vllm_vspec.hosts import wiring
+
+    result = {"summary": doctor.summary([], {}), "abi": [], "ok": True}
+    assert result["summary"]["runs_as_stock_when"] == list(wiring.STOCK_WHEN)
+    table = doctor._table(result, []).splitlines()
+    start = table.index(next(line for line in table if line.startswith("runs as stock when")))
+    assert [line.split("-", 1)[1].strip() for line in table[start + 1:start + 6]] == \
+        list(wiring.STOCK_WHEN)
+    for words in ("num_speculative_tokens_per_batch_size", "MoE", "another Ascend scheduler",
+                  "0.30.0rc2"):
+        assert any(words in rule for rule in wiring.STOCK_WHEN), words

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from vllm_vspec.hosts import ascend_wheel
+from vllm_vspec.hosts import ascend_wheel, wiring
 from vllm_vspec.tools.abi_check import HostReport, Sources, check_host, class_members, resolve
 
 
@@ -153,6 +153,7 @@ def summary(hosts: list[tuple[str, dict[str, Path]]], in_effect: dict[str, Any])
         "ops_library": ops.status(),
         "features": features(hosts),
         "vspec_settings": in_effect,
+        "runs_as_stock_when": list(wiring.STOCK_WHEN),
     }
 
 
@@ -199,6 +200,7 @@ def _table(result: dict, reports: list[HostReport]) -> str:
         rows += [(f"  {k}", "yes" if v else "no") for k, v in feats.items()]
     rows.append(("vspec settings", ""))
     rows += [(f"  {k}", json.dumps(v)) for k, v in s["vspec_settings"].items()]
+    rows += [("runs as stock when", "")] + [("  -", w) for w in s["runs_as_stock_when"]]
     width = max(len(k) for k, _ in rows)
     lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
     lines.append("")

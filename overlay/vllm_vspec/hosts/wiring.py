@@ -185,6 +185,21 @@ logger = logging.getLogger(f"vllm.{__name__}")  # vLLM configures only "vllm."
 _warned: set[str] = set()
 
 
+# Every configuration an engine with vspec installed runs as stock (one
+# warning), as `vllm-vspec doctor` lists them: stock_reason's checks, then the
+# Ascend overlay's (vllm_ascend/vspec/routing.py).
+STOCK_WHEN: tuple[str, ...] = (
+    "speculative_config sets num_speculative_tokens_per_batch_size (vLLM's static gamma table)",
+    "data_parallel_size > 1 on a MoE model (lockstep data-parallel ranks)",
+    "vLLM-Ascend: another Ascend scheduler is selected (dynamic batch, profiling chunk, "
+    "recompute)",
+    "vLLM-Ascend: an MTP draft the host gives a proposer of its own (step3p5_mtp; on 0.30 "
+    "also gemma4_mtp, glm5_next_mtp)",
+    "vLLM-Ascend 0.30.0rc2: by default, unless a launch or `vllm-vspec manage enable` turns "
+    "vspec on",
+)
+
+
 def stock_reason(vllm_config: Any) -> str | None:
     """Why vspec cannot drive this engine, or None.
 
@@ -403,5 +418,5 @@ def serve_argv(args: Mapping[str, Any]) -> list[str]:
 
 
 __all__ = ["SCHEDULER_CLS", "WORKER_CLS", "VERIFY_WIDTH_LIMITS", "METHOD_REFUSALS", "resolve",
-           "stock_reason", "run_stock",
+           "STOCK_WHEN", "stock_reason", "run_stock",
            "resolve_platform", "graph_mode", "engine_args", "serve_argv"]
