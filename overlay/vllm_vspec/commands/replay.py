@@ -42,7 +42,7 @@ def add_parser(subparsers) -> None:
     r.add_argument("--method", choices=METHODS, default="draft_model", help="speculative method")
     r.add_argument("--prompts", type=Path, nargs="+", default=[FAMILIES_DIR],
                    help="a directory of <family>.jsonl files, or JSONL files (a `prompt` string a line)")
-    r.add_argument("--requests-per-family", type=int, default=40,
+    r.add_argument("--requests-per-family", type=int, default=24,
                    help="prompts taken from each family file, in file order")
     r.add_argument("--num-speculative-tokens", type=int, default=4, help="K: the chain length recorded")
     r.add_argument("--output-len", type=int, default=64, help="output tokens per request")

@@ -60,7 +60,7 @@ def _engine(target: Path, spec: dict | None, max_model_len: int, max_num_seqs: i
                max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                max_num_batched_tokens=max(4096, max_model_len),
                gpu_memory_utilization=0.3, kv_cache_memory_bytes=kv_bytes,
-               enable_prefix_caching=True, generation_config="vllm",
+               enable_prefix_caching=True, block_size=32, generation_config="vllm",
                distributed_executor_backend="uni",
                **({"speculative_config": spec} if spec else {}))
 
@@ -154,8 +154,16 @@ def record(method: str, prompts: Sequence[Prompt], *, k: int = 4, output_len: in
             accept[(i, d)] = min(k, len(toks) - 2)
             return True
         return False
+    # Each request's longest probe first, alone: its prefix blocks are then
+    # cached for the request's other probes (blocks computed in the same
+    # step as a probe are not shared with it).
+    last = {rid.split(":")[0]: n for n, (rid, _, _) in enumerate(probes)}
+    first = [probes[n] for n in last.values()]
+    rest = [p for n, p in enumerate(probes) if n not in set(last.values())]
+    show = _progress(f"{method} K={k} probes", len(probes))
     try:
-        _run(engine.llm_engine, probes, on_probe, _progress(f"{method} K={k} probes", len(probes)))
+        _run(engine.llm_engine, first, on_probe, show)
+        _run(engine.llm_engine, rest, on_probe, lambda n: show(n + len(first)))
     finally:
         shutdown_llm(engine)
     missing = [rid for rid, _, _ in probes if tuple(int(x) for x in rid.split(":")) not in accept]
