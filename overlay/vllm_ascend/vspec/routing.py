@@ -22,8 +22,14 @@ copies patches/vllm-ascend/<version>/overlay.toml into the tree as
 `vllm_ascend/vspec/host.toml`, whose `[routing]` table names the proposer of
 each method and the lossy sampler (vLLM-Ascend 0.23: proposers.py, which
 carries the per-step gamma itself; 0.30: native_gamma.py over the host's own
-per-step K). Without that file (a checkout, the unit tests) the defaults
-below, the default pin's, apply.
+per-step K), and its `[defaults]` table may turn vspec off unless a launch
+or the environment turns it on (off_by_host_default: 0.30.0rc2, whose
+defaults would be slower than stock). Without that file (a checkout, the
+unit tests) the defaults below, the default pin's, apply.
+
+An engine whose configuration vspec cannot drive (another Ascend scheduler
+selected here; wiring.stock_reason's cases) runs as stock with one warning
+naming why; a launch that sets `"enabled": true` fails instead, naming it.
 """
 
 from __future__ import annotations
