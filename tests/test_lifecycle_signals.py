@@ -35,7 +35,8 @@ import httpx
 import pytest
 
 from vllm_vspec.bench.server import free_port
-from vllm_vspec.launch import presets, shutdown_log, supervisor
+from vllm_vspec.hosts.vllm import shutdown_log
+from vllm_vspec.launch import presets, supervisor
 
 PRESET = "tiny-draft"
 SHUTDOWN_TIMEOUT = presets.load(presets.preset_path(PRESET)).launch.shutdown_timeout

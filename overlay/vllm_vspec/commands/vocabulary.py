@@ -28,16 +28,9 @@ RETIRED = {
 }
 
 
-# `vllm-vspec serve`'s flags for the [launch] keys that are shared concepts
-# (the other keys' flags are `--KEY`); the generated `--KEY` spelling stays
-# accepted for one release.
-LAUNCH_FLAGS = {"target_model": "--target", "draft_model": "--draft",
-                "gamma": "--num-speculative-tokens"}
-
-
-def launch_flag(key: str) -> str:
-    """`vllm-vspec serve`'s flag for a [launch] key."""
-    return LAUNCH_FLAGS.get(key, "--" + key.replace("_", "-"))
+# serve's flags for the [launch] keys live with the keys (the launch layer,
+# which the config docs read too).
+from vllm_vspec.launch.presets import LAUNCH_FLAGS, launch_flag  # noqa: E402,F401
 
 
 class _Deprecated(argparse.Action):

@@ -28,8 +28,8 @@ from vllm_vspec.hosts.ascend_wheel import adopt_worker_graphs  # noqa: E402
 REGISTRATIONS.append(adopt_worker_graphs)
 
 # A requested API-server shutdown logs no traceback from the host's own
-# teardown race (launch/shutdown_log.py; a filter on vLLM's loggers).
-from vllm_vspec.launch.shutdown_log import install as quiet_shutdown_race  # noqa: E402
+# teardown race (hosts/vllm/shutdown_log.py; a filter on vLLM's loggers).
+from vllm_vspec.hosts.vllm.shutdown_log import install as quiet_shutdown_race  # noqa: E402
 
 REGISTRATIONS.append(quiet_shutdown_race)
 

@@ -37,7 +37,7 @@ CLIENT_LOGGER = "vllm.v1.engine.core_client"
 ENGINE_DIED = "[shutdown] MPClient: engine core exited unexpectedly"
 FILTERED = ("AsyncLLM output_handler stopped by the requested shutdown "
             "(EngineDeadError from the engine client's own teardown; traceback "
-            "filtered by vllm_vspec.launch.shutdown_log)")
+            "filtered by vllm_vspec.hosts.vllm.shutdown_log)")
 
 
 class ShutdownState:
