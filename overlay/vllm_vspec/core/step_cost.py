@@ -34,6 +34,10 @@ import math
 import numpy as np
 
 FEATURES = ("step", "requests", "verified", "passes", "pass_requests", "catchup", "context_k")
+# The fit is redone once this many samples arrived since the last (every
+# sample while the model has fewer than REFIT_EVERY * 4): a step changes
+# the sums by about 1/window, so a fit a few steps old predicts the same.
+REFIT_EVERY = 8
 NONNEGATIVE = np.array([False, False, True, True, True, True, False])
 
 
@@ -80,7 +84,8 @@ class PooledStepCost:
         self.xy = self.xy * self.keep + x * ms
         self.weight = self.weight * self.keep + 1.0
         self.samples += 1
-        self._fit = None
+        if self.samples < 4 * REFIT_EVERY or self.samples % REFIT_EVERY == 0:
+            self._fit = None
         return True
 
     def _information(self) -> np.ndarray:

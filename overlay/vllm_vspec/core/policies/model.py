@@ -86,13 +86,14 @@ class ModelPolicy:
         e = expected_tokens(rates, max(hi, 1))
         mean = self.cost.fit()[0]
         theta = self.cost.sample(self.nrng) if draw else mean
-        out = {}
-        for a in arms:
-            g = self.space.gamma(a)
-            x = features(b, b * g, g, 0.0, ctx)
-            floor = MIN_COST_FRACTION * max(float(mean @ x), 1e-6)
-            out[a] = b * e[g] / max(float(theta @ x), floor)
-        return out
+        gammas = [self.space.gamma(a) for a in arms]
+        g = np.array(gammas, dtype=float)
+        # features(b, b * g, g, 0, ctx) of every gamma at once
+        x = np.empty((len(g), 7))
+        x[:, 0], x[:, 1], x[:, 2], x[:, 3] = 1.0, b, b * g, g
+        x[:, 4], x[:, 5], x[:, 6] = g * b, 0.0, ctx / 1000.0
+        cost = np.maximum(x @ theta, MIN_COST_FRACTION * np.maximum(x @ mean, 1e-6))
+        return {a: b * e[k] / c for a, k, c in zip(arms, gammas, cost.tolist())}
 
     def decide(self, batch, bucket: int, lo: int, hi: int,
                previous: Arm | None) -> tuple[Arm, str]:
