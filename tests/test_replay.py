@@ -140,7 +140,7 @@ def test_the_score_command_writes_its_table_json_and_plot(tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["replay", "score", "--recording", str(tmp_path / "r.json.gz"),
                  "--workloads", "c1,c8", "--requests-low", "6", "--requests-high", "12",
-                 "--output", str(out)]) == 0
+                 "--output-dir", str(out)]) == 0
     text = capsys.readouterr().out
     assert "c1  (best fixed gamma" in text and "informed" in text
     body = json.loads((out / "replay.json").read_text())

@@ -76,7 +76,7 @@ def add_parser(subparsers) -> None:
                    help="what a gamma-0 step costs (lazy: vspec's vLLM worker with a draft model or EAGLE)")
     s.add_argument("--noise", type=float, default=0.0, help="log-normal step-time noise sigma (seeded)")
     s.add_argument("--seed", type=int, default=0, help="seed of the step-time noise")
-    s.add_argument("--output", type=Path, default=Path("results/replay"),
+    s.add_argument("--output-dir", type=Path, default=Path("results/replay"),
                    help="directory for replay.json and replay.png")
     s.set_defaults(func=run_score)
 
@@ -195,11 +195,11 @@ def run_score(args: argparse.Namespace) -> int:
     print(f"replay of {args.recording} ({h['method']} K={rec.k}, {len(rec.requests)} requests), "
           f"costs {costs}, noise {args.noise}, seed {args.seed}: {seconds:.1f} s\n")
     print(sc.table_text(results))
-    args.output.mkdir(parents=True, exist_ok=True)
+    args.output_dir.mkdir(parents=True, exist_ok=True)
     meta = {"recording": str(args.recording), "costs": str(costs), "method": h["method"],
             "k": rec.k, "noise": args.noise, "seed": args.seed, "gamma0_mode": args.gamma0_mode,
             "policies": policies, "workloads": names, "vspec": vspec}
-    (args.output / "replay.json").write_text(json.dumps(sc.to_json(results, meta), indent=1) + "\n")
-    sc.plot(results, args.output / "replay.png")
-    print(f"-> {args.output / 'replay.json'}, {args.output / 'replay.png'}")
+    (args.output_dir / "replay.json").write_text(json.dumps(sc.to_json(results, meta), indent=1) + "\n")
+    sc.plot(results, args.output_dir / "replay.png")
+    print(f"-> {args.output_dir / 'replay.json'}, {args.output_dir / 'replay.png'}")
     return 0
