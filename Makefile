@@ -62,7 +62,7 @@ $(DERIVED_MIMO): $(DERIVED) models/tiny-mimo/config.json models/tiny-mimo/mtp.sa
 	$(PYTHON) models/deepen.py --mimo
 
 demo: install
-	$(BIN)/vllm-vspec demo --json results/demo.json
+	$(BIN)/vllm-vspec demo --output results/demo.json
 
 test: install
 	$(PYTHON) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)

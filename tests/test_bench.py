@@ -398,7 +398,7 @@ def bench_inputs(tmp_path):
     draft.mkdir()
     return ["--prompts", str(prompts), "--draft", str(draft), "--target", str(tmp_path / "t"),
             "--eagle", str(tmp_path / "no-eagle"), "--eagle3", str(tmp_path / "no-eagle3"),
-            "--out", str(tmp_path / "out")]
+            "--output-dir", str(tmp_path / "out")]
 
 
 def _variant_commands(out: str) -> dict[str, list[str]]:

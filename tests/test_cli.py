@@ -55,11 +55,6 @@ from pathlib import Path  # noqa: E402
 
 from vllm_vspec.commands import vocabulary  # noqa: E402
 
-# Shown flags of files owned elsewhere still waiting for the rename, each
-# with its replacement; an entry goes once its flag is gone (a test checks).
-PENDING = {("sim", "--out"): "--output-dir"}
-
-
 def parsers() -> list[tuple[str, argparse.ArgumentParser]]:
     """(command path, parser) of every subcommand and nested subcommand."""
     out: list[tuple[str, argparse.ArgumentParser]] = []
@@ -88,7 +83,7 @@ def test_the_walk_reaches_every_subcommand():
 def test_no_subcommand_shows_a_retired_spelling():
     found = {(name, flag) for name, p in parsers() for flag in shown(p)
              if flag in vocabulary.RETIRED}
-    assert found == set(PENDING), {f: vocabulary.RETIRED[f[1]] for f in found - set(PENDING)}
+    assert not found, {f: vocabulary.RETIRED[f[1]] for f in found}
 
 
 def _path_like(action: argparse.Action) -> bool:
@@ -133,6 +128,7 @@ def test_serve_takes_k_as_num_speculative_tokens():
     (["serve", "--draft-model", "d"], "--draft-model", "override:launch:draft_model", "d"),
     (["demo", "--json", "r.json"], "--json", "output", Path("r.json")),
     (["bench", "--out", "r"], "--out", "output_dir", Path("r")),
+    (["sim", "--profile", "p.json", "--out", "r"], "--out", "output_dir", Path("r")),
     (["active-vocab", "t.jsonl", "--size", "8", "-o", "x", "--model", "m"], "--model", "target",
      "m"),
     (["draft-head-bench", "--k", "3"], "--k", "num_speculative_tokens", 3),

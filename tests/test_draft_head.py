@@ -222,13 +222,13 @@ def test_active_vocab_command_writes_an_ids_file(tmp_path):
     from vllm_vspec.cli import main
 
     out = tmp_path / "ids.json"
-    assert main(["active-vocab", str(argmax_trace(tmp_path)), "--model", str(TARGET),
+    assert main(["active-vocab", str(argmax_trace(tmp_path)), "--target", str(TARGET),
                  "--size", "4", "-o", str(out)]) == 0
     raw = json.loads(out.read_text())
     specials = raw["special_ids"]
     assert raw["vocab_size"] == 2048 and specials
     assert raw["ids"] == active_vocab.build_ids(collections.Counter({5: 2, 7: 2}), specials, 4)
-    assert main(["active-vocab", str(argmax_trace(tmp_path)), "--model", str(TARGET),
+    assert main(["active-vocab", str(argmax_trace(tmp_path)), "--target", str(TARGET),
                  "--size", "40", "--fill-unseen", "-o", str(out)]) == 0
     assert len(json.loads(out.read_text())["ids"]) == 40
 

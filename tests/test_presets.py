@@ -126,8 +126,9 @@ def test_extends_inherits_the_base_and_overrides_key_by_key():
 
 
 def test_command_line_overrides_win_over_the_file(capsys, vllm_serve_parser):
-    argv, _ = dry_run(capsys, "--preset", "eagle", "--platform", "cuda", "--gamma", "3",
-                      "--max-num-seqs", "64", "--no-prefix-caching", "--graph-mode", "piecewise",
+    argv, _ = dry_run(capsys, "--preset", "eagle", "--platform", "cuda",
+                      "--num-speculative-tokens", "3", "--max-num-seqs", "64",
+                      "--no-prefix-caching", "--graph-mode", "piecewise",
                       "--vspec-min-gamma", "0", "--vspec-protected-token-ids", "1,2")
     args = vllm_serve_parser(argv)
     assert args.speculative_config["num_speculative_tokens"] == 3
@@ -156,8 +157,8 @@ def test_extra_vllm_args_after_double_dash_come_last(capsys, vllm_serve_parser):
 
 
 @pytest.mark.parametrize("flags, key, value", [
-    (["--gamma", "16", "--platform", "npu"], "launch.gamma", "16"),
-    (["--gamma", "0"], "launch.gamma", "0"),
+    (["--num-speculative-tokens", "16", "--platform", "npu"], "launch.gamma", "16"),
+    (["--num-speculative-tokens", "0"], "launch.gamma", "0"),
     (["--dtype", "int3"], "launch.dtype", "int3"),
     (["--port", "0"], "launch.port", "0"),
     (["--gpu-memory-utilization", "1.5"], "launch.gpu_memory_utilization", "1.5"),
@@ -174,10 +175,12 @@ def test_bad_values_fail_naming_the_key_and_the_value(flags, key, value, capsys)
 def test_k_above_ascends_verify_width_renders_where_the_host_has_no_such_limit(
         capsys, vllm_serve_parser):
     for platform in ("cpu", "cuda"):
-        argv, _ = dry_run(capsys, "--preset", "draft", "--platform", platform, "--gamma", "31")
+        argv, _ = dry_run(capsys, "--preset", "draft", "--platform", platform,
+                          "--num-speculative-tokens", "31")
         assert vllm_serve_parser(argv).speculative_config["num_speculative_tokens"] == 31
     # On npu only with vspec off: then the host runs as shipped.
-    argv, _ = dry_run(capsys, "--preset", "draft", "--platform", "npu", "--gamma", "31",
+    argv, _ = dry_run(capsys, "--preset", "draft", "--platform", "npu",
+                      "--num-speculative-tokens", "31",
                       "--no-vspec-enabled")
     assert vllm_serve_parser(argv).speculative_config["num_speculative_tokens"] == 31
 
@@ -400,7 +403,7 @@ def test_tiny_ngram_drafts_without_a_model_on_the_bundled_target(capsys, vllm_se
 
 def test_a_draft_model_with_method_ngram_is_refused_naming_the_key(capsys):
     assert cli.main(["serve", "--dry-run", "--preset", "tiny-ngram",
-                     "--draft-model", "models/tiny-draft"]) != 0
+                     "--draft", "models/tiny-draft"]) != 0
     assert "launch.draft_model" in capsys.readouterr().err
 
 

@@ -155,7 +155,7 @@ def test_a_recorded_trace_replays_with_its_batch_size_and_acceptance(tmp_path):
 
 def test_sim_command_prints_a_table_and_writes_json_and_plot(tmp_path, capsys):
     code = cli_main(["sim", "--profile", ASCEND, "--workloads", "steady-b16",
-                     "--scale", "0.05", "--out", str(tmp_path)])
+                     "--scale", "0.05", "--output-dir", str(tmp_path)])
     assert code == 0
     printed = capsys.readouterr().out
     assert "online/oracle" in printed and "controller overhead" in printed
@@ -220,14 +220,14 @@ def test_a_trace_of_tree_steps_replays_acceptance_per_width(tmp_path):
 def test_sim_command_compares_tree_arms(tmp_path, capsys):
     code = cli_main(["sim", "--profile", ASCEND, "--workloads", "steady-b16",
                      "--scale", "0.02", "--max-width", "2",
-                     "--tree-rates", "2:0.85,0.8,0.75,0.7", "--out", str(tmp_path)])
+                     "--tree-rates", "2:0.85,0.8,0.75,0.7", "--output-dir", str(tmp_path)])
     assert code == 0
     assert "fixed-2x2" in capsys.readouterr().out
     data = json.loads((tmp_path / "sim.json").read_text())
     assert data["max_width"] == 2
     assert {"fixed-1x2", "fixed-2x2"} <= {r["policy"] for r in data["results"]}
     assert cli_main(["sim", "--profile", ASCEND, "--tree-rates", "1:0.5",
-                     "--out", str(tmp_path)]) == 2
+                     "--output-dir", str(tmp_path)]) == 2
     assert "W >= 2" in capsys.readouterr().err
 
 

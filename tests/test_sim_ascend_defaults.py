@@ -134,7 +134,7 @@ def test_the_sim_command_prints_and_writes_the_comparison(tmp_path, capsys):
     from vllm_vspec import cli
 
     rc = cli.main(["sim", "--ascend-defaults", "--profile", ad.DEFAULT_PROFILE, "--scale",
-                   "0.05", "--out", str(tmp_path)])
+                   "0.05", "--output-dir", str(tmp_path)])
     assert rc == 0
     out = capsys.readouterr().out
     assert "| steady-b1 |" in out and "new / stock" in out

@@ -249,7 +249,7 @@ def test_sim_budget_is_not_behind_online_when_acceptance_is_uniform(sim_rows):
 def test_sim_command_runs_the_verify_budget_comparison(tmp_path, capsys):
     from vllm_vspec.cli import main as cli_main
     assert cli_main(["sim", "--profile", ASCEND, "--verify-budget", "--batches", "4",
-                     "--scale", "0.1", "--out", str(tmp_path)]) == 0
+                     "--scale", "0.1", "--output-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "hetero-b4" in out and "uniform-b4" in out and "budget/oracle" in out
     rows = json.loads((tmp_path / "verify_budget.json").read_text())["rows"]

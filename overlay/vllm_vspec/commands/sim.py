@@ -5,7 +5,7 @@ Compares fixed gamma 0..K, vLLM's static batch-size table, the online and
 profile policies and the per-step oracle on the same synthetic or recorded
 workloads and latency profile, prints a table of tokens/s and ratios, and
 writes sim.json and sim.png. With --verify-budget it compares per-request
-verify budgets instead (issue 28: sim/budget_sim.py).
+verify budgets instead (sim/budget_sim.py).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import argparse
 import json
 from pathlib import Path
 
+from vllm_vspec.commands import vocabulary
 from vllm_vspec.config import VSpecConfig
 from vllm_vspec.core.latency import ProfileError, load_profile
 from vllm_vspec.sim import budget_sim
@@ -55,7 +56,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         "tokens (the Ascend overlay, EAGLE, async scheduling); lazy = none, "
                         "then a catch-up pass when drafting resumes (vspec's vLLM runner "
                         "with a draft model)")
-    p.add_argument("--out", default="results/sim", help="directory for sim.json and sim.png")
+    p.add_argument("--output-dir", type=Path, default=Path("results/sim"), metavar="DIR",
+                   help="directory for sim.json and sim.png (ascend_defaults.json, "
+                        "verify_budget.json with --ascend-defaults, --verify-budget)")
+    vocabulary.deprecated(p, "--out", "--output-dir", dest="output_dir", type=Path,
+                          metavar="DIR")
     p.add_argument("--ascend-defaults", action="store_true",
                    help="instead: stock vLLM-Ascend at fixed K against the online policy "
                         "under vspec's old and new Ascend graph defaults, with their per-step "
@@ -68,8 +73,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="--ascend-defaults: the target's largest captured decode graph, in "
                         "tokens (padding to 1 + K applies up to it)")
     p.add_argument("--verify-budget", action="store_true",
-                   help="compare per-request verify budgets instead (issue 28, "
-                        "sim/budget_sim.py): batch-uniform online, every fixed gamma, the "
+                   help="compare per-request verify budgets instead "
+                        "(sim/budget_sim.py): batch-uniform online, every fixed gamma, the "
                         "budget policy (calibrated draft probabilities, online step-cost "
                         "model: core/budget) and the per-request oracle (true acceptance, "
                         "true latency), on requests of heterogeneous acceptance (hetero-bB: "
@@ -158,7 +163,7 @@ def _main(args: argparse.Namespace) -> int:
     for p, us in overhead.items():
         print(f"controller overhead ({p}, B16): {us:.1f} us/step = "
               f"{100 * us / 1000 / step_ms:.3f}% of a {step_ms:.1f} ms gamma-2 step")
-    out = Path(args.out)
+    out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "sim.json").write_text(json.dumps({
         "profile": args.profile, "max_gamma": args.max_gamma, "seed": args.seed,
@@ -181,7 +186,7 @@ def _ascend_defaults(args: argparse.Namespace) -> int:
     result = ascend_defaults.compare_defaults(args.profile, args.max_gamma, args.graph_factor,
                                               args.capture_tokens, args.scale, args.seed)
     print(ascend_defaults.markdown(result))
-    out = Path(args.out)
+    out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "ascend_defaults.json").write_text(json.dumps(result, indent=1))
     print(f"wrote {out / 'ascend_defaults.json'}")
@@ -206,7 +211,7 @@ def _verify_budget(args: argparse.Namespace, vspec: dict) -> int:
                                                  args.seed, args.noise))
     print(f"profile: {args.profile}; signal: {args.signal}; token spread: {args.token_spread}")
     print(budget_sim.table_text(rows))
-    out = Path(args.out)
+    out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "verify_budget.json").write_text(json.dumps({
         "profile": args.profile, "max_gamma": args.max_gamma, "seed": args.seed,
