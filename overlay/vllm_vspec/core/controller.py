@@ -133,8 +133,8 @@ class GammaController:
         `online` and `cycle` start). A host step the controller does not
         decide (a prefill step) keeps it, so the drafts a prefill step
         proposes are the ones the policy would ask for: under `fixed` gamma
-        0 the first decode step verifies nothing (issue 29: it verified
-        1 + K per request)."""
+        0 the first decode step verifies nothing, not 1 + K per
+        request."""
         if self._last_decision is not None:
             return self._last_decision.gamma
         return self._opening[0]

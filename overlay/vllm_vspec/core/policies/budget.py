@@ -1,4 +1,4 @@
-"""`budget` policy: per-request verify budgets from draft confidence (issue 28).
+"""`budget` policy: per-request verify budgets from draft confidence.
 
 The controller's other policies give every request of a step one gamma.
 Under `budget` the host verifies, per request, a PREFIX of its draft

@@ -12,9 +12,8 @@ The hysteresis guards against noise, so it yields to evidence: a policy
 that can say an arm is clearly ahead of the current one (`clearly_ahead`:
 the online policy's judged probes, policies/online.py AHEAD_MIN_EVIDENCE)
 moves to it when it scores best, however small its lead. Else a neighbour a
-few percent better than the current arm, less than the hysteresis, is never
-reached (issue 29: a CPU bench held batch 1 at gamma 4 for 599 of 715 steps
-while gamma 3 measured 1-3% ahead, docs/log/benchmarks.md).
+few percent better than the current arm, less than the hysteresis, would
+never be reached.
 """
 
 from __future__ import annotations

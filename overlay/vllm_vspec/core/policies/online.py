@@ -37,7 +37,7 @@ the arm's own probe interval, which backs off: an arm that keeps losing
 clearly (its judged gaps beyond their own spread and the noise of the two
 windows) is probed at 2x, 4x, ...
 online_probe_interval, until the acceptance or the bucket's batch size
-moves (BACKOFF_* below; issue 29: probes must pay for themselves). Read the
+moves (BACKOFF_* below: probes must pay for themselves). Read the
 other way, the same evidence lets an arm that keeps winning clearly, by
 less than the hysteresis, take over (AHEAD_MIN_EVIDENCE, governor.py).
 
@@ -112,7 +112,7 @@ SWEEP_MIN_ARMS = 3
 # the current arm's (see _Arms.stale).
 STALE_AFTER_WINDOWS = 2
 
-# Probe back-off (issue 29: probes must pay for themselves). Each probe of
+# Probe back-off: probes must pay for themselves. Each probe of
 # an arm is judged at the next control point by its gap to the current arm,
 # (R(cur) - R(arm)) / R(cur), and the evidence is the arm's last
 # BACKOFF_EVIDENCE judged gaps against that current arm: when their mean
@@ -305,17 +305,15 @@ class _Arms:
             # Every move is folded into the spread, capped at the bound of
             # the moment, while a bucket whose E keeps moving by more
             # learns that spread within tens of control points. (Folding
-            # only the moves within the bound never learnt batch 1's: its E
-            # moved by a median 0.26 tokens between control points in a CPU
-            # bench while the bound grew from 0 to 0.07 tokens in 700 steps,
-            # so nearly every judgement dropped the evidence;
-            # docs/log/benchmarks.md, issue 29.) A move beyond the bound also
-            # re-centres the mean at once: a level shift is folded once, as
-            # one bounded step, and does not hide the next one. (Left to the
-            # slow mean, a jump from 1.6 to 3.8 tokens stayed beyond the
-            # bound for tens of control points and grew it 1.7x at each, to
-            # 3 tokens in a simulation: no move was news for hundreds of
-            # steps.)
+            # only the moves within the bound would not learn it: the bound
+            # starts at 0 and grows only by what it admits, so a bucket
+            # whose E moves by more than the bound at nearly every control
+            # point, as batch 1's does, would drop nearly every judgement's
+            # evidence.) A move beyond the bound also re-centres the mean at
+            # once: a level shift is folded once, as one bounded step, and
+            # does not hide the next one. (Left to the slow mean, a jump
+            # would stay beyond the bound for tens of control points and
+            # grow it at each, and no later move would be news.)
             cap = max(noise_e, ACCEPTANCE_MOVE_TOKENS)
             clipped = max(-cap, min(cap, d))
             self.acc_mean = acceptance if abs(d) > cap else self.acc_mean + ACCEPTANCE_NOISE_WEIGHT * d
@@ -365,10 +363,9 @@ class _Arms:
             # so does the acceptance estimates' (a probe re-measures the
             # positions the two arms differ in). Without the latter, a
             # position measured on one batch-1 probe (one drafted token: an
-            # estimate of 0 or 1) made verdicts: a CPU bench held batch 1 at
-            # gamma 1 for 124 steps and at gamma 0 for 132 (position 2's,
-            # then 1's, estimate stale near 0, the arm above backed off on
-            # it; docs/log/benchmarks.md, issue 29).
+            # estimate of 0 or 1) would make verdicts: an estimate stale
+            # near 0 backs the arm above off and holds the bucket at a low
+            # gamma for as long as it stays stale.
             var = ((spread + (e.get(g, 1.0) * se_g / means[cur]) ** 2 + sum(gap_acc_var) / n) / n
                    + (e.get(cur, 1.0) * se_cur / means[cur]) ** 2
                    if se_cur is not None and se_g is not None else math.inf)

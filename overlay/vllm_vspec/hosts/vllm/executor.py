@@ -2,16 +2,15 @@
 
 With a speculative config and synchronous scheduling, vLLM's engine core
 asks the executor for the step's drafts after every step that ran the model
-(EngineCore.post_step, vllm/v1/engine/core.py:689-696 in 0.32). On
-vLLM-CPU the worker lives in a process of its own (platforms/cpu.py turns
-the `uni` executor into `mp` whenever the engine core has its own process),
-so that question is a round trip through the executor's shared-memory
-queues: the engine core waits while the worker wakes, answers and the
-engine core wakes again. A target-only engine makes no such call. A step
-vspec scheduled at gamma 0 drafts nothing, so the answer is known to be
-None before asking; asking anyway cost a vspec server at gamma 0 about 13%
-of its throughput at concurrency 1 against the target-only server
-(docs/log/benchmarks.md, issue 29).
+(EngineCore.post_step). On vLLM-CPU the worker lives in a process of its
+own (CpuPlatform.check_and_update_config turns the `uni` executor into `mp`
+whenever the engine core has its own process), so that question is a round
+trip through the executor's shared-memory queues: the engine core waits
+while the worker wakes, answers and the engine core wakes again. A
+target-only engine makes no such call. A step vspec scheduled at gamma 0
+drafts nothing, so the answer is known to be None before asking: such a
+step makes no round trip, and a vspec engine at gamma 0 pays per step what
+a target-only engine pays (docs/log/benchmarks.md has the measurement).
 
 Steps at gamma >= 1 ask as stock vLLM does; an engine whose scheduler is not
 vspec's (no `num_spec_tokens_to_schedule` on its scheduler output) asks on
