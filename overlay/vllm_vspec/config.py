@@ -410,14 +410,17 @@ class VSpecConfig:
     scheduler steps, however few others wait."""
 
     ascend_draft_full_graph: bool = True
-    """vLLM-Ascend only (not yet run on NPU): keep the draft model's full ACL
-    graph under dynamic gamma, as stock vLLM-Ascend keeps its one K-step
-    graph: one graph captured per gamma 1..K through the host's capture
-    path, with the host's draft graph-parameter store keyed by (gamma, token
-    count) so each gamma's replay reads its own parameters (docs/ascend.md,
-    "ACL graphs"). false: the draft model runs eagerly while vspec drives it
-    (the target keeps its graphs), which costs every draft pass its launch
-    overhead. Not with `draft_active_vocab_ids` (set this false for it)."""
+    """vLLM-Ascend 0.23 only (not yet run on NPU): keep the draft model's
+    full ACL graph under dynamic gamma, as stock vLLM-Ascend keeps its one
+    K-step graph: one graph captured per gamma 1..K through the host's
+    capture path, with the host's draft graph-parameter store keyed by
+    (gamma, token count) so each gamma's replay reads its own parameters
+    (docs/ascend.md, "ACL graphs"). false: the draft model runs eagerly
+    while vspec drives it (the target keeps its graphs), which costs every
+    draft pass its launch overhead. On vLLM-Ascend 0.30 the key has no
+    effect: vspec's draft model always runs eagerly there (no per-gamma
+    draft graphs are built). Not with `draft_active_vocab_ids` (set this
+    false for it)."""
 
     ascend_pad_verify_width: bool = True
     """vLLM-Ascend only (not yet run on NPU): a decode step whose batch fits
