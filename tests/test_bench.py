@@ -856,7 +856,7 @@ def test_paired_rounds_keep_both_servers_up_and_swap_who_goes_first(monkeypatch,
     events = []
 
     class FakeServer:
-        def __init__(self, argv, port, log):
+        def __init__(self, argv, port, log, echo=None):
             self.name = next(v for v in ("fixed-0", "target") if v in str(log).split(".")[0])
             self.base_url = self.name
 

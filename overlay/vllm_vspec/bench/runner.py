@@ -51,6 +51,7 @@ class Plan:
     output_len: tuple[int, int]  # completion tokens per request: uniform in [lo, hi]
     out_dir: Path
     repeats: int = 1  # rounds: every variant is served this many times
+    verbose: bool = False  # servers' output on the console too, not only in their logs
 
     def file_stem(self, v: Variant, repeat: int = 0) -> str:
         """Name of a variant's trace and log files (round-numbered with repeats)."""
@@ -69,6 +70,21 @@ class Plan:
             trace.parent.mkdir(parents=True, exist_ok=True)
             trace.unlink(missing_ok=True)
         return trace
+
+    @property
+    def log_dir(self) -> Path:
+        """Where each server's output goes, one file a server."""
+        return self.out_dir / "logs"
+
+    def server(self, v: Variant, port: int, log_name: str, repeat: int = 0) -> Server:
+        """The server of `v` (not started), logging to log_dir / log_name,
+        its lines also on stdout, each after its log's name, when verbose."""
+        log = self.log_dir / log_name
+        echo = None
+        if self.verbose:
+            def echo(line: bytes) -> None:
+                print(f"[{log.stem}] {line.decode(errors='replace')}", end="", flush=True)
+        return Server(self.argv(v, port, repeat), port, log, echo=echo)
 
     def argv(self, v: Variant, port: int, repeat: int = 0) -> list[str]:
         return serve_argv(self.spec, v.serve_args(self.trace_path(v, repeat)), port)
@@ -98,8 +114,7 @@ def run_plan(plan: Plan, on_progress: Callable[[str], None],
             trace = plan.fresh_trace(v, repeat)
             port = free_port()
             try:
-                with Server(plan.argv(v, port, repeat), port,
-                            plan.out_dir / "logs" / f"{plan.file_stem(v, repeat)}.log") as srv:
+                with plan.server(v, port, f"{plan.file_stem(v, repeat)}.log", repeat) as srv:
                     v_runs, tl = asyncio.run(
                         _serve_workloads(plan, v, srv.base_url, trace, on_progress))
             except ServerError as e:
@@ -136,8 +151,8 @@ def run_paired(plan: Plan, pairs: list[Pair], on_progress: Callable[[str], None]
                 for v in both:
                     traces[v.name] = plan.fresh_trace(v)
                     port = free_port()
-                    log = plan.out_dir / "logs" / f"{v.name}.{pair.vspec}-pair.log"
-                    servers[v.name] = stack.enter_context(Server(plan.argv(v, port), port, log))
+                    servers[v.name] = stack.enter_context(
+                        plan.server(v, port, f"{v.name}.{pair.vspec}-pair.log"))
             except ServerError as e:
                 failures[pair.label] = str(e)
                 on_variant_done(runs, failures)

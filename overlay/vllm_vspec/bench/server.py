@@ -1,7 +1,9 @@
 """One `vllm serve` subprocess per variant: free port, wait for /health, kill.
 
 The server runs in its own process group (vLLM forks an engine-core process),
-so stopping it ends exactly the processes this module started.
+so stopping it ends exactly the processes this module started. Its output
+goes to its log file, and to an `echo` as well when one is given (bench
+--verbose).
 """
 
 from __future__ import annotations
@@ -15,8 +17,11 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import httpx
+
+from vllm_vspec.tools.engine_log import copy_lines
 
 SERVED_MODEL_NAME = "bench"
 
@@ -101,21 +106,28 @@ class Server:
     """Context manager: start `argv`, log to `log_path`, block until healthy."""
 
     def __init__(self, argv: list[str], port: int, log_path: Path,
-                 startup_timeout_s: float = 900.0, env: dict[str, str] | None = None):
+                 startup_timeout_s: float = 900.0, env: dict[str, str] | None = None,
+                 echo: Callable[[bytes], None] | None = None):
         """`env`: the server's whole environment (this process's, read at
-        start, when None)."""
+        start, when None). `echo`: given each line of the server's output
+        too, as it comes."""
         self.argv, self.port, self.log_path = argv, port, log_path
-        self.startup_timeout_s, self.env = startup_timeout_s, env
+        self.startup_timeout_s, self.env, self.echo = startup_timeout_s, env, echo
         self.base_url = f"http://127.0.0.1:{port}"
         self.proc: subprocess.Popen | None = None
+        self._copier = self._log = None
 
     def __enter__(self) -> "Server":
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
-                                     start_new_session=True,
-                                     env=dict(os.environ) if self.env is None else self.env)
-        log.close()  # the child holds its own descriptor
+        self.proc = subprocess.Popen(
+            self.argv, stdout=log if self.echo is None else subprocess.PIPE,
+            stderr=subprocess.STDOUT, start_new_session=True,
+            env=dict(os.environ) if self.env is None else self.env)
+        if self.echo is None:
+            log.close()  # the child holds its own descriptor
+        else:
+            self._copier, self._log = copy_lines(self.proc.stdout, log, self.echo), log
         try:
             self._wait_healthy()
         except BaseException:
@@ -164,6 +176,10 @@ class Server:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+        if self._copier is not None:
+            self._copier.join(10.0)   # the pipe ends with the group
+            if not self._copier.is_alive():
+                self._log.close()
 
     def log_tail(self, lines: int = 30) -> str:
         try:

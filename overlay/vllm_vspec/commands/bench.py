@@ -5,6 +5,9 @@
   vllm-vspec bench --protocol arc-easy --base-url URL --dataset FILE
                                        a seed-style protocol against a running server
   ... --dry-run                        print what would run, start nothing
+
+The console shows one progress bar and the tables; each server's output goes
+to <output-dir>/logs/, and to the console as well with --verbose.
 """
 
 from __future__ import annotations
@@ -49,6 +52,9 @@ def add_parser(subparsers) -> None:
                         "(protocol mode: the results JSON file is --output)")
     vocabulary.deprecated(p, "--out", "--output-dir", dest="output_dir", type=Path,
                           metavar="DIR")
+    p.add_argument("--verbose", action="store_true",
+                   help="show the servers' output on the console too (it always goes to "
+                        "<output-dir>/logs/)")
     p.add_argument("--output-len", type=_output_len, default=None, metavar="N|LO:HI",
                    help="completion tokens per request; LO:HI draws each request's length "
                         "uniformly from that range, the same for every variant (unset: "
@@ -233,7 +239,7 @@ def build_plan(args: argparse.Namespace) -> runner.Plan:
     output_len = args.output_len or workloads.DEFAULT_OUTPUT_LEN
     return runner.Plan(spec, chosen, chosen_w,
                        {w.name: w.requests(prompts, output_len) for w in chosen_w},
-                       output_len, args.output_dir, args.repeats)
+                       output_len, args.output_dir, args.repeats, args.verbose)
 
 
 def mtp_layers(target: Path) -> int:
@@ -282,6 +288,8 @@ def _serving_main(args: argparse.Namespace) -> int:
     started = time.time()
     plan.out_dir.mkdir(parents=True, exist_ok=True)
     results = plan.out_dir / "results.json"
+    console.print(f"bench: each server's output goes to {plan.log_dir}/"
+                  + (" and here" if plan.verbose else " (--verbose: here too)"))
 
     def save(runs: list, failures: dict[str, str]) -> tuple[list, list[str]]:
         """results.json and table.md of the runs so far (rewritten after each
@@ -403,7 +411,8 @@ def _print_plan(plan: runner.Plan, paired: bool = False) -> None:
                            for p in w.phases)
         print(f"{w.name}: {phases}")
     print(f"\nresults -> {plan.out_dir / 'results.json'}, plot -> "
-          f"{plan.out_dir / 'gamma_batch.png'}; model name served: {SERVED_MODEL_NAME}")
+          f"{plan.out_dir / 'gamma_batch.png'}; server logs -> {plan.log_dir}; "
+          f"model name served: {SERVED_MODEL_NAME}")
 
 
 def _output_len(text: str) -> tuple[int, int]:

@@ -6,6 +6,10 @@ to target-only, mean accepted length, per-position acceptance, and how many
 requests produced exactly the target-only tokens. vspec rows add the gamma
 chosen per decode step and `ctl time`, the controller's wall time (decide +
 observe + the scheduler adapter's bookkeeping) as a share of the decode steps'.
+
+The console shows one progress bar and the table; the engines' own output
+(vLLM's log, warnings, weight loading) goes to --log-file, and to the console
+as well with --verbose.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import argparse
 import dataclasses
 import json
 import os
+import sys
 import tempfile
 from collections import Counter
 from dataclasses import dataclass
@@ -21,12 +26,16 @@ from pathlib import Path
 
 from vllm_vspec.commands import vocabulary
 from vllm_vspec.tools import engine_runs
+from vllm_vspec.tools.engine_log import engine_output
 from vllm_vspec.config import VSpecConfig
 from vllm_vspec.tools.engine_runs import Variant
 from vllm_vspec.core.trace import overhead_share, read_trace
 
 # Tokens generated per request during the untimed warm-up of each batch shape.
 WARMUP_TOKENS = 4
+
+# Where the engines' output goes without --log-file and --output.
+DEFAULT_LOG = Path("results/demo.log")
 
 
 def default_variants(draft: str | Path, eagle: str | Path | None,
@@ -104,15 +113,30 @@ def add_parser(subparsers) -> None:
                         "faster than bf16 on CPUs without native bf16, such as AVX2-only hosts)")
     p.add_argument("--output", type=Path, metavar="PATH", help="also write the results here (JSON)")
     vocabulary.deprecated(p, "--json", "--output", dest="output", type=Path, metavar="PATH")
+    p.add_argument("--log-file", type=Path, metavar="PATH",
+                   help="where the engines' output goes (default: --output's path with the "
+                        f"suffix .log, else {DEFAULT_LOG})")
+    p.add_argument("--verbose", action="store_true",
+                   help="show the engines' output on the console too")
     p.set_defaults(func=run)
 
 
-def measure(variants: list[Variant], args, pool: list[str]) -> list[Row]:
+def log_path(args) -> Path:
+    """--log-file; else --output's path with the suffix .log; else DEFAULT_LOG."""
+    if args.log_file is not None:
+        return args.log_file
+    return args.output.with_suffix(".log") if args.output is not None else DEFAULT_LOG
+
+
+def measure(variants: list[Variant], args, pool: list[str], console=None) -> list[Row]:
+    """The table's rows; the progress bar is drawn on `console` (default:
+    stderr)."""
     from tqdm import tqdm
 
     rows: list[Row] = []
     baseline: dict[int, engine_runs.BatchRun] = {}
-    bar = tqdm(total=len(variants) * len(args.batch_sizes), desc="demo", unit="run")
+    bar = tqdm(total=len(variants) * len(args.batch_sizes), desc="demo", unit="run",
+               file=console)
     trace_dir = Path(tempfile.mkdtemp(prefix="vspec-demo-"))
     for n, variant in enumerate(variants):
         bar.set_postfix_str(f"{variant.label}: starting engine")
@@ -195,7 +219,16 @@ def run(args) -> int:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     pool = engine_runs.load_prompts(args.prompts)
     variants = default_variants(args.draft, args.eagle, args.gammas)
-    rows = measure(variants, args, pool)
+    log = log_path(args)
+    print(f"demo: the engines' output goes to {log}"
+          + (" and here" if args.verbose else " (--verbose: here too)"),
+          file=sys.stderr, flush=True)
+    try:
+        with engine_output(log, args.verbose) as console:
+            rows = measure(variants, args, pool, console)
+    except BaseException:
+        print(f"the demo stopped; the engines' output is in {log}", file=sys.stderr)
+        raise
     print(format_table(rows))
     total = sum(r.requests for r in rows if r.variant != variants[0].label)
     same = sum(r.identical for r in rows if r.variant != variants[0].label)
