@@ -30,9 +30,9 @@ def feedback(rng: random.Random, rates, batch: int, gamma: int) -> StepFeedback:
 
 
 def step_ms(batch: int, gamma: int) -> float:
-    """A host where a draft pass costs 1 ms + 0.02 ms a request and the
-    target 8 ms + 0.16 ms a token."""
-    return 8.0 + 0.16 * batch * (gamma + 1) + gamma * (1.0 + 0.02 * batch)
+    """A host where a draft pass costs 1 ms + 0.02 ms a request, a step that
+    drafts at all 3 ms more, and the target 8 ms + 0.16 ms a token."""
+    return 8.0 + 0.16 * batch * (gamma + 1) + gamma * (1.0 + 0.02 * batch) + 3.0 * (gamma > 0)
 
 
 def drive(ctl: GammaController, clock, rates, batch: int, steps: int, rng: random.Random,
@@ -172,3 +172,10 @@ def test_at_batch_1_a_run_of_full_acceptances_asks_for_longer_drafts_than_a_run_
     after_full = drive(ctl, clock, (0.98,) * K, 1, 6, rng)[-1]
     after_none = drive(ctl, clock, (0.02,) * K, 1, 6, rng)[-1]
     assert after_full > after_none
+
+
+def test_features_of_every_gamma_at_once_are_those_of_each():
+    from vllm_vspec.core.step_cost import features_by_gamma
+    rows = features_by_gamma(8, [0, 1, 3], 2400.0)
+    for row, g in zip(rows, [0, 1, 3]):
+        assert row.tolist() == features(8, 8 * g, g, 0.0, 2400.0).tolist()

@@ -57,7 +57,11 @@ def add_parser(subparsers) -> None:
                        formatter_class=HelpFormatter)
     c.add_argument("--recording", type=Path, required=True, help="recording file (replay record)")
     c.add_argument("--batch-sizes", default="1,8,32", help="comma-separated batch sizes to time")
-    c.add_argument("--decode-steps", type=int, default=8, help="timed decode steps per batch size")
+    c.add_argument("--decode-steps", type=int, default=12,
+                   help="timed decode steps per batch size and engine instance")
+    c.add_argument("--instances", type=int, default=3,
+                   help="times each engine is built, in interleaved rounds (instances of one "
+                        "engine can differ by a third at batch 1 on a small host)")
     c.set_defaults(func=run_costs)
 
     s = sub.add_parser("score", help="score every policy on every workload over a recording",
@@ -136,8 +140,10 @@ def run_costs(args: argparse.Namespace) -> int:
     prompt_len = round(sum(r.prompt_len for r in rec.requests) / len(rec.requests))
     started = time.time()
     drafter = Path(h["drafter"]) if h.get("drafter") else None
+    if args.instances < 1:
+        raise UserError(f"--instances={args.instances} is not allowed: an integer >= 1")
     samples = costs.measure(h["method"], Path(h["target"]), drafter, rec.k, batches, prompt_len,
-                            args.decode_steps)
+                            args.decode_steps, args.instances)
     device = host_description()
     note = (f"measured by `vllm-vspec replay costs` on "
             f"{time.strftime('%Y-%m-%d', time.gmtime(started))}: {h['method']} K={rec.k}, "

@@ -10,9 +10,13 @@ times, then verifies B*(k+1) tokens with the target:
 
     T_step(k) = sum_{i<k} T_draft(ctx + i*B, B) + T_target(ctx, B*(k+1))
 
-Fixed per-step host costs are not a separate term: on step samples they are
-indistinguishable from the target's delta (paid once per step) and the
-draft's delta (paid once per drafted position), so the fitter folds them in.
+A step that drafts at all also pays a fixed speculation cost (the
+rejection sampler, the drafter's per-step set-up), whatever its gamma:
+    T_spec(ctx, B) = alpha*ctx + beta*B + delta      (only when k > 0)
+Without it the fit would put that cost into the draft's delta, paid per
+drafted position, and overprice long drafts exactly where they pay
+(batch 1). Other fixed per-step host costs are folded into the target's
+delta (paid once per step) and the draft's (once per drafted position).
 
 Profile file (JSON), schema "vllm-vspec/latency-profile", version 1:
 
@@ -21,6 +25,7 @@ Profile file (JSON), schema "vllm-vspec/latency-profile", version 1:
      "note": str,                          # free text, shown by the sim
      "target": {"alpha": >=0, "beta": >=0, "delta": >=0},
      "draft":  {"alpha": >=0, "beta": >=0, "delta": >=0},
+     "speculate": {"alpha": >=0, "beta": >=0, "delta": >=0},   # optional: zeros
      "derivation": [str, ...]}             # optional: how the numbers came about
 
 Samples file (JSON), what `vllm-vspec fit-profile` (commands/fit_profile.py) reads: a list, or
@@ -77,6 +82,7 @@ class LatencyProfile:
     source: str = "measured"
     note: str = ""
     derivation: tuple[str, ...] = field(default=())
+    speculate: LinearLatency = LinearLatency(0.0, 0.0, 0.0)
 
     def step_ms(self, gamma: int, batch: int, ctx: float, width: int = 1) -> float:
         """Predicted step time at gamma with `batch` requests and `ctx` batch
@@ -96,12 +102,15 @@ class LatencyProfile:
         drafting = sum(self.draft(ctx + i * batch + max(i - 1, 0) * batch * (width - 1),
                                   batch * width if i else batch)
                        for i in range(draft))
-        return drafting + self.target(ctx, target_tokens)
+        fixed = self.speculate(ctx, batch) if draft > 0 else 0.0
+        return drafting + fixed + self.target(ctx, target_tokens)
 
     def to_dict(self) -> dict:
         d = {"schema": SCHEMA, "version": VERSION, "name": self.name,
              "device": self.device, "source": self.source, "note": self.note,
              "target": coefficients(self.target), "draft": coefficients(self.draft)}
+        if any(coefficients(self.speculate).values()):
+            d["speculate"] = coefficients(self.speculate)
         if self.derivation:
             d["derivation"] = list(self.derivation)
         return d
@@ -113,7 +122,7 @@ def coefficients(m: LinearLatency) -> dict:
 
 # ------------------------------------------------------------------ schema
 _TOP_KEYS = {"schema", "version", "name", "device", "source", "note",
-             "target", "draft", "derivation"}
+             "target", "draft", "speculate", "derivation"}
 
 
 def profile_from_dict(raw: Any, where: str = "profile") -> LatencyProfile:
@@ -139,7 +148,9 @@ def profile_from_dict(raw: Any, where: str = "profile") -> LatencyProfile:
     if not isinstance(derivation, list) or not all(isinstance(s, str) for s in derivation):
         raise ProfileError("derivation", derivation, "a list of strings", where)
     models = {m: _linear_from(raw.get(m), m, where) for m in MODELS}
-    return LatencyProfile(target=models["target"], draft=models["draft"],
+    speculate = (_linear_from(raw["speculate"], "speculate", where) if "speculate" in raw
+                 else LinearLatency(0.0, 0.0, 0.0))
+    return LatencyProfile(target=models["target"], draft=models["draft"], speculate=speculate,
                           name=raw.get("name", ""), device=raw.get("device", ""),
                           source=source, note=raw.get("note", ""),
                           derivation=tuple(derivation))
@@ -209,18 +220,24 @@ def nnls(a: np.ndarray, b: np.ndarray, max_iter: int | None = None) -> np.ndarra
     return x
 
 
-def design_row(sample: Mapping[str, Any]) -> list[float]:
+def design_row(sample: Mapping[str, Any], speculate: bool = False) -> list[float]:
     """The sample's coefficients on [target alpha, beta, delta, draft alpha,
-    beta, delta]: every sample kind is linear in the same six unknowns."""
+    beta, delta] (+ [speculate alpha, beta, delta] with `speculate`): every
+    sample kind is linear in the same unknowns."""
     kind = sample["kind"]
     ctx = float(sample["ctx"])
     if kind == "target":
-        return [ctx, float(sample["n"]), 1.0, 0.0, 0.0, 0.0]
-    if kind == "draft":
-        return [0.0, 0.0, 0.0, ctx, float(sample["n"]), 1.0]
-    k, b = int(sample["gamma"]), int(sample["batch"])
-    # sum_{i<k} (alpha*(ctx + i*b) + beta*b + delta) and T_target(ctx, b*(k+1)).
-    return [ctx, b * (k + 1), 1.0, k * ctx + b * k * (k - 1) / 2, k * b, k]
+        row = [ctx, float(sample["n"]), 1.0, 0.0, 0.0, 0.0]
+        spec = [0.0, 0.0, 0.0]
+    elif kind == "draft":
+        row = [0.0, 0.0, 0.0, ctx, float(sample["n"]), 1.0]
+        spec = [0.0, 0.0, 0.0]
+    else:
+        k, b = int(sample["gamma"]), int(sample["batch"])
+        # sum_{i<k} (alpha*(ctx + i*b) + beta*b + delta) and T_target(ctx, b*(k+1)).
+        row = [ctx, b * (k + 1), 1.0, k * ctx + b * k * (k - 1) / 2, k * b, k]
+        spec = [ctx, b, 1.0] if k > 0 else [0.0, 0.0, 0.0]
+    return row + spec if speculate else row
 
 
 def validate_samples(raw: Any, where: str = "samples") -> list[dict]:
@@ -241,26 +258,31 @@ def validate_samples(raw: Any, where: str = "samples") -> list[dict]:
     return samples
 
 
-def fit_profile(samples: Iterable[Mapping[str, Any]], **meta: Any) -> LatencyProfile:
+def fit_profile(samples: Iterable[Mapping[str, Any]], speculate: bool = False,
+                **meta: Any) -> LatencyProfile:
     """Non-negative least-squares fit of both models to latency samples.
 
     Rows are weighted by 1/ms so that the fit minimises relative error (a
     batch-1 step matters as much as a batch-128 one); columns are scaled to
     unit norm so that ctx (~1e5) and the constant (1) are equally conditioned.
+    `speculate`: fit the fixed cost of a drafting step too (needs target-only
+    samples beside the step samples to be told apart from the target's).
     """
     samples = list(samples)
-    a = np.array([design_row(s) for s in samples])
+    a = np.array([design_row(s, speculate) for s in samples])
     b = np.array([float(s["ms"]) for s in samples])
     w = 1.0 / np.maximum(b, 1e-9)
     aw = a * w[:, None]
     scale = np.linalg.norm(aw, axis=0)
     scale[scale == 0] = 1.0
     x = nnls(aw / scale, b * w) / scale
-    return LatencyProfile(target=LinearLatency(*x[:3]), draft=LinearLatency(*x[3:]),
+    return LatencyProfile(target=LinearLatency(*x[:3]), draft=LinearLatency(*x[3:6]),
+                          speculate=LinearLatency(*x[6:]) if speculate else LinearLatency(0, 0, 0),
                           source="measured", **meta)
 
 
 def profile_predict(profile: LatencyProfile, sample: Mapping[str, Any]) -> float:
     """What the profile says a sample should have cost (ms)."""
-    coeffs: Sequence[float] = [*coefficients(profile.target).values(), *coefficients(profile.draft).values()]
-    return float(np.dot(design_row(sample), coeffs))
+    coeffs: Sequence[float] = [*coefficients(profile.target).values(), *coefficients(profile.draft).values(),
+                               *coefficients(profile.speculate).values()]
+    return float(np.dot(design_row(sample, speculate=True), coeffs))

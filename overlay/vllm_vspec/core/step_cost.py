@@ -3,10 +3,12 @@
 A decode step's time is linear in what it does:
 
     T = c_step + c_req * B + c_verify * V + c_pass * P + c_pass_req * P * B
-        + c_catchup * C + c_ctx * ctx / 1000                     (ms)
+        + c_spec * [P > 0] + c_catchup * C + c_ctx * ctx / 1000    (ms)
 
 B requests, V draft tokens verified (the target runs B + V tokens), P draft
-passes (the gamma decided: the drafts it proposes), C tokens a lazy gamma 0
+passes (the gamma decided: the drafts it proposes), [P > 0] the fixed cost
+of a step that drafts at all (paid at every gamma but 0: without it a
+long draft would be charged for it per pass), C tokens a lazy gamma 0
 left the drafter to catch up (paid by the next drafting step), ctx the
 batch's context tokens. One model pooled over all batch sizes: what is
 learnt at batch 8 informs batch 32, and a batch size seen for the first
@@ -33,16 +35,27 @@ import math
 
 import numpy as np
 
-FEATURES = ("step", "requests", "verified", "passes", "pass_requests", "catchup", "context_k")
+FEATURES = ("step", "requests", "verified", "passes", "pass_requests", "speculating", "catchup",
+            "context_k")
 # The fit is redone once this many samples arrived since the last (every
 # sample while the model has fewer than REFIT_EVERY * 4): a step changes
 # the sums by about 1/window, so a fit a few steps old predicts the same.
 REFIT_EVERY = 8
-NONNEGATIVE = np.array([False, False, True, True, True, True, False])
+NONNEGATIVE = np.array([False, False, True, True, True, True, True, False])
 
 
 def features(batch: int, verified: float, passes: int, catchup: float, context: float) -> np.ndarray:
-    return np.array([1.0, batch, verified, passes, passes * batch, catchup, context / 1000.0])
+    return np.array([1.0, batch, verified, passes, passes * batch, float(passes > 0), catchup,
+                     context / 1000.0])
+
+
+def features_by_gamma(batch: int, gammas, context: float) -> np.ndarray:
+    """features(batch, batch * g, g, 0, context) for each g of `gammas`, one row each."""
+    g = np.asarray(gammas, dtype=float)
+    x = np.zeros((len(g), len(FEATURES)))
+    x[:, 0], x[:, 1], x[:, 2], x[:, 3] = 1.0, batch, batch * g, g
+    x[:, 4], x[:, 5], x[:, 7] = g * batch, g > 0, context / 1000.0
+    return x
 
 
 class PooledStepCost:

@@ -3,12 +3,14 @@ host's in-process engines, fitted to the latency model the simulator
 prices steps with (core/latency.py), residuals printed.
 
 What is measured (tools/profile_collect.py, one engine at a time, every
-decode step timed alone): a target-only engine at each batch size, and
-the recording's method at gamma 1..K (stock vLLM, fixed K = gamma) at
-each batch size, with prompts of the recording's mean length. The fit is
-T_step(g) = sum_{i<g} T_draft(ctx + i*B, B) + T_target(ctx, B*(g+1)) with
-T(ctx, n) = alpha*ctx + beta*n + delta per model, non-negative least
-squares in relative error. A gamma-0 step of a lazy vspec engine costs
+decode step timed alone): a target-only engine and the recording's method
+at gamma 1..K (stock vLLM, fixed K = gamma) at each batch size, with
+prompts of the recording's mean length, each engine built several times
+in interleaved rounds; each cell's median is what is fitted. The fit is
+T_step(g) = sum_{i<g} T_draft(ctx + i*B, B) + T_spec(ctx, B) + T_target(ctx,
+B*(g+1)) with T(ctx, n) = alpha*ctx + beta*n + delta per model and T_spec
+the fixed cost of a step that drafts at all (core/latency.py),
+non-negative least squares in relative error. A gamma-0 step of a lazy vspec engine costs
 T_target(ctx, B), its catch-up T_draft(ctx, tokens skipped); a prefill
 adds its prompt tokens to the step's target pass (score.py).
 
@@ -37,9 +39,13 @@ def costs_paths(recording_path: str | Path) -> tuple[Path, Path]:
 
 
 def measure(method: str, target: Path, drafter: Path | None, k: int, batches: Sequence[int],
-            prompt_len: int, decode_steps: int = 8, kv_cache_memory_bytes: int = 1 << 30,
-            log=print) -> list[dict]:
-    """Samples of a target-only engine and of `method` at gamma 1..k."""
+            prompt_len: int, decode_steps: int = 12, instances: int = 3,
+            kv_cache_memory_bytes: int = 1 << 30, log=print) -> list[dict]:
+    """Samples of a target-only engine and of `method` at gamma 1..k, one
+    engine at a time, each built `instances` times in interleaved rounds
+    (forward, then backward order): on a small shared host one engine
+    instance can time a third slower than the next at batch 1, so a cell's
+    median over instances is what is fitted."""
     from vllm_vspec.tools import profile_collect as pc
 
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -47,17 +53,34 @@ def measure(method: str, target: Path, drafter: Path | None, k: int, batches: Se
         pc.EngineRun("step", target, drafter, g, method) for g in range(1, k + 1)]
     shapes = [pc.Shape(b, prompt_len) for b in batches]
     samples: list[dict] = []
-    for i, run in enumerate(runs, 1):
-        t0 = time.monotonic()
-        log(f"[{i}/{len(runs)}] {run.kind}" + (f" {method} gamma {run.gamma}" if run.gamma else "")
-            + f": batches {','.join(map(str, batches))} x {decode_steps} steps")
-        samples += pc.collect_engine(run, shapes, decode_steps, kv_cache_memory_bytes, 0, True)
-        log(f"      {time.monotonic() - t0:.0f} s")
+    for r in range(instances):
+        for run in (runs if r % 2 == 0 else runs[::-1]):
+            t0 = time.monotonic()
+            got = pc.collect_engine(run, shapes, decode_steps, kv_cache_memory_bytes, r, True)
+            samples += [{**s, "instance": r} for s in got]
+            log(f"[{r + 1}/{instances}] {run.kind}" + (f" {method} gamma {run.gamma}" if run.gamma else "")
+                + f": batches {','.join(map(str, batches))} x {decode_steps} steps, "
+                f"{time.monotonic() - t0:.0f} s")
     return samples
 
 
+def cell_medians(samples: Sequence[dict]) -> list[dict]:
+    """One sample per (kind, gamma, batch) cell: the median ms and context
+    (what the fit uses: a few slow steps of a busy host do not move it)."""
+    groups: dict[tuple, list[dict]] = {}
+    for s in samples:
+        groups.setdefault((s["kind"], s.get("gamma", 0), s.get("batch", s.get("n"))), []).append(s)
+    out = []
+    for (kind, gamma, batch), group in sorted(groups.items()):
+        row = dict(group[0])
+        row["ctx"] = statistics.median(g["ctx"] for g in group)
+        row["ms"] = statistics.median(g["ms"] for g in group)
+        out.append(row)
+    return out
+
+
 def fit(samples: Sequence[dict], name: str, device: str, note: str) -> LatencyProfile:
-    return fit_profile(samples, name=name, device=device, note=note)
+    return fit_profile(cell_medians(samples), speculate=True, name=name, device=device, note=note)
 
 
 def residuals(profile: LatencyProfile, samples: Sequence[dict]) -> list[dict]:

@@ -40,7 +40,7 @@ import numpy as np
 from vllm_vspec.config import VSpecConfig
 from vllm_vspec.core.arms import Arm, GammaArms
 from vllm_vspec.core.posterior import AcceptancePosterior, expected_tokens
-from vllm_vspec.core.step_cost import PooledStepCost, features
+from vllm_vspec.core.step_cost import PooledStepCost, features, features_by_gamma
 
 SWEEP_REPEATS = 2
 # A drawn step cost is never taken below this fraction of the mean model's
@@ -87,11 +87,7 @@ class ModelPolicy:
         mean = self.cost.fit()[0]
         theta = self.cost.sample(self.nrng) if draw else mean
         gammas = [self.space.gamma(a) for a in arms]
-        g = np.array(gammas, dtype=float)
-        # features(b, b * g, g, 0, ctx) of every gamma at once
-        x = np.empty((len(g), 7))
-        x[:, 0], x[:, 1], x[:, 2], x[:, 3] = 1.0, b, b * g, g
-        x[:, 4], x[:, 5], x[:, 6] = g * b, 0.0, ctx / 1000.0
+        x = features_by_gamma(b, gammas, ctx)
         cost = np.maximum(x @ theta, MIN_COST_FRACTION * np.maximum(x @ mean, 1e-6))
         return {a: b * e[k] / c for a, k, c in zip(arms, gammas, cost.tolist())}
 
