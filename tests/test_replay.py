@@ -146,3 +146,28 @@ def test_the_score_command_writes_its_table_json_and_plot(tmp_path, capsys):
     body = json.loads((out / "replay.json").read_text())
     assert set(body["ratios"]) == {"c1", "c8"}
     assert (out / "replay.png").stat().st_size > 0
+
+
+def test_a_cost_cell_is_its_fastest_instances_median():
+    from vllm_vspec.replay.costs import cell_medians
+    samples = [{"kind": "target", "ctx": 100, "n": 1, "ms": ms, "instance": i}
+               for i, values in enumerate([(30, 31, 90), (20, 21, 22), (25, 26, 27)]) for ms in values]
+    (cell,) = cell_medians(samples)
+    assert cell["ms"] == 21
+
+
+def test_the_cost_fit_recovers_a_host_whose_drafting_steps_pay_a_fixed_cost():
+    from vllm_vspec.core.latency import LatencyProfile, LinearLatency, profile_predict
+    from vllm_vspec.replay import costs
+    true = LatencyProfile(target=LinearLatency(0.002, 0.8, 20.0), draft=LinearLatency(0.0, 0.05, 0.7),
+                          speculate=LinearLatency(0.0, 0.1, 3.0))
+    samples = []
+    for b in (1, 8, 32):
+        ctx = 200 * b
+        samples.append({"kind": "target", "ctx": ctx, "n": b, "ms": true.step_ms(0, b, ctx)})
+        samples += [{"kind": "step", "gamma": g, "batch": b, "ctx": ctx, "ms": true.step_ms(g, b, ctx)}
+                    for g in range(1, 5)]
+    fitted = costs.fit(samples, "t", "", "")
+    for s in samples:
+        assert profile_predict(fitted, s) == pytest.approx(s["ms"], rel=0.01)
+    assert fitted.speculate.delta == pytest.approx(3.0, rel=0.05)
