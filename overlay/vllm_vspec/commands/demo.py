@@ -212,10 +212,9 @@ def format_table(rows: list[Row]) -> str:
 
 
 def run(args) -> int:
-    # Engines run in this process: on a 2-core host a separate engine-core
-    # process competes with this one for the cores (target-only at batch 1,
-    # `demo --gammas 2 --batch-sizes 1 --eagle ''`: 21 tok/s with
-    # VLLM_ENABLE_V1_MULTIPROCESSING=1, 31 with 0). An explicit setting wins.
+    # Engines run in this process: a separate engine-core process would
+    # compete with this one, which only waits, for the cores of a small host.
+    # An explicit setting wins.
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     pool = engine_runs.load_prompts(args.prompts)
     variants = default_variants(args.draft, args.eagle, args.gammas)
