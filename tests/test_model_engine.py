@@ -1,0 +1,52 @@
+"""The `model` policy inside the real engine: whatever it chooses (its
+cold-start sweep and Thompson draws change gamma from step to step, gamma 0
+included), greedy outputs are token-identical to target-only, for the
+draft model (vspec's worker: lazy gamma 0) and EAGLE, at batch 16 and 1,
+with prefix-cache hits and across preemptions."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import (DRAFT, EAGLE, assert_same_tokens, close_llm, counter, greedy, make_llm,
+                      run_preempted, scheduler_of)
+
+pytestmark = pytest.mark.engine
+
+MODEL = {"policy": "model", "min_gamma": 0}
+SPECS = {"draft_model": {"method": "draft_model", "model": str(DRAFT), "num_speculative_tokens": 4},
+         "eagle": {"method": "eagle", "model": str(EAGLE), "num_speculative_tokens": 4}}
+
+
+@pytest.fixture(scope="module", params=list(SPECS))
+def engine(request):
+    from vllm_vspec.hosts.vllm.worker import CPU_WORKER_CLS
+
+    llm = make_llm(speculative_config=SPECS[request.param], vspec=MODEL,
+                   worker_cls=CPU_WORKER_CLS, enable_prefix_caching=True, disable_log_stats=False)
+    yield llm
+    close_llm(llm)
+
+
+def test_exact_at_batch_16_and_1_with_prefix_cache_hits(engine, prompts, reference):
+    assert_same_tokens(greedy(engine, prompts), reference, "model policy, batch 16")
+    hits = counter(engine, "vllm:prefix_cache_hits")
+    got = [greedy(engine, [p])[0] for p in prompts[:4]]
+    assert_same_tokens(got, reference[:4], "model policy, batch 1, prefix-cached prompts")
+    assert counter(engine, "vllm:prefix_cache_hits") > hits, "no prefix-cache hit happened"
+
+
+def test_the_policy_chose_more_than_one_gamma(engine, prompts):
+    greedy(engine, prompts[:2])
+    steps = scheduler_of(engine).vspec.summary()["steps"]
+    assert len([a for a, n in steps.items() if n]) > 1, steps
+
+
+def test_exact_across_preemptions(prompts, reference):
+    from vllm_vspec.hosts.vllm.worker import CPU_WORKER_CLS
+
+    llm = make_llm(speculative_config=SPECS["draft_model"], vspec=MODEL,
+                   worker_cls=CPU_WORKER_CLS, kv_cache_memory_bytes=5 << 20, max_model_len=256,
+                   disable_log_stats=False)
+    got = run_preempted(llm, lambda: greedy(llm, prompts))
+    assert_same_tokens(got, reference, "model policy across preemptions")
