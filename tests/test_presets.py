@@ -416,3 +416,13 @@ def test_the_method_table_names_every_per_method_refusal():
         assert f"`{key}`" in rows[method].split(" | ")[-1], (method, key)
     assert rows["eagle3"].split(" | ")[1].startswith("supported: vLLM CPU (tested here")
     assert rows["mtp"].split(" | ")[1].startswith("supported: vLLM CPU (tested here")
+
+
+def test_vllms_own_flags_need_no_double_dash(capsys):
+    # Everything from the first option `serve` does not know goes to vLLM,
+    # as if it followed `--`.
+    extra = ["--seed", "7", "--enforce-eager"]
+    with_dash, _ = dry_run(capsys, "--preset", "tiny-draft", "--", *extra)
+    without, _ = dry_run(capsys, "--preset", "tiny-draft", *extra)
+    assert without == with_dash
+    assert without[-3:] == extra

@@ -107,6 +107,11 @@ def main(argv: list[str] | None = None) -> int:
     # The top-level options take no value, so the first word is the command.
     command = next((a for a in argv if not a.startswith("-")), "")
     parser = build_parser(command if command in SUBCOMMANDS else "")
+    # A subcommand that hands unknown options on (serve: to vLLM's parser)
+    # marks where they start.
+    split = getattr(sys.modules.get(SUBCOMMANDS.get(command, "")), "split_argv", None)
+    if split is not None and argv and argv[0] == command:
+        argv = split(parser, argv)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

@@ -39,7 +39,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "serve", help="launch `vllm serve` from a preset (configs/*.toml)",
         description="Render a preset into a `vllm serve` command and run it. "
-                    "Arguments after `--` go to vllm serve unchanged, last, except "
+                    "vLLM's own flags (from the first option this command does not know, "
+                    "or everything after `--`) go to vllm serve unchanged, last, except "
                     "`--additional-config`: its JSON joins the one the launcher renders, "
                     "its `vspec` keys winning over the preset's and the --vspec-* flags' "
                     "(each conflict reported). SIGTERM drains: in-flight requests get "
@@ -73,10 +74,25 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                                    help=docs[f.name])
                 if flag != generated:
                     vocabulary.deprecated(group, generated, flag, dest=dest, metavar=metavar)
-    p.add_argument("vllm_args", nargs="*", metavar="-- VLLM_ARGS",
-                   help="extra `vllm serve` arguments (after `--`)")
+    p.add_argument("vllm_args", nargs="*", metavar="VLLM_ARGS",
+                   help="extra `vllm serve` arguments: everything from the first option "
+                        "this command does not know (or after `--`) goes to vLLM's own parser")
     p.set_defaults(func=run)
     return p
+
+
+def split_argv(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """`argv` with a `--` inserted before the first option `serve` does not
+    know, so that vLLM's own flags need no `--` (those after it go to vLLM
+    unchanged, as they always did). `argv[0]` is the subcommand's name."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    known = sub.choices["serve"]._option_string_actions
+    for i, arg in enumerate(argv[1:], start=1):
+        if arg == "--":
+            return argv
+        if arg.startswith("-") and arg.split("=", 1)[0] not in known:
+            return argv[:i] + ["--"] + argv[i:]
+    return argv
 
 
 def overrides_from(args: argparse.Namespace) -> dict[str, dict[str, object]]:
