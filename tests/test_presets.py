@@ -426,3 +426,10 @@ def test_vllms_own_flags_need_no_double_dash(capsys):
     without, _ = dry_run(capsys, "--preset", "tiny-draft", *extra)
     assert without == with_dash
     assert without[-3:] == extra
+
+
+def test_a_negative_value_of_a_serve_flag_is_not_taken_for_a_vllm_flag(capsys):
+    # -1 is out of range for hysteresis: refused by vspec with the key named,
+    # not handed to vLLM as a flag.
+    assert cli.main(["serve", "--dry-run", "--preset", "tiny-draft", "--vspec-hysteresis", "-1"]) == 2
+    assert "hysteresis" in capsys.readouterr().err

@@ -19,6 +19,7 @@ import argparse
 import dataclasses
 import importlib.metadata
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -81,6 +82,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
+_NUMBER = re.compile(r"-\d+(\.\d*)?([eE][-+]?\d+)?|-\.\d+")   # a negative value, not an option
+
+
 def split_argv(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
     """`argv` with a `--` inserted before the first option `serve` does not
     know, so that vLLM's own flags need no `--` (those after it go to vLLM
@@ -90,7 +94,8 @@ def split_argv(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
     for i, arg in enumerate(argv[1:], start=1):
         if arg == "--":
             return argv
-        if arg.startswith("-") and arg.split("=", 1)[0] not in known:
+        if (arg.startswith("-") and arg.split("=", 1)[0] not in known
+                and not _NUMBER.fullmatch(arg)):
             return argv[:i] + ["--"] + argv[i:]
     return argv
 
