@@ -191,11 +191,13 @@ def run_score(args: argparse.Namespace) -> int:
     if args.noise < 0:
         raise UserError(f"--noise={args.noise} is not allowed: a sigma >= 0")
     t0 = time.monotonic()
+    tty = sys.stderr.isatty()       # a progress line only where it redraws in place
     results = sc.score(rec, profile, str(costs), [all_shapes[n] for n in names], policies=policies,
                        vspec=vspec, gamma0_mode=args.gamma0_mode, noise=args.noise, seed=args.seed,
-                       progress=lambda what: print(f"\r  scoring {what:<24}", end="",
-                                                   file=sys.stderr, flush=True))
-    print("\r" + " " * 40 + "\r", end="", file=sys.stderr)
+                       progress=(lambda what: print(f"\r  scoring {what:<24}", end="",
+                                                    file=sys.stderr, flush=True)) if tty else None)
+    if tty:
+        print("\r" + " " * 40 + "\r", end="", file=sys.stderr)
     seconds = time.monotonic() - t0
     h = rec.header
     print(f"replay of {args.recording} ({h['method']} K={rec.k}, {len(rec.requests)} requests), "
