@@ -234,6 +234,10 @@ class VSpecConfig:
     """`model` policy: decided steps the online step-cost model's fit
     describes (older steps fade by 1 - 1/window a step)."""
 
+    model_seed: int = ranged(0, 0)
+    """`model` policy: seed of its Thompson draws (the same seed on the same
+    steps repeats the same decisions)."""
+
     model_thompson: bool = True
     """`model` policy: draw acceptance and cost from their posteriors at each
     decision (Thompson sampling: explores exactly as far as the evidence is

@@ -80,6 +80,9 @@ def add_parser(subparsers) -> None:
                    help="what a gamma-0 step costs (lazy: vspec's vLLM worker with a draft model or EAGLE)")
     s.add_argument("--noise", type=float, default=0.0, help="log-normal step-time noise sigma (seeded)")
     s.add_argument("--seed", type=int, default=0, help="seed of the step-time noise")
+    s.add_argument("--policy-seeds", type=int, default=1,
+                   help="run a policy that draws random numbers (model) with this many seeds "
+                        "and report its mean tokens/s (the spread goes to replay.json)")
     s.add_argument("--output-dir", type=Path, default=Path("results/replay"),
                    help="directory for replay.json and replay.png")
     s.set_defaults(func=run_score)
@@ -188,12 +191,15 @@ def run_score(args: argparse.Namespace) -> int:
         vspec = json.loads(args.vspec)
     except json.JSONDecodeError as exc:
         raise UserError(f"--vspec={args.vspec!r} is not allowed: a JSON object ({exc})") from None
+    if args.policy_seeds < 1:
+        raise UserError(f"--policy-seeds={args.policy_seeds} is not allowed: an integer >= 1")
     if args.noise < 0:
         raise UserError(f"--noise={args.noise} is not allowed: a sigma >= 0")
     t0 = time.monotonic()
     tty = sys.stderr.isatty()       # a progress line only where it redraws in place
     results = sc.score(rec, profile, str(costs), [all_shapes[n] for n in names], policies=policies,
                        vspec=vspec, gamma0_mode=args.gamma0_mode, noise=args.noise, seed=args.seed,
+                       policy_seeds=args.policy_seeds,
                        progress=(lambda what: print(f"\r  scoring {what:<24}", end="",
                                                     file=sys.stderr, flush=True)) if tty else None)
     if tty:
@@ -206,7 +212,9 @@ def run_score(args: argparse.Namespace) -> int:
     args.output_dir.mkdir(parents=True, exist_ok=True)
     meta = {"recording": str(args.recording), "costs": str(costs), "method": h["method"],
             "k": rec.k, "noise": args.noise, "seed": args.seed, "gamma0_mode": args.gamma0_mode,
-            "policies": policies, "workloads": names, "vspec": vspec}
+            "policies": policies, "workloads": names, "vspec": vspec,
+            "policy_seeds": args.policy_seeds,
+            "seed_tok_s": {f"{wl}/{p}": v for (wl, p), v in sc.SEED_SPREADS.items()}}
     (args.output_dir / "replay.json").write_text(json.dumps(sc.to_json(results, meta), indent=1) + "\n")
     sc.plot(results, args.output_dir / "replay.png")
     print(f"-> {args.output_dir / 'replay.json'}, {args.output_dir / 'replay.png'}")

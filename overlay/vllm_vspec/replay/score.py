@@ -223,13 +223,21 @@ def contenders(recording: Recording, profile: LatencyProfile, profile_path: str,
 FUTURE_PASSES = 2
 
 
+# Policies whose decisions draw random numbers (their seed key): scored over
+# several seeds, their tokens/s is the mean (SimResult of the first seed
+# otherwise, its seconds replaced by the mean's).
+RANDOMISED = {"model": "model_seed"}
+
+
 def score(recording: Recording, profile: LatencyProfile, profile_path: str,
           workloads: Sequence[Shape], *, policies: Sequence[str] = DEFAULT_POLICIES,
           vspec: Mapping | None = None, gamma0_mode: str = "lazy", noise: float = 0.0,
-          seed: int = 0, max_num_batched_tokens: int = 8192,
+          seed: int = 0, max_num_batched_tokens: int = 8192, policy_seeds: int = 1,
           progress: Callable[[str], None] | None = None) -> list[SimResult]:
-    """Every contender on every workload (see the module docstring)."""
+    """Every contender on every workload (see the module docstring); a
+    randomised policy is run with `policy_seeds` seeds (RANDOMISED)."""
     results = []
+    spreads: dict[tuple[str, str], list[float]] = {}
     for shape in workloads:
         wl, acc = workload_of(shape, recording)
 
@@ -244,14 +252,35 @@ def score(recording: Recording, profile: LatencyProfile, profile_path: str,
                             prefill=True)
         for name, factory in contenders(recording, profile, profile_path, wl, acc, policies,
                                         vspec or {}, gamma0_mode):
-            results.append(run(name, factory))
+            if name in RANDOMISED and policy_seeds > 1:
+                runs = [run(name, contenders_seeded(recording, name, vspec or {}, s))
+                        for s in range(policy_seeds)]
+                first = runs[0]
+                mean_s = sum(r.seconds for r in runs) / len(runs)
+                results.append(SimResult(first.policy, first.workload, first.tokens, mean_s,
+                                         first.steps, first.gamma_steps, first.timeline))
+                spreads[(shape.name, name)] = [round(r.tok_s, 3) for r in runs]
+            else:
+                results.append(run(name, factory))
         rate = results[-1].tok_s                                   # the informed oracle's
         for _ in range(FUTURE_PASSES):
             future = run("future", lambda clock, seen, r=rate: FutureOracle(
                 acc, profile, recording.k, gamma0_mode, seen, rate_tok_s=r))
             rate = future.tok_s
         results.append(future)
+    SEED_SPREADS.clear()
+    SEED_SPREADS.update(spreads)
     return results
+
+
+# (workload, policy) -> tokens/s of each policy seed of the last score() call.
+SEED_SPREADS: dict[tuple[str, str], list[float]] = {}
+
+
+def contenders_seeded(recording: Recording, name: str, vspec: Mapping, seed: int):
+    """The factory of vspec policy `name` with its RANDOMISED seed key set."""
+    cfg = VSpecConfig.from_dict({**vspec, "policy": name, RANDOMISED[name]: seed}, recording.k)
+    return lambda clock, seen: GammaController(cfg, recording.k, clock=clock)
 
 
 # ------------------------------------------------------------------ report

@@ -60,8 +60,8 @@ class ModelPolicy:
         self.acceptance = AcceptancePosterior(max(self.k, 1), config.model_memory_tokens)
         self.cost = PooledStepCost(config.model_cost_window)
         self.thompson = config.model_thompson
-        self.rng = random.Random(0)
-        self.nrng = np.random.default_rng(0)
+        self.rng = random.Random(config.model_seed)
+        self.nrng = np.random.default_rng(config.model_seed)
         self.lag = 0.0                 # tokens committed at gamma 0 the drafter has not seen
         self.swept = 0
         # Batch 1: acceptance conditioned on whether the request's last known
