@@ -10,7 +10,8 @@ import pytest
 
 from vllm_vspec.config import VSpecConfig
 from vllm_vspec.core.controller import GammaController
-from vllm_vspec.core.posterior import AcceptancePosterior, expected_tokens
+from vllm_vspec.core.acceptance_stats import expected_tokens_all
+from vllm_vspec.core.posterior import AcceptancePosterior
 from vllm_vspec.core.step_cost import PooledStepCost, features
 from vllm_vspec.core.steps import BatchState, StepFeedback
 
@@ -89,7 +90,7 @@ def test_an_unjudged_position_borrows_the_rate_of_the_one_before():
 
 
 def test_expected_tokens_counts_the_bonus_token_and_surviving_drafts():
-    assert expected_tokens([0.5, 0.5], 2) == [1.0, 1.5, 1.75]
+    assert expected_tokens_all([0.5, 0.5], 2) == [1.0, 1.5, 1.75]
 
 
 # ------------------------------------------------------------------ step cost
@@ -175,7 +176,7 @@ def test_at_batch_1_a_run_of_full_acceptances_asks_for_longer_drafts_than_a_run_
 
 
 def test_features_of_every_gamma_at_once_are_those_of_each():
-    from vllm_vspec.core.step_cost import features_by_gamma
-    rows = features_by_gamma(8, [0, 1, 3], 2400.0)
+    g = np.array([0, 1, 3])
+    rows = features(8, 8 * g, g, 0.0, 2400.0)
     for row, g in zip(rows, [0, 1, 3]):
         assert row.tolist() == features(8, 8 * g, g, 0.0, 2400.0).tolist()

@@ -54,15 +54,9 @@ SEED_REFILL_BATCH = {"draft_model": 8, "eagle": 4, "eagle3": 4, "mtp": 4}
 # the MTP layers of the target checkpoint itself, so its variants exist only
 # when the served target has them (models/derived/tiny-mimo-deep).
 METHOD_PREFIXES = {"draft_model": "", "eagle": "eagle-", "eagle3": "eagle3-", "mtp": "mtp-"}
-# Methods whose drafter lives in the target checkpoint: no `model` in their
-# speculative config (vLLM reads the draft layers from the target).
-TARGET_DRAFTED = ("mtp",)
-
-
-def speculative_config(method: str, model: Path, k: int, **extra: Any) -> dict[str, Any]:
-    """A variant's --speculative-config: `method` drafting with `model`, K = k."""
-    drafter = {} if method in TARGET_DRAFTED else {"model": str(model)}
-    return {"method": method, **drafter, "num_speculative_tokens": k, **extra}
+TARGET_DRAFTED = wiring.TARGET_DRAFTED
+# A variant's --speculative-config: `method` drafting with `model`, K = k.
+speculative_config = wiring.method_config
 
 
 def _method_variants(method: str, model: Path, static_table: list[list[int]],
@@ -145,14 +139,6 @@ def _tree_variants(model: Path) -> list[Variant]:
 # n-gram drafting (`method: ngram`): no draft model, so these variants exist
 # on every host. Matches of 2..4 tokens against the request's own tokens.
 NGRAM_SPEC = {"method": "ngram", **wiring.NGRAM_PROMPT_LOOKUP}
-
-
-def method_config(method: str, model: Path | None, k: int) -> dict[str, Any]:
-    """The --speculative-config of `method` at K = k with its drafter `model`
-    (none for ngram and mtp): the one place every caller builds it from."""
-    if method == "ngram":
-        return {**NGRAM_SPEC, "num_speculative_tokens": k}
-    return speculative_config(method, model or Path(), k)
 
 
 def _ngram_variants() -> list[Variant]:

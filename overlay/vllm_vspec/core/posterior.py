@@ -87,12 +87,3 @@ class AcceptancePosterior:
             values = [float(x) for x in state.get(name, [])][:self.k]
             setattr(self, name, values + [0.0] * (self.k - len(values)))
 
-
-def expected_tokens(rates: Sequence[float], max_gamma: int) -> list[float]:
-    """E(g) for g = 0..max_gamma: 1 + sum_{j<=g} prod_{i<=j} p_i."""
-    out, survive, total = [1.0], 1.0, 1.0
-    for j in range(max_gamma):
-        survive *= rates[j] if j < len(rates) else rates[-1]
-        total += survive
-        out.append(total)
-    return out

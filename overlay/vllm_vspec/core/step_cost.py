@@ -42,20 +42,18 @@ FEATURES = ("step", "requests", "verified", "passes", "pass_requests", "speculat
 # the sums by about 1/window, so a fit a few steps old predicts the same.
 REFIT_EVERY = 8
 NONNEGATIVE = np.array([False, False, True, True, True, True, True, False])
+# Samples before outliers are screened and the fit's own residuals set its
+# uncertainty (before: a quarter of a typical step, squared).
+MIN_SAMPLES = 8
 
 
-def features(batch: int, verified: float, passes: int, catchup: float, context: float) -> np.ndarray:
-    return np.array([1.0, batch, verified, passes, passes * batch, float(passes > 0), catchup,
-                     context / 1000.0])
-
-
-def features_by_gamma(batch: int, gammas, context: float) -> np.ndarray:
-    """features(batch, batch * g, g, 0, context) for each g of `gammas`, one row each."""
-    g = np.asarray(gammas, dtype=float)
-    x = np.zeros((len(g), len(FEATURES)))
-    x[:, 0], x[:, 1], x[:, 2], x[:, 3] = 1.0, batch, batch * g, g
-    x[:, 4], x[:, 5], x[:, 7] = g * batch, g > 0, context / 1000.0
-    return x
+def features(batch, verified, passes, catchup, context) -> np.ndarray:
+    """The FEATURES of a step; array arguments (broadcast together) give one
+    row per element, e.g. every gamma of a decision at once."""
+    passes = np.asarray(passes, dtype=float)
+    return np.stack(np.broadcast_arrays(1.0, batch, verified, passes, passes * batch,
+                                        (passes > 0).astype(float), catchup, np.divide(context, 1000.0)),
+                    axis=-1).astype(float)
 
 
 class PooledStepCost:
@@ -83,7 +81,7 @@ class PooledStepCost:
         """Fold one step in; False when it was skipped as an outlier."""
         if ms <= 0 or not math.isfinite(ms):
             return False
-        if self.samples >= 8:
+        if self.samples >= MIN_SAMPLES:
             pred = self.predict(x)
             if not 1.0 / self.outlier_factor <= ms / max(pred, 1e-9) <= self.outlier_factor:
                 self._run += 1
@@ -123,7 +121,7 @@ class PooledStepCost:
             theta[~free] = 0.0
             # Relative residual variance -> absolute at the typical step.
             typical = max(self.xy[0] / max(self.weight, 1e-9), 1e-3)
-            var = (self.sq_rel / max(self.weight, 1.0) + 1e-4) * typical ** 2 if self.samples >= 8 \
+            var = (self.sq_rel / max(self.weight, 1.0) + 1e-4) * typical ** 2 if self.samples >= MIN_SAMPLES \
                 else 0.25 * typical ** 2
             cov = var * np.linalg.inv(a)
             chol = np.linalg.cholesky(cov + 1e-12 * np.eye(len(FEATURES)) * max(np.trace(cov), 1e-12))

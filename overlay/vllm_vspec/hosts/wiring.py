@@ -256,6 +256,20 @@ def _check_graphs(vllm_config: Any) -> None:
 # vLLM's n-gram matching for `method: ngram` (launcher presets and bench
 # variants): match the last 2..4 tokens against the request's earlier ones.
 NGRAM_PROMPT_LOOKUP = {"prompt_lookup_min": 2, "prompt_lookup_max": 4}
+# Methods whose drafter lives in the target checkpoint: no `model` in their
+# speculative config (vLLM reads the draft layers from the target).
+TARGET_DRAFTED = ("mtp",)
+
+
+def method_config(method: str, drafter: str | os.PathLike | None, k: int,
+                  **extra: Any) -> dict[str, Any]:
+    """The --speculative-config of `method` at K = k drafting with `drafter`
+    (ignored for ngram, which drafts from the request's own tokens, and for
+    the TARGET_DRAFTED methods): the one place every caller builds it."""
+    if method == "ngram":
+        return {"method": "ngram", **NGRAM_PROMPT_LOOKUP, "num_speculative_tokens": k, **extra}
+    model = {} if method in TARGET_DRAFTED else {"model": str(drafter)}
+    return {"method": method, **model, "num_speculative_tokens": k, **extra}
 
 # What vspec refuses per speculative method, in one list: (method, key, is
 # it set, why). resolve() checks it at start-up, before anything else is
@@ -419,4 +433,5 @@ def serve_argv(args: Mapping[str, Any]) -> list[str]:
 
 __all__ = ["SCHEDULER_CLS", "WORKER_CLS", "VERIFY_WIDTH_LIMITS", "METHOD_REFUSALS", "resolve",
            "STOCK_WHEN", "stock_reason", "run_stock",
-           "resolve_platform", "graph_mode", "engine_args", "serve_argv"]
+           "resolve_platform", "graph_mode", "engine_args", "serve_argv", "method_config",
+           "NGRAM_PROMPT_LOOKUP", "TARGET_DRAFTED"]

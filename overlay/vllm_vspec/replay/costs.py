@@ -45,8 +45,8 @@ def measure(method: str, target: Path, drafter: Path | None, k: int, batches: Se
     """Samples of a target-only engine and of `method` at gamma 1..k, one
     engine at a time, each built `instances` times in interleaved rounds
     (forward, then backward order): on a small shared host one engine
-    instance can time a third slower than the next at batch 1, so a cell's
-    median over instances is what is fitted."""
+    instance can time a third slower than the next at batch 1, so what is
+    fitted is each cell's fastest instance (cell_medians)."""
     from vllm_vspec.tools import profile_collect as pc
 
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -65,25 +65,30 @@ def measure(method: str, target: Path, drafter: Path | None, k: int, batches: Se
     return samples
 
 
+def _cell(sample: dict) -> tuple:
+    """A sample's cell: (engine kind, gamma, batch size)."""
+    return sample["kind"], sample.get("gamma", 0), sample.get("batch", sample.get("n"))
+
+
+def _instance_medians(samples: Sequence[dict]) -> dict[tuple, list[dict]]:
+    """Per cell, one sample per engine instance: its steps' median ms and context."""
+    groups: dict[tuple, dict[int, list[dict]]] = {}
+    for s in samples:
+        groups.setdefault(_cell(s), {}).setdefault(s.get("instance", 0), []).append(s)
+    out = {}
+    for key, by_instance in sorted(groups.items()):
+        out[key] = [{**group[0], "ctx": statistics.median(g["ctx"] for g in group),
+                     "ms": statistics.median(g["ms"] for g in group)}
+                    for group in by_instance.values()]
+    return out
+
+
 def cell_medians(samples: Sequence[dict]) -> list[dict]:
     """One sample per (kind, gamma, batch) cell, what the fit uses: the
     median of each engine instance's steps, then the fastest instance's
     (a busy host only ever slows a step down, so the fastest instance is
     the one least disturbed; the median drops a few slow steps within it)."""
-    groups: dict[tuple, dict[int, list[dict]]] = {}
-    for s in samples:
-        key = (s["kind"], s.get("gamma", 0), s.get("batch", s.get("n")))
-        groups.setdefault(key, {}).setdefault(s.get("instance", 0), []).append(s)
-    out = []
-    for _key, by_instance in sorted(groups.items()):
-        rows = []
-        for group in by_instance.values():
-            row = dict(group[0])
-            row["ctx"] = statistics.median(g["ctx"] for g in group)
-            row["ms"] = statistics.median(g["ms"] for g in group)
-            rows.append(row)
-        out.append(min(rows, key=lambda r: r["ms"]))
-    return out
+    return [min(rows, key=lambda r: r["ms"]) for rows in _instance_medians(samples).values()]
 
 
 def fit(samples: Sequence[dict], name: str, device: str, note: str) -> LatencyProfile:
@@ -93,21 +98,18 @@ def fit(samples: Sequence[dict], name: str, device: str, note: str) -> LatencyPr
 def residuals(profile: LatencyProfile, samples: Sequence[dict]) -> list[dict]:
     """Per (kind, gamma, batch) cell: the fitted measurement (cell_medians),
     the model's prediction and the relative error, with the cell's samples
-    and the spread of its instances' medians."""
-    groups: dict[tuple, list[dict]] = {}
+    and its instances' medians."""
+    counts: dict[tuple, int] = {}
     for s in samples:
-        groups.setdefault((s["kind"], s.get("gamma", 0), s.get("batch", s.get("n"))), []).append(s)
+        counts[_cell(s)] = counts.get(_cell(s), 0) + 1
     rows = []
-    for cell in cell_medians(samples):
-        key = (cell["kind"], cell.get("gamma", 0), cell.get("batch", cell.get("n")))
-        group = groups[key]
-        per_instance = sorted(statistics.median(g["ms"] for g in group if g.get("instance", 0) == i)
-                              for i in {g.get("instance", 0) for g in group})
+    for key, instances in _instance_medians(samples).items():
+        cell = min(instances, key=lambda r: r["ms"])
         pred = profile_predict(profile, cell)
-        rows.append({"kind": key[0], "gamma": key[1], "batch": key[2], "samples": len(group),
+        rows.append({"kind": key[0], "gamma": key[1], "batch": key[2], "samples": counts[key],
                      "measured_ms": round(cell["ms"], 3), "predicted_ms": round(pred, 3),
                      "error": round(pred / cell["ms"] - 1, 4) if cell["ms"] else 0.0,
-                     "instances_ms": [round(x, 2) for x in per_instance]})
+                     "instances_ms": sorted(round(r["ms"], 2) for r in instances)})
     return rows
 
 

@@ -107,6 +107,7 @@ def record(method: str, prompts: Sequence[Prompt], *, k: int = 4, output_len: in
            prompt_set: str = "") -> Recording:
     """Record `prompts` for `method` at K = `k` (see the module docstring)."""
     from vllm_vspec.tools.engine_runs import shutdown_llm
+    from vllm_vspec.tools.profile_collect import host_description
     import vllm
     import torch
     from transformers import AutoTokenizer
@@ -137,7 +138,7 @@ def record(method: str, prompts: Sequence[Prompt], *, k: int = 4, output_len: in
     finally:
         shutdown_llm(engine)
 
-    from vllm_vspec.bench.variants import method_config
+    from vllm_vspec.hosts.wiring import method_config
 
     spec = method_config(method, drafter, k)
     accept: dict[tuple[int, int], int] = {}
@@ -157,9 +158,9 @@ def record(method: str, prompts: Sequence[Prompt], *, k: int = 4, output_len: in
     # Each request's longest probe first, alone: its prefix blocks are then
     # cached for the request's other probes (blocks computed in the same
     # step as a probe are not shared with it).
-    last = {rid.split(":")[0]: n for n, (rid, _, _) in enumerate(probes)}
-    first = [probes[n] for n in last.values()]
-    rest = [p for n, p in enumerate(probes) if n not in set(last.values())]
+    longest = set({rid.split(":")[0]: n for n, (rid, _, _) in enumerate(probes)}.values())
+    first = [p for n, p in enumerate(probes) if n in longest]
+    rest = [p for n, p in enumerate(probes) if n not in longest]
     show = _progress(f"{method} K={k} probes", len(probes))
     try:
         _run(engine.llm_engine, first, on_probe, show)
@@ -180,7 +181,7 @@ def record(method: str, prompts: Sequence[Prompt], *, k: int = 4, output_len: in
         "speculative_config": spec, "dtype": "float32", "enforce_eager": True,
         "versions": {"vllm": vllm.__version__, "torch": torch.__version__,
                      "python": platform.python_version()},
-        "host": platform.node() and platform.machine(),
+        "host": host_description(),
         "recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
         "seconds": round(time.time() - started, 1),
     }

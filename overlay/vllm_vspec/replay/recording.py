@@ -49,10 +49,15 @@ class RecordedRequest:
         return len(self.output) - 1
 
     def rates(self, k: int) -> tuple[float, ...]:
-        """Conditional acceptance per draft position 1..k over this request's
-        positions: P(a >= j | a >= j - 1); a position never reached is 0."""
-        reach = [sum(1 for a in self.accept if a >= j) for j in range(k + 1)]
-        return tuple(reach[j] / reach[j - 1] if reach[j - 1] else 0.0 for j in range(1, k + 1))
+        """Conditional acceptance per draft position over this request's positions."""
+        return conditional_rates(self.accept, k)
+
+
+def conditional_rates(accepts: Sequence[int], k: int) -> tuple[float, ...]:
+    """Per draft position 1..k, P(a >= j | a >= j - 1) over acceptance runs
+    `accepts`; a position never reached is 0."""
+    reach = [sum(1 for a in accepts if a >= j) for j in range(k + 1)]
+    return tuple(reach[j] / reach[j - 1] if reach[j - 1] else 0.0 for j in range(1, k + 1))
 
 
 @dataclass
@@ -72,9 +77,7 @@ class Recording:
 
     def mean_rates(self) -> tuple[float, ...]:
         """Conditional acceptance per position over every decode position."""
-        pooled = RecordedRequest("all", "all", (), (0,) * (1 + sum(len(r.accept) for r in self.requests)),
-                                 tuple(a for r in self.requests for a in r.accept))
-        return pooled.rates(self.k)
+        return conditional_rates([a for r in self.requests for a in r.accept], self.k)
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)

@@ -28,10 +28,7 @@ on the recording's mean acceptance), the vspec policies, and two oracles:
 
 from __future__ import annotations
 
-import json
-import math
-import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
@@ -193,40 +190,40 @@ class FutureOracle(_Oracle):
 
 
 # ------------------------------------------------------------------ contenders
-ORACLES = ("informed", "future")
 DEFAULT_POLICIES = ("online", "profile")
-
-
-def contenders(recording: Recording, profile: LatencyProfile, profile_path: str, wl: Workload,
-               acc: RecordedAcceptance, policies: Sequence[str], vspec: Mapping,
-               gamma0_mode: str) -> list[tuple[str, Callable[[SimClock, _Seen], object]]]:
-    k = recording.k
-
-    def controller(**over):
-        cfg = VSpecConfig.from_dict({**vspec, **over}, k)
-        return lambda clock, seen: GammaController(cfg, k, clock=clock)
-    out = [(TARGET, controller(policy="fixed", min_gamma=0, fixed_gamma=0))]
-    out += [(f"fixed-{g}", controller(policy="fixed", min_gamma=0, fixed_gamma=g))
-            for g in range(k + 1)]
-    table = tuned_table(wl, profile, k, gamma0_mode=gamma0_mode)
-    out.append(("table", lambda clock, seen: StaticTable(table, k)))
-    for name in policies:
-        extra = {"profile_path": profile_path} if name == "profile" else {}
-        out.append((name, controller(policy=name, **extra)))
-    out.append(("informed", lambda clock, seen: InformedOracle(acc, profile, k, gamma0_mode, seen)))
-    return out
-
-
+# Policies whose decisions draw random numbers, and their seed key: scored
+# over several seeds, a result is the first seed's with the mean time.
+RANDOMISED = {"model": "model_seed"}
 # Runs of the future oracle, each priced at the rate of the one before (the
 # first at the informed oracle's): the rate settles within a few tenths of
 # a percent by the second.
 FUTURE_PASSES = 2
 
 
-# Policies whose decisions draw random numbers (their seed key): scored over
-# several seeds, their tokens/s is the mean (SimResult of the first seed
-# otherwise, its seconds replaced by the mean's).
-RANDOMISED = {"model": "model_seed"}
+def controller(recording: Recording, vspec: Mapping, **over) -> Callable[[SimClock, _Seen], object]:
+    """A GammaController factory with these vspec settings, as the engine builds it."""
+    cfg = VSpecConfig.from_dict({**vspec, **over}, recording.k)
+    return lambda clock, seen: GammaController(cfg, recording.k, clock=clock)
+
+
+def policy_settings(name: str, profile_path: str) -> dict:
+    """The vspec settings that make policy `name` a contender."""
+    return {"policy": name, **({"profile_path": profile_path} if name == "profile" else {})}
+
+
+def contenders(recording: Recording, profile: LatencyProfile, profile_path: str, wl: Workload,
+               acc: RecordedAcceptance, policies: Sequence[str], vspec: Mapping,
+               gamma0_mode: str) -> list[tuple[str, Callable[[SimClock, _Seen], object]]]:
+    k = recording.k
+    out = [(TARGET, controller(recording, vspec, policy="fixed", min_gamma=0, fixed_gamma=0))]
+    out += [(f"fixed-{g}", controller(recording, vspec, policy="fixed", min_gamma=0, fixed_gamma=g))
+            for g in range(k + 1)]
+    table = tuned_table(wl, profile, k, gamma0_mode=gamma0_mode)
+    out.append(("table", lambda clock, seen: StaticTable(table, k)))
+    out += [(name, controller(recording, vspec, **policy_settings(name, profile_path)))
+            for name in policies]
+    out.append(("informed", lambda clock, seen: InformedOracle(acc, profile, k, gamma0_mode, seen)))
+    return out
 
 
 def score(recording: Recording, profile: LatencyProfile, profile_path: str,
@@ -235,9 +232,10 @@ def score(recording: Recording, profile: LatencyProfile, profile_path: str,
           seed: int = 0, max_num_batched_tokens: int = 8192, policy_seeds: int = 1,
           progress: Callable[[str], None] | None = None) -> list[SimResult]:
     """Every contender on every workload (see the module docstring); a
-    randomised policy is run with `policy_seeds` seeds (RANDOMISED)."""
+    RANDOMISED policy is run with `policy_seeds` seeds, its result carrying
+    each seed's tokens/s (`SimResult.seed_tok_s`)."""
+    vspec = vspec or {}
     results = []
-    spreads: dict[tuple[str, str], list[float]] = {}
     for shape in workloads:
         wl, acc = workload_of(shape, recording)
 
@@ -251,36 +249,22 @@ def score(recording: Recording, profile: LatencyProfile, profile_path: str,
                             drafter=name != TARGET, acceptance=acc, on_batch=seen,
                             prefill=True)
         for name, factory in contenders(recording, profile, profile_path, wl, acc, policies,
-                                        vspec or {}, gamma0_mode):
-            if name in RANDOMISED and policy_seeds > 1:
-                runs = [run(name, contenders_seeded(recording, name, vspec or {}, s))
-                        for s in range(policy_seeds)]
-                first = runs[0]
-                mean_s = sum(r.seconds for r in runs) / len(runs)
-                results.append(SimResult(first.policy, first.workload, first.tokens, mean_s,
-                                         first.steps, first.gamma_steps, first.timeline))
-                spreads[(shape.name, name)] = [round(r.tok_s, 3) for r in runs]
-            else:
+                                        vspec, gamma0_mode):
+            if name not in RANDOMISED or policy_seeds == 1:
                 results.append(run(name, factory))
+                continue
+            runs = [run(name, controller(recording, vspec, **policy_settings(name, profile_path),
+                                         **{RANDOMISED[name]: s}))
+                    for s in range(policy_seeds)]
+            results.append(replace(runs[0], seconds=sum(r.seconds for r in runs) / len(runs),
+                                   seed_tok_s=tuple(round(r.tok_s, 3) for r in runs)))
         rate = results[-1].tok_s                                   # the informed oracle's
         for _ in range(FUTURE_PASSES):
             future = run("future", lambda clock, seen, r=rate: FutureOracle(
                 acc, profile, recording.k, gamma0_mode, seen, rate_tok_s=r))
             rate = future.tok_s
         results.append(future)
-    SEED_SPREADS.clear()
-    SEED_SPREADS.update(spreads)
     return results
-
-
-# (workload, policy) -> tokens/s of each policy seed of the last score() call.
-SEED_SPREADS: dict[tuple[str, str], list[float]] = {}
-
-
-def contenders_seeded(recording: Recording, name: str, vspec: Mapping, seed: int):
-    """The factory of vspec policy `name` with its RANDOMISED seed key set."""
-    cfg = VSpecConfig.from_dict({**vspec, "policy": name, RANDOMISED[name]: seed}, recording.k)
-    return lambda clock, seen: GammaController(cfg, recording.k, clock=clock)
 
 
 # ------------------------------------------------------------------ report
@@ -324,7 +308,9 @@ def to_json(results: Sequence[SimResult], meta: Mapping) -> dict:
     return {"meta": dict(meta), "ratios": ratio_rows(results),
             "results": [{"policy": r.policy, "workload": r.workload, "tokens": r.tokens,
                          "seconds": round(r.seconds, 6), "steps": r.steps,
-                         "gamma_steps": r.gamma_steps} for r in results]}
+                         "gamma_steps": r.gamma_steps,
+                         **({"seed_tok_s": list(r.seed_tok_s)} if r.seed_tok_s else {})}
+                        for r in results]}
 
 
 def plot(results: Sequence[SimResult], path: Path, policies: Sequence[str] = ("online", "informed")) -> None:

@@ -335,6 +335,8 @@ class SimResult:
     steps: int
     gamma_steps: dict[str, int]          # arm (arms.arm_label: "2", or "2x4" for a tree) -> steps
     timeline: list[tuple[float, int, int]] = field(repr=False)   # (t, B, gamma)
+    # A result averaged over a randomised policy's seeds: each seed's tokens/s.
+    seed_tok_s: tuple[float, ...] = ()
 
     @property
     def tok_s(self) -> float:

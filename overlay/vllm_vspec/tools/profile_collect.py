@@ -87,60 +87,44 @@ def decode_samples(run: EngineRun, step_fn: Callable[[], dict[str, int]],
             return
 
 
-def build_engine(run: EngineRun, shapes: list[Shape], decode_steps: int,
-                 kv_cache_memory_bytes: int, seed: int, enforce_eager: bool):
-    """One in-process engine for `run`, sized for every shape."""
-    from vllm import LLM
-
-    from vllm_vspec.bench.variants import method_config
-
-    spec = method_config(run.method, run.draft, run.gamma) if run.kind == "step" else None
-    longest = max(s.prompt_len for s in shapes) + (2 * decode_steps + 2) * (run.gamma + 1) + 8
-    return LLM(str(run.model), skip_tokenizer_init=True, dtype="float32", seed=seed,
-               gpu_memory_utilization=0.3, kv_cache_memory_bytes=kv_cache_memory_bytes,
-               max_model_len=longest, max_num_seqs=max(s.batch for s in shapes),
-               max_num_batched_tokens=max(longest, *(s.batch * s.prompt_len for s in shapes)),
-               speculative_config=spec, enforce_eager=enforce_eager)
-
-
-def time_shape(llm, run: EngineRun, shape: Shape, decode_steps: int, rng: random.Random,
-               tag: str) -> list[dict]:
-    """Samples of one batch of `shape` with random prompts on `llm`."""
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    engine = llm.llm_engine
-    vocab = engine.model_config.get_vocab_size()
-    longest = engine.model_config.max_model_len
-    # Enough tokens never to finish while sampled; the batch is aborted after.
-    params = SamplingParams(max_tokens=longest - shape.prompt_len, ignore_eos=True,
-                            temperature=0.0, detokenize=False)
-    ids = [f"{run.kind}{run.gamma}-{tag}-{i}" for i in range(shape.batch)]
-    for rid in ids:
-        prompt = [rng.randrange(vocab) for _ in range(shape.prompt_len)]
-        engine.add_request(rid, TokensPrompt(prompt_token_ids=prompt), params)
-
-    def step_fn() -> dict[str, int]:
-        return {o.request_id: len(o.outputs[0].token_ids) for o in engine.step()}
-
-    got = list(decode_samples(run, step_fn, shape, decode_steps))
-    engine.abort_request(ids)
-    while engine.has_unfinished_requests():
-        engine.step()
-    return got
-
-
 def collect_engine(run: EngineRun, shapes: list[Shape], decode_steps: int,
                    kv_cache_memory_bytes: int, seed: int, enforce_eager: bool) -> list[dict]:
     """Start one in-process engine and time its decode steps for every shape."""
-    llm = build_engine(run, shapes, decode_steps, kv_cache_memory_bytes, seed, enforce_eager)
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from vllm_vspec.hosts.wiring import method_config
+
+    spec = method_config(run.method, run.draft, run.gamma) if run.kind == "step" else None
+    longest = max(s.prompt_len for s in shapes) + (2 * decode_steps + 2) * (run.gamma + 1) + 8
+    llm = LLM(str(run.model), skip_tokenizer_init=True, dtype="float32", seed=seed,
+              gpu_memory_utilization=0.3, kv_cache_memory_bytes=kv_cache_memory_bytes,
+              max_model_len=longest, max_num_seqs=max(s.batch for s in shapes),
+              max_num_batched_tokens=max(longest, *(s.batch * s.prompt_len for s in shapes)),
+              speculative_config=spec, enforce_eager=enforce_eager)
+    engine = llm.llm_engine
+    vocab = llm.llm_engine.model_config.get_vocab_size()
     rng = random.Random(seed)
+    # Enough tokens never to finish while sampled; the batch is aborted after.
+    params = SamplingParams(max_tokens=longest, ignore_eos=True, temperature=0.0,
+                            detokenize=False)
     samples: list[dict] = []
     for s_idx, shape in enumerate([shapes[0], *shapes]):  # the first shape twice: warm-up
-        got = time_shape(llm, run, shape, decode_steps, rng, str(s_idx))
+        ids = [f"{run.kind}{run.gamma}-{s_idx}-{i}" for i in range(shape.batch)]
+        for rid in ids:
+            prompt = [rng.randrange(vocab) for _ in range(shape.prompt_len)]
+            engine.add_request(rid, TokensPrompt(prompt_token_ids=prompt), params)
+
+        def step_fn() -> dict[str, int]:
+            return {o.request_id: len(o.outputs[0].token_ids) for o in engine.step()}
+
+        got = list(decode_samples(run, step_fn, shape, decode_steps))
+        engine.abort_request(ids)
+        while engine.has_unfinished_requests():
+            engine.step()
         if s_idx:
             samples += got
-    del llm
+    del llm, engine
     return samples
 
 

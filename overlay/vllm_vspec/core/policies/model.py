@@ -39,8 +39,9 @@ import numpy as np
 
 from vllm_vspec.config import VSpecConfig
 from vllm_vspec.core.arms import Arm, GammaArms
-from vllm_vspec.core.posterior import AcceptancePosterior, expected_tokens
-from vllm_vspec.core.step_cost import PooledStepCost, features, features_by_gamma
+from vllm_vspec.core.acceptance_stats import expected_tokens_all
+from vllm_vspec.core.posterior import AcceptancePosterior
+from vllm_vspec.core.step_cost import PooledStepCost, features
 
 SWEEP_REPEATS = 2
 # A drawn step cost is never taken below this fraction of the mean model's
@@ -83,11 +84,12 @@ class ModelPolicy:
         if b == 1 and self.outcomes and self.outcomes[-1] is not None:
             post = self.by_outcome[self.outcomes[-1]]
         rates = post.sample(self.rng) if draw else post.mean()
-        e = expected_tokens(rates, max(hi, 1))
+        e = expected_tokens_all(rates, hi)
         mean = self.cost.fit()[0]
         theta = self.cost.sample(self.nrng) if draw else mean
         gammas = [self.space.gamma(a) for a in arms]
-        x = features_by_gamma(b, gammas, ctx)
+        g = np.array(gammas, dtype=float)
+        x = features(b, b * g, g, 0.0, ctx)
         cost = np.maximum(x @ theta, MIN_COST_FRACTION * np.maximum(x @ mean, 1e-6))
         return {a: b * e[k] / c for a, k, c in zip(arms, gammas, cost.tolist())}
 
@@ -111,8 +113,9 @@ class ModelPolicy:
             known = self.outcomes[-2] if len(self.outcomes) >= 2 else None
             if known is not None:
                 self.by_outcome[known].update(fb.drafted, fb.accepted)
-            full = bool(fb.drafted) and fb.drafted[0] > 0 and fb.accepted[0] == fb.drafted[0]
-            self.outcomes = (self.outcomes + [full if fb.drafted and fb.drafted[0] else None])[-2:]
+            verified = fb.drafted[0] if fb.drafted else 0
+            full = fb.accepted[0] == verified if verified else None    # None: nothing drafted
+            self.outcomes = (self.outcomes + [full])[-2:]
         else:
             self.outcomes = []
         catchup = self.lag if outcome.gamma else 0.0
@@ -121,7 +124,8 @@ class ModelPolicy:
         self.lag = self.lag + fb.committed if outcome.gamma == 0 else 0.0
 
     def state(self) -> dict:
-        """What a restarted server needs not to re-learn (core/policy_state.py)."""
+        """The pooled acceptance and cost models, JSON-able: what a restarted
+        server needs not to re-learn (`restore`)."""
         return {"acceptance": self.acceptance.snapshot(), "cost": self.cost.state()}
 
     def restore(self, state: dict) -> None:
