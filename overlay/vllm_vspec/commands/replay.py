@@ -109,12 +109,11 @@ def _prompts(paths: list[Path], per_family: int):
 def run_record(args: argparse.Namespace) -> int:
     from vllm_vspec.replay.record import record
 
-    for flag, value in (("--requests-per-family", args.requests_per_family),
-                        ("--num-speculative-tokens", args.num_speculative_tokens),
-                        ("--output-len", args.output_len)):
-        if value < (2 if flag == "--output-len" else 1):
-            raise UserError(f"{flag}={value} is not allowed: a positive integer"
-                            + (" >= 2" if flag == "--output-len" else ""))
+    for flag, value, lo in (("--requests-per-family", args.requests_per_family, 1),
+                            ("--num-speculative-tokens", args.num_speculative_tokens, 1),
+                            ("--output-len", args.output_len, 2)):
+        if value < lo:
+            raise UserError(f"{flag}={value} is not allowed: an integer >= {lo}")
     prompts = _prompts(args.prompts, args.requests_per_family)
     print(f"recording {len(prompts)} prompts, {args.method} K={args.num_speculative_tokens}, "
           f"{args.output_len} tokens each", flush=True)
