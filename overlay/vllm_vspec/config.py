@@ -243,6 +243,19 @@ class VSpecConfig:
     decision (Thompson sampling: explores exactly as far as the evidence is
     unsure). Off: always the posterior means (no exploration)."""
 
+    model_state_dir: str = "auto"
+    """`model` policy: where what it learned (acceptance posteriors and the
+    step-cost model) is kept between runs, so that a restarted server
+    starts warm instead of sweeping and re-learning: one JSON file per
+    (host, target, drafter, method, K), read at start-up when its key
+    matches (a mismatched or corrupt file is ignored with one log line),
+    written while it runs and at shutdown. `auto`: the directory
+    $VLLM_VSPEC_STATE_DIR names, else $XDG_CACHE_HOME/vllm-vspec/state
+    (~/.cache/vllm-vspec/state). `off`: no warm start. Anything else: that
+    directory. `vllm-vspec doctor` lists the files; delete one (or run
+    `vllm-vspec doctor --forget`) to start cold. Other policies keep no
+    state."""
+
     verify_budget_cost_window: int = ranged(512, 8)
     """`budget` policy: steps per batch-size bucket that the online step-cost
     model's fit describes (older steps fade out by 1 - 1/window a step)."""

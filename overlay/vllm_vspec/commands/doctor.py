@@ -1,9 +1,16 @@
-"""`vllm-vspec doctor`: the host, what vspec can do on it, and the host ABI check.
+"""`vllm-vspec doctor`: the host, what vspec can do on it, the host ABI check,
+and the warm-start state files (`--forget` deletes them).
 
 Hosts for the ABI check (abi_check.py): the installed vLLM; `--vllm-src` (a
 vLLM source dir or wheel, e.g. the vLLM 0.23.0 wheel the Ascend pin runs on);
 vLLM-Ascend from `--host-src` (an unpacked, patched tree) or the installed
 package. Exit status 1 on any mismatch.
+
+Warm state (core/warm_state.py): the files in the directory
+`model_state_dir` names (the `--additional-config` table's, else the
+default), each with its key, steps learned and age. Deleting a file makes
+the next engine of that key start cold; `--forget` deletes every state file
+there and does nothing else.
 """
 
 from __future__ import annotations
@@ -134,6 +141,29 @@ def vllm_range() -> dict[str, Any]:
             "in_range": found is not None and releases.supported(found[1])}
 
 
+def warm_state(in_effect: dict[str, Any]) -> dict[str, Any]:
+    """The state directory in effect (None: `off`) and its files."""
+    from vllm_vspec.core.warm_state import AUTO, list_states, state_dir
+
+    directory = state_dir(in_effect.get("model_state_dir", AUTO))
+    return {"directory": None if directory is None else str(directory),
+            "files": [] if directory is None else list_states(directory)}
+
+
+def forget(in_effect: dict[str, Any]) -> list[str]:
+    """Delete the state files of the directory in effect (files that are
+    not state files stay); the paths deleted."""
+    from vllm_vspec.core.warm_state import is_state_file
+
+    gone = []
+    for row in warm_state(in_effect)["files"]:
+        path = Path(row["path"])
+        if is_state_file(path):
+            path.unlink(missing_ok=True)
+            gone.append(str(path))
+    return gone
+
+
 def summary(hosts: list[tuple[str, dict[str, Path]]], in_effect: dict[str, Any]) -> dict:
     from vllm_vspec.kernels import ops  # imports torch: only when the summary is built
 
@@ -154,6 +184,7 @@ def summary(hosts: list[tuple[str, dict[str, Path]]], in_effect: dict[str, Any])
         "features": features(hosts),
         "vspec_settings": in_effect,
         "runs_as_stock_when": list(wiring.STOCK_WHEN),
+        "warm_state": warm_state(in_effect),
     }
 
 
@@ -166,6 +197,11 @@ def run(args: argparse.Namespace) -> int:
     except (VSpecConfigError, json.JSONDecodeError) as e:
         print(f"vllm-vspec doctor: {e}", file=sys.stderr)
         return 2
+    if args.forget:
+        gone = forget(in_effect)
+        print("\n".join([f"deleted {p}" for p in gone]
+                        or [f"no warm state files in {warm_state(in_effect)['directory']}"]))
+        return 0
     hosts = abi_hosts(args)
     reports = [check_host(label, roots) for label, roots in hosts]
     result = {"summary": summary(hosts, in_effect),
@@ -201,6 +237,7 @@ def _table(result: dict, reports: list[HostReport]) -> str:
     rows.append(("vspec settings", ""))
     rows += [(f"  {k}", json.dumps(v)) for k, v in s["vspec_settings"].items()]
     rows += [("runs as stock when", "")] + [("  -", w) for w in s["runs_as_stock_when"]]
+    rows += _warm_rows(s["warm_state"])
     width = max(len(k) for k, _ in rows)
     lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
     lines.append("")
@@ -211,6 +248,30 @@ def _table(result: dict, reports: list[HostReport]) -> str:
         lines.append(f"ABI {r.name}: {state} ({len(r.classes)} classes, {r.checked} checks)")
         lines += [f"  {f.line()}" for f in r.findings]
     return "\n".join(lines)
+
+
+def _warm_rows(warm: dict[str, Any]) -> list[tuple[str, str]]:
+    if warm["directory"] is None:
+        return [("warm state", "off (model_state_dir)")]
+    rows = [("warm state", f"{warm['directory']} ({len(warm['files'])} files; policy model "
+             "only; delete a file, or all with `vllm-vspec doctor --forget`, to start cold)")]
+    for row in warm["files"]:
+        name = Path(row["path"]).name
+        if "error" in row:
+            rows.append((f"  {name}", f"unusable (ignored at start-up): {row['error']}"))
+            continue
+        key = row["key"]
+        rows.append((f"  {name}", f"{key['method']} K={key['k']}, target {key['target']}, "
+                     f"drafter {key['drafter']}, {key['host'].get('device', '?')}; "
+                     f"{row['steps_learned']} steps learned, saved {_age(row['age_s'])} ago"))
+    return rows
+
+
+def _age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f} {unit}"
+    return f"{seconds:.0f} s"
 
 
 def add_parser(subparsers: Any) -> None:
@@ -228,4 +289,8 @@ def add_parser(subparsers: Any) -> None:
                    help="vLLM --additional-config whose 'vspec' table to show in effect")
     p.add_argument("--num-speculative-tokens", type=int, metavar="K",
                    help="resolve max_gamma / fixed_gamma against this K")
+    p.add_argument("--forget", action="store_true",
+                   help="delete the warm-start state files in the directory model_state_dir "
+                   "names (from --additional-config, else the default), so that the next "
+                   "engines start cold, and do nothing else")
     p.set_defaults(func=run)

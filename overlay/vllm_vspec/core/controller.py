@@ -21,7 +21,7 @@ built with `max_width` > 1 (what the engine's `tree_width` /
 `min_tree_width` settings will pass: docs/design/eagle-tree.md 4.5). A tree of
 width W drafts gamma*W nodes within the host's `num_speculative_tokens`.
 With max_width 1 (the default) every decision and tally is what it was
-before widths existed (tests/test_arm_replay.py); trace lines carry width 1.
+before widths existed (tests/unit/test_arm_replay.py); trace lines carry width 1.
 
 Timing model of speculative decoding: the drafts PROPOSED in step n (with
 step n's gamma) are VERIFIED in step n+1. A step's time and committed tokens
@@ -36,6 +36,7 @@ No vLLM import here: this is the host-agnostic core.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections import deque
@@ -48,6 +49,7 @@ from vllm_vspec.core.policies import make_policy
 from vllm_vspec.core.steps import (BatchState, BusySince, Decision, StepFeedback, StepOutcome,
                                    bucket_of, feasible_max_gamma)
 from vllm_vspec.core.trace import DecisionTrace
+from vllm_vspec.core.warm_state import WarmKey, WarmStore, state_dir
 
 
 @dataclass
@@ -91,15 +93,24 @@ class _Pending:
 class GammaController:
     def __init__(self, config: VSpecConfig, num_speculative_tokens: int,
                  clock: Callable[[], float] = time.perf_counter,
-                 min_width: int = 1, max_width: int = 1):
+                 min_width: int = 1, max_width: int = 1, warm_key: WarmKey | None = None):
         """`min_width`/`max_width`: the tree widths the policy may choose
         (ValueError unless 1 <= min_width <= max_width); the widest tree
-        still drafts at most `num_speculative_tokens` nodes."""
+        still drafts at most `num_speculative_tokens` nodes. `warm_key`:
+        what this engine is (host, models, method, K), given by a host
+        that serves: a policy with state() and restore() (`model`) then
+        starts from the state file of that key in `model_state_dir` and
+        keeps it up to date (warm_state.py); None: nothing is read or kept."""
         self.config = config.with_max_gamma(num_speculative_tokens)
         self.num_speculative_tokens = num_speculative_tokens
         self.clock = clock
         self.space = make_space(min_width, max_width, num_speculative_tokens)
         self.policy = make_policy(self.config, self.space)
+        directory = None if warm_key is None else state_dir(self.config.model_state_dir)
+        self._warm = (WarmStore(directory, dataclasses.replace(warm_key, policy=self.config.policy))
+                      if directory is not None and hasattr(self.policy, "restore") else None)
+        if self._warm is not None:
+            self._warm.load(self.policy)
         opening = getattr(self.policy, "opening", lambda: None)()
         self._opening = ((self.config.max_gamma, 1) if opening is None else
                          (min(self.space.gamma(opening), self.config.max_gamma),
@@ -230,6 +241,8 @@ class GammaController:
         reward = fb.committed / interval if interval > 0 else 0.0
         self.policy.observe(StepOutcome(fb, batch, decision.gamma, decision.bucket, interval,
                                         reward, stable, decision.width, fb.width))
+        if self._warm is not None:
+            self._warm.observed(self.policy)
         if stable:
             stat = self._stat(decision.bucket, decision.gamma, decision.width)
             stat.rewarded += 1
@@ -298,6 +311,8 @@ class GammaController:
                 f"({100 * s['overhead_share']:.2f}% of step time)")
 
     def close(self) -> None:
-        """Flush and close the trace file (if any)."""
+        """Save the warm state and flush and close the trace file (those in use)."""
+        if self._warm is not None:
+            self._warm.save(self.policy)
         if self._trace is not None:
             self._trace.close()

@@ -143,14 +143,22 @@ class PooledStepCost:
                 "coefficients_ms": dict(zip(FEATURES, (round(float(v), 6) for v in mean)))}
 
     def state(self) -> dict:
+        """The sums, and the fit in use (refitted only every REFIT_EVERY
+        samples), so that a restored model predicts what this one does."""
+        fit = None if self._fit is None else [m.tolist() for m in self._fit]
         return {"xx": self.xx.tolist(), "xy": self.xy.tolist(), "weight": self.weight,
-                "sq_rel": self.sq_rel, "samples": self.samples}
+                "sq_rel": self.sq_rel, "samples": self.samples, "fit": fit}
 
     def restore(self, state: dict) -> None:
         xx, xy = np.array(state["xx"], dtype=float), np.array(state["xy"], dtype=float)
         if xx.shape != self.xx.shape or xy.shape != self.xy.shape:
             raise ValueError(f"cost state has {xy.shape[0]} features, this model {len(FEATURES)}")
+        fit = state.get("fit")
+        fit = None if fit is None else (np.array(fit[0], dtype=float), np.array(fit[1], dtype=float))
+        if fit is not None and (fit[0].shape != xy.shape or fit[1].shape != xx.shape):
+            raise ValueError(f"cost state's fit has {fit[0].shape} coefficients, this model "
+                             f"{len(FEATURES)}")
         self.xx, self.xy = xx, xy
         self.weight, self.sq_rel = float(state["weight"]), float(state["sq_rel"])
         self.samples = int(state["samples"])
-        self._fit = None
+        self._fit = fit

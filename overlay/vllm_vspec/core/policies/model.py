@@ -124,11 +124,30 @@ class ModelPolicy:
         self.lag = self.lag + fb.committed if outcome.gamma == 0 else 0.0
 
     def state(self) -> dict:
-        """The pooled acceptance and cost models, JSON-able: what a restarted
-        server needs not to re-learn (`restore`)."""
-        return {"acceptance": self.acceptance.snapshot(), "cost": self.cost.state()}
+        """What a restarted server needs not to re-learn (`restore`;
+        core/warm_state.py keeps it in a file), JSON-able: the acceptance
+        posteriors' exact counts (pooled, and batch 1's by the last outcome:
+        `full` when every draft was accepted, else `partial`; each with its
+        `mean` for a reader) and the cost model's sums (with its fitted
+        `coefficients_ms`). The last outcomes and the gamma observed last
+        describe this server's requests and steps, and are not kept."""
+        def counts(post: AcceptancePosterior) -> dict:
+            return {"success": list(post.success), "failure": list(post.failure),
+                    "mean": [round(x, 4) for x in post.mean()]}
+        # Fitted before the sums are copied: the state carries the fit in use.
+        coefficients = self.cost.snapshot()["coefficients_ms"]
+        return {"acceptance": counts(self.acceptance),
+                "by_outcome": {"full": counts(self.by_outcome[True]),
+                               "partial": counts(self.by_outcome[False])},
+                "cost": {**self.cost.state(), "coefficients_ms": coefficients}}
 
     def restore(self, state: dict) -> None:
-        self.acceptance.restore(state["acceptance"])
+        """Go on from `state()`'s output (read-only fields ignored; a state
+        without `by_outcome` leaves those cold); the cold sweep is skipped."""
         self.cost.restore(state["cost"])
+        self.acceptance.restore(state["acceptance"])
+        outcomes = state.get("by_outcome", {})
+        for name, outcome in (("full", True), ("partial", False)):
+            if name in outcomes:
+                self.by_outcome[outcome].restore(outcomes[name])
         self.swept = 1 << 30

@@ -38,6 +38,7 @@ from vllm_vspec.hosts.vllm.budget_admission import BudgetAdmission
 from vllm_vspec.hosts.vllm.prefix_tail import keep_prefix_tail
 from vllm_vspec.hosts.vllm.tree.verify import request_allows_tree
 from vllm_vspec.hosts.vllm.verify_width import VerifyWidth
+from vllm_vspec.hosts.vllm.warm_key import warm_key
 from vllm_vspec.core.controller import GammaController
 from vllm_vspec.core.refill import RefillGate
 from vllm_vspec.config import VSpecConfigError
@@ -87,7 +88,8 @@ class VSpecScheduler(Scheduler):
         mode = self.vspec_config.gamma0_mode
         self.vspec = GammaController(self.vspec_config, k,
                                      min_width=self.vspec_config.min_tree_width,
-                                     max_width=self.vspec_config.tree_width)
+                                     max_width=self.vspec_config.tree_width,
+                                     warm_key=warm_key(vllm_config))
         self._budget = BudgetAdmission.of(vllm_config, self.vspec_config, self.vspec)
         self._refill = (RefillGate(self.vspec_config.refill_batch,
                                    self.vspec_config.refill_max_wait_steps)
@@ -257,7 +259,8 @@ class VSpecScheduler(Scheduler):
                                                 num_accepted_tokens, num_invalid_spec_tokens,
                                                 request_id)
 
-    # extends Scheduler.shutdown: one summary line of what the controller did.
+    # extends Scheduler.shutdown: one summary line of what the controller did;
+    # the controller saves its warm state (if it keeps one) and closes its trace.
     def shutdown(self) -> None:
         if self.vspec is not None:
             logger.info("vspec summary: %s", self.vspec.summary_line())
