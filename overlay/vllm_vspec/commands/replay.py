@@ -2,7 +2,8 @@
 streams and measured step costs (overlay/vllm_vspec/replay/).
 
   record  target-only greedy streams of a prompt set, and the drafter's
-          acceptance run at every decode position, on the real engine
+          acceptance run (and, where it has them, its draft probabilities)
+          at every decode position, on the real engine
   costs   step costs of this host's engines, fitted to the simulator's
           latency model, residuals printed (written beside the recording)
   score   every policy on every workload over the recording: a table of
@@ -72,7 +73,8 @@ def add_parser(subparsers) -> None:
     from vllm_vspec.replay.score import DEFAULT_POLICIES, shapes
     s.add_argument("--workloads", default=",".join(shapes()), help=f"comma list of {', '.join(shapes())}")
     s.add_argument("--policies", default=",".join(DEFAULT_POLICIES),
-                   help="vspec policies scored beside target-only, fixed gamma, the static table and the oracles")
+                   help="vspec policies scored beside target-only, fixed gamma, the static table "
+                        "and the oracles (budget: on a recording with draft probabilities)")
     s.add_argument("--requests-low", type=int, default=48, help="requests of the c1 workload")
     s.add_argument("--requests-high", type=int, default=240, help="requests of the c32 workload (c8: half)")
     s.add_argument("--vspec", default="{}", help="JSON table of vspec settings for the vspec policies")
@@ -125,7 +127,9 @@ def run_record(args: argparse.Namespace) -> int:
     rates = ", ".join(f"{x:.2f}" for x in rec.mean_rates())
     print(f"{args.output}: {len(rec.requests)} requests, {sum(r.decode_len for r in rec.requests)} "
           f"decode positions, conditional acceptance per position {rates}; "
-          f"{disagree} probe/stream disagreements; {rec.header['seconds']} s")
+          f"{disagree} probe/stream disagreements; "
+          f"{'with' if rec.missing_draft_probs is None else 'without'} draft probabilities; "
+          f"{rec.header['seconds']} s")
     return 0
 
 
@@ -180,7 +184,7 @@ def run_score(args: argparse.Namespace) -> int:
         raise UserError(f"--workloads={args.workloads!r} is not allowed: a comma list of "
                         f"{', '.join(all_shapes)}")
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    scorable = [p for p in POLICIES if p not in ("fixed", "cycle", "budget")]
+    scorable = [p for p in POLICIES if p not in ("fixed", "cycle")]
     bad = [p for p in policies if p not in scorable]
     if bad:
         raise UserError(f"--policies={args.policies!r} is not allowed: a comma list of "
@@ -194,6 +198,7 @@ def run_score(args: argparse.Namespace) -> int:
         raise UserError(f"--policy-seeds={args.policy_seeds} is not allowed: an integer >= 1")
     if args.noise < 0:
         raise UserError(f"--noise={args.noise} is not allowed: a sigma >= 0")
+    skipped = sc.unscorable(rec, policies)
     t0 = time.monotonic()
     tty = sys.stderr.isatty()       # a progress line only where it redraws in place
     results = sc.score(rec, profile, str(costs), [all_shapes[n] for n in names], policies=policies,
@@ -207,12 +212,14 @@ def run_score(args: argparse.Namespace) -> int:
     h = rec.header
     print(f"replay of {args.recording} ({h['method']} K={rec.k}, {len(rec.requests)} requests), "
           f"costs {costs}, noise {args.noise}, seed {args.seed}: {seconds:.1f} s\n")
+    for name, why in skipped.items():
+        print(f"{name}: not scored: {why}\n")
     print(sc.table_text(results))
     args.output_dir.mkdir(parents=True, exist_ok=True)
     meta = {"recording": str(args.recording), "costs": str(costs), "method": h["method"],
             "k": rec.k, "noise": args.noise, "seed": args.seed, "gamma0_mode": args.gamma0_mode,
             "policies": policies, "workloads": names, "vspec": vspec,
-            "policy_seeds": args.policy_seeds}
+            "policy_seeds": args.policy_seeds, "not_scorable": skipped}
     (args.output_dir / "replay.json").write_text(json.dumps(sc.to_json(results, meta), indent=1) + "\n")
     sc.plot(results, args.output_dir / "replay.png")
     print(f"-> {args.output_dir / 'replay.json'}, {args.output_dir / 'replay.png'}")

@@ -8,6 +8,16 @@ decode position d accepts min(g, a_K[r][d]), exactly what the engine
 accepts there. Deterministic for a seed: the only randomness is the
 optional log-normal step-time noise (`noise`, seeded).
 
+Policy `budget` verifies a different prefix per request: every step, as
+the engine's scheduler does (hosts/vllm/budget_admission.py), its
+BudgetPolicy plans from one DraftRow per request, whose probabilities are
+the recorded draft probabilities of the request's pending drafts
+(RecordedAdmission); request r then verifies len_r of them and accepts
+min(len_r, a_K[r][d]), the step costs what its verified tokens and draft
+passes cost (the latency profile), and the policy hears the outcome
+before the controller observes the step. A recording without draft
+probabilities cannot score it (`unscorable` says why).
+
 Workloads are the bench's shapes over the recorded requests (families
 interleaved, so every prefix mixes them): c1, c8 and c32 (a concurrency cap,
 a finished request replaced at once) and `bursty` (phases of concurrency 1
@@ -36,8 +46,10 @@ import numpy as np
 
 from vllm_vspec.config import VSpecConfig
 from vllm_vspec.core.acceptance_stats import expected_tokens_all
+from vllm_vspec.core.budget.policy import DraftRow
 from vllm_vspec.core.controller import GammaController
 from vllm_vspec.core.latency import LatencyProfile
+from vllm_vspec.core.policies.budget import BudgetPolicy
 from vllm_vspec.core.steps import BatchState, Decision, StepFeedback, bucket_of, feasible_max_gamma
 from vllm_vspec.replay.recording import RecordedRequest, Recording
 from vllm_vspec.sim.simulator import (TARGET, Cycle, SimClock, SimResult, StaticTable, Workload,
@@ -57,11 +69,61 @@ class RecordedAcceptance:
         self.runs = np.zeros((len(self.requests), width), dtype=np.int64)
         for i, r in enumerate(self.requests):
             self.runs[i, :len(r.accept)] = r.accept
+        # [request, decode position, chain slot] draft probabilities (None:
+        # not every request has them).
+        self.probs: np.ndarray | None = None
+        if all(r.draft_probs is not None for r in self.requests):
+            self.probs = np.zeros((len(self.requests), width, k), dtype=np.float64)
+            for i, r in enumerate(self.requests):
+                self.probs[i, :len(r.draft_probs)] = r.draft_probs
 
     def accepted(self, idx, done, verify, verify_w, rates):
         if (verify_w > 1).any():
             raise ValueError("a recording holds linear drafts only: tree width 1")
         return np.minimum(verify, self.runs[idx, done])
+
+
+class RecordedAdmission:
+    """Per-request verify lengths of policy `budget` on a recording
+    (sim/simulator.py Admission), as the engine's scheduler admits them
+    (hosts/vllm/budget_admission.BudgetAdmission): one DraftRow per request
+    of the step with the recorded probabilities of its pending drafts, the
+    policy's plan, each request cut to its admitted prefix; the verified and
+    accepted drafts reported to the policy for a step the controller
+    decided, before it observes the step."""
+
+    def __init__(self, acc: RecordedAcceptance, policy: BudgetPolicy,
+                 max_num_batched_tokens: int):
+        if acc.probs is None:
+            raise ValueError("policy budget needs the recording's draft probabilities")
+        self.acc, self.policy, self.max_tokens = acc, policy, max_num_batched_tokens
+        self.rows: list[DraftRow] = []
+
+    def admit(self, idx, done, drafts):
+        self.rows = [DraftRow(int(r), tuple(self.acc.probs[r, d, :g].tolist()))
+                     for r, d, g in zip(idx.tolist(), done.tolist(), drafts.tolist())]
+        plan = self.policy.plan(self.rows, self.max_tokens)
+        return drafts if plan is None else np.minimum(drafts, np.array(plan.admitted))
+
+    def verified(self, verify, accepted, decided):
+        if decided:
+            self.policy.report(self.rows, verify.tolist(), accepted.tolist())
+
+
+def admission_of(policy, acc: RecordedAcceptance,
+                 max_num_batched_tokens: int) -> RecordedAdmission | None:
+    """The admission a contender needs: a controller under policy budget
+    admits per request; every other contender verifies all its drafts."""
+    if isinstance(policy, GammaController) and isinstance(policy.policy, BudgetPolicy):
+        return RecordedAdmission(acc, policy.policy, max_num_batched_tokens)
+    return None
+
+
+def unscorable(recording: Recording, policies: Sequence[str]) -> dict[str, str]:
+    """Policy -> why this recording cannot score it (budget ranks draft
+    probabilities, which a recording may lack)."""
+    reason = recording.missing_draft_probs
+    return {p: reason for p in policies if p == "budget" and reason}
 
 
 # ------------------------------------------------------------------ workloads
@@ -190,7 +252,7 @@ class FutureOracle(_Oracle):
 
 
 # ------------------------------------------------------------------ contenders
-DEFAULT_POLICIES = ("online", "profile")
+DEFAULT_POLICIES = ("online", "profile", "budget")
 # Policies whose decisions draw random numbers, and their seed key: scored
 # over several seeds, a result is the first seed's with the mean time.
 RANDOMISED = {"model": "model_seed"}
@@ -206,9 +268,12 @@ def controller(recording: Recording, vspec: Mapping, **over) -> Callable[[SimClo
     return lambda clock, seen: GammaController(cfg, recording.k, clock=clock)
 
 
-def policy_settings(name: str, profile_path: str) -> dict:
-    """The vspec settings that make policy `name` a contender."""
-    return {"policy": name, **({"profile_path": profile_path} if name == "profile" else {})}
+def policy_settings(name: str, profile_path: str, gamma0_mode: str) -> dict:
+    """The vspec settings that make policy `name` a contender (budget's
+    cost model knows what a depth-0 step runs from `gamma0_mode`, the
+    replay's, as the engine's resolved setting tells it)."""
+    return {"policy": name, **({"profile_path": profile_path} if name == "profile" else {}),
+            **({"gamma0_mode": gamma0_mode} if name == "budget" else {})}
 
 
 def contenders(recording: Recording, profile: LatencyProfile, profile_path: str, wl: Workload,
@@ -220,7 +285,8 @@ def contenders(recording: Recording, profile: LatencyProfile, profile_path: str,
             for g in range(k + 1)]
     table = tuned_table(wl, profile, k, gamma0_mode=gamma0_mode)
     out.append(("table", lambda clock, seen: StaticTable(table, k)))
-    out += [(name, controller(recording, vspec, **policy_settings(name, profile_path)))
+    out += [(name, controller(recording, vspec,
+                              **policy_settings(name, profile_path, gamma0_mode)))
             for name in policies]
     out.append(("informed", lambda clock, seen: InformedOracle(acc, profile, k, gamma0_mode, seen)))
     return out
@@ -233,8 +299,10 @@ def score(recording: Recording, profile: LatencyProfile, profile_path: str,
           progress: Callable[[str], None] | None = None) -> list[SimResult]:
     """Every contender on every workload (see the module docstring); a
     RANDOMISED policy is run with `policy_seeds` seeds, its result carrying
-    each seed's tokens/s (`SimResult.seed_tok_s`)."""
+    each seed's tokens/s (`SimResult.seed_tok_s`). Policies the recording
+    cannot score (`unscorable`) are left out."""
     vspec = vspec or {}
+    policies = [p for p in policies if p not in unscorable(recording, policies)]
     results = []
     for shape in workloads:
         wl, acc = workload_of(shape, recording)
@@ -243,17 +311,20 @@ def score(recording: Recording, profile: LatencyProfile, profile_path: str,
             clock, seen = SimClock(), _Seen()
             if progress:
                 progress(f"{shape.name} {name}")
-            return simulate(wl, profile, factory(clock, seen), clock, name=name,
+            policy = factory(clock, seen)
+            return simulate(wl, profile, policy, clock, name=name,
                             max_gamma=recording.k, max_num_batched_tokens=max_num_batched_tokens,
                             seed=seed, noise=noise, gamma0_mode=gamma0_mode,
                             drafter=name != TARGET, acceptance=acc, on_batch=seen,
-                            prefill=True)
+                            prefill=True,
+                            admission=admission_of(policy, acc, max_num_batched_tokens))
         for name, factory in contenders(recording, profile, profile_path, wl, acc, policies,
                                         vspec, gamma0_mode):
             if name not in RANDOMISED or policy_seeds == 1:
                 results.append(run(name, factory))
                 continue
-            runs = [run(name, controller(recording, vspec, **policy_settings(name, profile_path),
+            runs = [run(name, controller(recording, vspec,
+                                         **policy_settings(name, profile_path, gamma0_mode),
                                          **{RANDOMISED[name]: s}))
                     for s in range(policy_seeds)]
             results.append(replace(runs[0], seconds=sum(r.seconds for r in runs) / len(runs),

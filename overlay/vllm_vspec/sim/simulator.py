@@ -363,6 +363,19 @@ class Acceptance(Protocol):
                  verify_w: np.ndarray, rates: Mapping[int, tuple]) -> np.ndarray: ...
 
 
+class Admission(Protocol):
+    """Per-request verify lengths (policy `budget`), as the engine's
+    scheduler admits them: `admit` before the policy decides the step, with
+    the step's requests, their generated tokens and the drafts each has to
+    verify, returns the prefix each verifies (at most its drafts);
+    `verified` after the step's acceptance, before the policy observes it
+    (`decided`: the policy decided the step)."""
+
+    def admit(self, idx: np.ndarray, done: np.ndarray, drafts: np.ndarray) -> np.ndarray: ...
+
+    def verified(self, verify: np.ndarray, accepted: np.ndarray, decided: bool) -> None: ...
+
+
 class BernoulliAcceptance:
     """Synthetic acceptance: draft position j of request r at output
     position t is accepted iff u[r, t, j] < p_j (the workload's rates of the
@@ -392,14 +405,16 @@ def simulate(workload: Workload, profile: LatencyProfile, policy: StepPolicy, cl
              on_rates: Callable[[tuple], None] | None = None,
              acceptance: Acceptance | None = None,
              on_batch: Callable[[np.ndarray, np.ndarray, np.ndarray], None] | None = None,
-             prefill: bool = False) -> SimResult:
+             prefill: bool = False, admission: Admission | None = None) -> SimResult:
     """`drafter=False`: no draft model (target-only serving; only gamma 0).
     `acceptance`: where acceptance comes from (default: BernoulliAcceptance
     over the workload's rates, drawn from `seed`); `on_batch(idx, done,
     pending)`: the step's requests, their generated tokens and pending draft
     lengths, before the policy decides (what an oracle may know).
     `prefill`: a request's prompt tokens join the target's pass (and the
-    drafter's) of the step that admits it, at each model's per-token cost."""
+    drafter's) of the step that admits it, at each model's per-token cost.
+    `admission`: per-request verify lengths (Admission; None: every
+    request verifies all its pending drafts)."""
     rng = np.random.default_rng(seed)
     width = max(max_gamma, 1)                      # draft positions (depths) per request
     if acceptance is None:
@@ -441,6 +456,13 @@ def simulate(workload: Workload, profile: LatencyProfile, policy: StepPolicy, cl
         if on_batch is not None:
             on_batch(idx, done[idx], pending[idx])
         state = BatchState(b, max_num_batched_tokens, ctx / b)
+        if admission is not None:
+            # What each request verifies this step: its pending drafts (a
+            # request admitted now, the prefill step's: the arm in force).
+            drafts = pending[idx].copy()
+            if drafter and admitted and in_force is not None:
+                drafts[np.isin(idx, admitted)] = in_force[0]
+            admit = admission.admit(idx, done[idx], drafts)
         if prefill and admitted and isinstance(policy, GammaController):
             # A step that carries a prefill is the controller's to decide or
             # not (by default it keeps the arm in force and is not observed),
@@ -453,6 +475,8 @@ def simulate(workload: Workload, profile: LatencyProfile, policy: StepPolicy, cl
             pending[admitted], pending_w[admitted] = in_force or (gamma, decision.width)
         in_force = (gamma, decision.width)
         verify, verify_w = pending[idx], pending_w[idx]
+        if admission is not None:
+            verify = np.minimum(verify, admit)
         missing = set(np.unique(verify_w).tolist()) - set(rates)
         if missing:
             raise ValueError(f"workload {workload.name}: no acceptance rates for tree "
@@ -472,6 +496,8 @@ def simulate(workload: Workload, profile: LatencyProfile, policy: StepPolicy, cl
         ms *= math.exp(noise * noise_rng.standard_normal()) if noise else 1.0
         clock.now += ms / 1000.0
         has = verify > 0
+        if admission is not None:
+            admission.verified(verify, accepted, decision.decided)
         if decision.decided:
             policy.observe(StepFeedback(
                 drafted=tuple(verify[has].tolist()), accepted=tuple(accepted[has].tolist()),
