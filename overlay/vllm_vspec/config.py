@@ -439,6 +439,17 @@ class VSpecConfig:
     draft graphs are built). Not with `draft_active_vocab_ids` (set this
     false for it)."""
 
+    ascend_draft_graph_budget_mib: float = ranged(1024.0, 0.0)
+    """vLLM-Ascend 0.23 with `ascend_draft_full_graph` (not yet run on NPU):
+    the most device memory, in MiB, the draft graphs of gammas below K may
+    take beyond the K-step graphs stock captures, as estimated at capture
+    from the capture sizes and the draft's attention layers (an estimate,
+    not measured: docs/ascend.md, "What the per-gamma draft graphs cost").
+    Gammas are admitted from the smallest up while they fit; a skipped gamma
+    gets no graph, a start-up line names it, and a step at it drafts with
+    the next captured gamma's graph (at worst K's) and keeps its first
+    gamma drafts. 0 captures only K's graph."""
+
     ascend_pad_verify_width: bool = True
     """vLLM-Ascend only (not yet run on NPU): a decode step whose batch fits
     the target's full decode ACL graph (batch x (1 + K) tokens at most

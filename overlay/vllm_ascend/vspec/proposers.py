@@ -16,7 +16,10 @@ Invariants:
   path (dummy_run once per gamma, one ACLGraphWrapper per gamma), and the
   host's draft graph-parameter store keyed by (gamma, token count)
   (graph_params.py), so each gamma's replay update reads and writes only
-  its own captured parameters. Every gamma's graph samples the rows of the
+  its own captured parameters. Gammas below K whose estimated graph memory
+  does not fit `ascend_draft_graph_budget_mib` get no graph (graph_budget.py):
+  a step at one drafts with the next captured gamma's graph (at worst K's)
+  and keeps its first gamma drafts. Every gamma's graph samples the rows of the
   batch descriptor it is captured for, num_tokens // (1 + K) (at most
   max_num_seqs): a FULL draft graph replays only for a uniform decode batch
   of 1 + K tokens a request. `ascend_draft_full_graph = false` runs the
@@ -55,10 +58,11 @@ from vllm_ascend.compilation import acl_graph
 from vllm_ascend.compilation.acl_graph import ACLGraphWrapper
 from vllm_ascend.spec_decode.draft_proposer import AscendDraftModelProposer
 from vllm_ascend.spec_decode.eagle_proposer import AscendEagleProposer
-from vllm_ascend.vspec import graph_params
+from vllm_ascend.vspec import graph_budget, graph_params
 from vllm_ascend.vspec.drafting import VSpecAscendProposer
 from vllm_ascend.vspec.gamma import step_gamma
 from vllm_ascend.vspec.routing import vspec_settings
+from vllm_vspec.config import VSpecConfig
 from vllm_vspec.kernels import ops
 from vllm_vspec.hosts.vllm.verify_width import pad_drafts
 
@@ -90,6 +94,8 @@ class StepGammaProposer(VSpecAscendProposer):
     _vspec_active_gamma: int | None = None  # drafted steps; set only inside _drafting
     _vspec_graph_gamma: int | None = None  # whose draft graph runs; None: the drafted steps'
     _vspec_runnables: Mapping[int, Any] = MappingProxyType({})  # gamma < K -> graph wrapper
+    # Which gammas below K have a draft graph (graph_budget.py); set at the first capture.
+    _vspec_graph_plan: graph_budget.DraftGraphPlan | None = None
     commits_with_vspec_op = True
     # Key the host's draft graph parameters by gamma (graph_params.py); off
     # only in the test that shows what the host's token-count keys do.
@@ -176,7 +182,11 @@ class StepGammaProposer(VSpecAscendProposer):
         # Gamma 0 still runs the first draft pass (as gamma 1), which writes the
         # draft model's KV for this step's tokens, and drops its one draft: the
         # drafter stays aligned for when speculation resumes (vLLM 0.32 does the same).
-        with self._drafting(max(gamma, 1)):
+        # A gamma without a draft graph (skipped for the graph memory budget)
+        # drafts with the next captured gamma's graph; pad_drafts keeps gamma.
+        plan = self._vspec_graph_plan
+        drafted = max(gamma, 1) if plan is None else plan.drafted(max(gamma, 1))
+        with self._drafting(drafted):
             draft = self.drafting.propose(
                 lambda: super(StepGammaProposer, self)._propose(*args, **kwargs), kwargs, gamma)
         return pad_drafts(draft, gamma, self.max_num_speculative_tokens)
@@ -202,9 +212,26 @@ class StepGammaProposer(VSpecAscendProposer):
             return
         if self.vspec_key_graph_params:
             graph_params.install(acl_graph, self)
-        for gamma in range(1, self.max_num_speculative_tokens + 1):
+        if self._vspec_graph_plan is None:
+            self._vspec_graph_plan = self._plan_draft_graphs()
+        for gamma in self._vspec_graph_plan.captured:
             with self._drafting(None, graph_gamma=gamma):
                 super().dummy_run(*args, **kwargs)
+
+    def _plan_draft_graphs(self) -> graph_budget.DraftGraphPlan:
+        """At the first capture (the runner's dispatcher keys are final):
+        which gammas below K get a graph within the memory budget; the
+        skipped ones lose their wrapper, and one start-up line says so."""
+        settings = vspec_settings(self.vllm_config)
+        budget = (VSpecConfig.ascend_draft_graph_budget_mib if settings is None
+                  else settings.ascend_draft_graph_budget_mib)
+        plan = graph_budget.plan(self.max_num_speculative_tokens,
+                                 graph_budget.full_capture_sizes(self.runner),
+                                 len(getattr(self, "attn_layer_names", None) or ()), budget)
+        self._vspec_runnables = MappingProxyType(
+            {g: w for g, w in self._vspec_runnables.items() if g in plan.kept})
+        (logger.warning if plan.skipped else logger.info)("%s", plan.line())
+        return plan
 
     @contextlib.contextmanager
     def _drafting(self, gamma: int | None, graph_gamma: int | None = None) -> Iterator[None]:
