@@ -97,9 +97,10 @@ bench: install
 
 # The overlay needs the venv (setuptools-scm), not the bundled models. With
 # CANN (ASCEND_HOME_PATH) `make wheel` also compiles vLLM-Ascend's and vspec's
-# kernels; without, the wheel says "host kernels missing" (docs/ascend.md).
+# kernels; without, it refuses unless WITHOUT_CANN=1 asks for a Python-only
+# wheel, which says "host kernels missing" (docs/ascend.md).
 wheel: $(PROJECT_STAMP)
-	$(PYTHON) build_overlay.py $(if $(HOST),--host $(HOST))
+	$(PYTHON) build_overlay.py $(if $(HOST),--host $(HOST)) $(if $(WITHOUT_CANN),--without-cann)
 
 # make overlay HOST=<version | sdist | dir>: re-target the patches, check, pin.
 overlay: $(PROJECT_STAMP)
