@@ -24,7 +24,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[1]  # conftest.py stays in tests/
 MODELS = REPO / "models"
 TARGET = MODELS / "tiny-target"
 DEEP_TARGET = MODELS / "derived" / "tiny-target-deep"
@@ -135,6 +135,20 @@ def record_drafter_calls(llm, row) -> list:
 
     runner.propose_draft_token_ids = recorded
     return log
+
+
+class TokenBuffer:
+    """A drafter's backup-token buffer (vLLM's CpuGpuBuffer on CPU)."""
+
+    def __init__(self, n: int):
+        import torch
+
+        self.cpu = torch.zeros(n, dtype=torch.int32)
+        self.gpu = torch.zeros(n, dtype=torch.int32)
+        self.np = self.cpu.numpy()
+
+    def copy_to_gpu(self, n: int):
+        return self.gpu[:n].copy_(self.cpu[:n])
 
 
 MAX_TOKENS = 48  # tokens per request in the exactness tests (and `reference`)

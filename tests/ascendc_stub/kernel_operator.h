@@ -1,6 +1,6 @@
 // A declarations-only stand-in for CANN's kernel_operator.h: exactly the
 // AscendC names and signatures csrc/kernels/ use, written from the AscendC
-// API reference (CANN 8/9). tests/test_ops.py compiles the kernels against
+// API reference (CANN 8/9). tests/unit/test_ops.py compiles the kernels against
 // it with the host C++ compiler (-fsyntax-only): that catches syntax, type
 // and arity mistakes in our code. It proves nothing about CANN itself (a
 // signature wrong here is wrong in the check too); the kernels are not yet

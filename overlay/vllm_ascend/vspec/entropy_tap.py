@@ -9,7 +9,7 @@ buffer with tensor ops so that it can be captured: the i-th greedy draft
 distribution of a pass writes row i, and a graph captured per gamma (the
 default, proposers.py) would replay those writes. That is the intent, not a
 shown fact: no ACL graph capture has run with it (no NPU here;
-tests/test_overlay.py runs it eagerly on a stand-in proposer). The
+tests/ascend/test_overlay.py runs it eagerly on a stand-in proposer). The
 proposers restart the rows at every draft pass, dummy and capture passes
 included (`reset`).
 

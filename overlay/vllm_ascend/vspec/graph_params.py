@@ -14,7 +14,7 @@ captured entry (lines 544-553 and 690-698). One captured graph per gamma at
 the same token count would append to the same lists: replaying gamma g would
 update every gamma's tasks with g's metadata cycled over them, so g's own
 tasks get the wrong draft step's sequence lengths unless g's entries happen
-to start at a multiple of g's period (tests/test_ascend_graphs.py shows it
+to start at a multiple of g's period (tests/ascend/test_ascend_graphs.py shows it
 with the host's own code).
 
 `PerGammaGraphParams` is the host's own `GraphParams` dataclass whose four

@@ -7,7 +7,7 @@ cost order. Policies and the governor are written against it once:
 
 - `GammaArms` (width 1, the default): an arm IS its gamma, a plain int,
   exactly as before arms had widths, so a linear engine's controller
-  decides and tallies as it did (tests/test_arm_replay.py replays traces
+  decides and tallies as it did (tests/unit/test_arm_replay.py replays traces
   recorded before this module existed).
 - `TreeArms(min_width, max_width, max_nodes)`: an arm is a (gamma, width)
   tuple. A tree of depth gamma and width W drafts gamma*W nodes; the host's

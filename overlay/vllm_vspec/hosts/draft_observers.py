@@ -8,7 +8,7 @@ token is their argmax, and then each observer of the proposer's list sees
 them. An observer has one job and never changes a draft token.
 
 Order rule: every hook below goes to the observers in their list order,
-each observer once per call (tests/test_draft_observers.py). The proposers
+each observer once per call (tests/unit/test_draft_observers.py). The proposers
 list them as: what a tree step keeps of its first pass (EAGLE on vLLM 0.32,
 tree/proposer.py), the draft probabilities (policy `budget`), the entropy
 stop's record, then the diagnostics traces (hosts/diagnostics.py), last so

@@ -4,7 +4,7 @@ greedy acceptance and the inputs of the `vspec::tree_commit` op.
 Plain torch, no vLLM import (like kernels/acceptance.py): the maths the
 engine's tree steps run (hosts/vllm/tree/: the drafter, verify and commit;
 docs/design/eagle-tree.md says which host methods call what), tested against brute
-force in tests/test_tree.py.
+force in tests/unit/test_tree.py.
 
 The tree (one per request and step), with gamma = depth and width = W:
 - It is a **beam of W per depth**. Depth 0 is the root: the last committed

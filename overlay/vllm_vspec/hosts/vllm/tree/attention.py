@@ -24,7 +24,7 @@ The CPU cache of one layer is [num_blocks, num_kv_heads, block_size,
 2 * head_size], viewed as key and value halves; per (block, head) the key is
 stored transposed, [head_size, block_size], the value plainly, [block_size,
 head_size] (ISAs vec and vec16, locked by
-tests/test_tree.py::test_cpu_kv_cache_keeps_keys_transposed_per_block_and_head).
+tests/unit/test_tree.py::test_cpu_kv_cache_keeps_keys_transposed_per_block_and_head).
 Other ISAs (amx for bf16, neon, ...) have not been read: a tree on one of
 them is refused with the ISA named.
 """
