@@ -225,12 +225,13 @@ class VSpecConfig:
     profile_path: str | None = None
     """`profile` policy: path of a latency profile JSON (see profiles/)."""
 
-    model_memory_tokens: int = ranged(64, 2)
-    """`model` policy: judged draft tokens a position's acceptance posterior
-    remembers (older judgements fade by 1 - 1/memory a token): about this
-    many steps at batch 1, this many divided by the batch size above."""
+    model_memory_steps: int = ranged(64, 2)
+    """`model` policy: steps a position's acceptance posterior remembers
+    (each step that judges the position fades its older judgements by
+    1 - 1/memory): at any batch size, about the time a batch's requests
+    take to turn over; a larger batch brings more judgements a step."""
 
-    model_cost_window: int = ranged(256, 2)
+    model_cost_window: int = ranged(1024, 2)
     """`model` policy: decided steps the online step-cost model's fit
     describes (older steps fade by 1 - 1/window a step)."""
 
@@ -370,7 +371,7 @@ class VSpecConfig:
 
     draft_active_vocab_ids: str | None = None
     """Active vocabulary of the drafter: path of an ids file written by
-    `vllm-vspec active-vocab`. The drafter's greedy LM head then scores only
+    `vllm-vspec trace active-vocab`. The drafter's greedy LM head then scores only
     these token ids and maps its argmax back to the full id. Outputs stay
     exact under strict acceptance (the target verifies with its full head);
     the restriction only changes which tokens can be drafted. Used in steps
@@ -413,7 +414,7 @@ class VSpecConfig:
     target_argmax_trace_path: str | None = None
     """Diagnostics (costs throughput): one JSON line per drafter step with
     the tokens the target committed per request (its argmax for greedy
-    requests); `vllm-vspec active-vocab` builds an active vocabulary from it."""
+    requests); `vllm-vspec trace active-vocab` builds an active vocabulary from it."""
 
     refill_batch: int = ranged(0, 0)
     """Refill holding: while a batch is decoding, admit new requests only once
@@ -501,14 +502,14 @@ class VSpecConfig:
             except OSError as exc:
                 raise VSpecConfigError("profile_path", self.profile_path,
                                        f"a readable latency profile JSON ({exc.strerror}); "
-                                       "write one with `vllm-vspec profile` or `vllm-vspec "
-                                       "fit-profile`, or use policy 'online'") from None
+                                       "write one with `vllm-vspec profile collect` or "
+                                       "`vllm-vspec profile fit`, or use policy 'online'") from None
             except ProfileError as exc:
                 what = (exc.allowed if exc.key == "<file>" else
                         f"{exc.key}={exc.value!r} must be {exc.allowed}")
                 raise VSpecConfigError("profile_path", self.profile_path,
                                        f"a latency profile JSON file ({what}); write one with "
-                                       "`vllm-vspec profile` or `vllm-vspec fit-profile`"
+                                       "`vllm-vspec profile collect` or `vllm-vspec profile fit`"
                                        ) from None
         if self.draft_active_vocab_ids:
             from vllm_vspec.core.active_vocab import check_file

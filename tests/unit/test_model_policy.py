@@ -11,7 +11,7 @@ import pytest
 from vllm_vspec.config import VSpecConfig
 from vllm_vspec.core.controller import GammaController
 from vllm_vspec.core.acceptance_stats import expected_tokens_all
-from vllm_vspec.core.posterior import AcceptancePosterior
+from vllm_vspec.core.posterior import EVIDENCE_FLOOR, AcceptancePosterior
 from vllm_vspec.core.step_cost import PooledStepCost, features
 from vllm_vspec.core.steps import BatchState, StepFeedback
 
@@ -56,30 +56,34 @@ def controller(**over):
 
 
 # ------------------------------------------------------------------ posterior
-def test_a_position_left_unjudged_keeps_its_history():
-    post = AcceptancePosterior(K, memory_tokens=64)
+def test_a_position_left_unjudged_keeps_its_rate_and_fades_only_to_the_floor():
+    post = AcceptancePosterior(K, memory_steps=64)
     for _ in range(200):
         post.update([3], [2])                 # positions 1-2 accepted, 3 rejected
-    before, counts = post.mean(), post.evidence()
     for _ in range(500):
         post.update([1], [0])                 # gamma 1 for a long stretch, position 1 rejected
-    after = post.mean()
-    assert post.evidence()[1:] == counts[1:]
-    # Only the prior (worth 2 of its ~64 judgements) follows position 1 down.
-    assert after[1] == pytest.approx(before[1], rel=0.05) and after[2] == pytest.approx(before[2], rel=0.05)
-    assert after[0] < 0.1
+    # Positions 2 and 3 keep their measured rates (1.0 and 0.0), worth the floor.
+    assert post.success[1] / post.evidence()[1] == pytest.approx(1.0)
+    assert post.failure[2] / post.evidence()[2] == pytest.approx(1.0)
+    assert post.evidence()[1:3] == pytest.approx([EVIDENCE_FLOOR] * 2)
+    assert post.mean()[0] < 0.1
+    # One rejection after the absence moves position 2, it does not replace it.
+    post.update([2], [1])
+    assert post.mean()[1] > 0.6
 
 
-def test_memory_is_counted_in_judged_tokens_not_steps():
+def test_memory_is_counted_in_steps_and_a_larger_batch_brings_more_evidence_a_step():
     one, many = AcceptancePosterior(K, 64), AcceptancePosterior(K, 64)
     for _ in range(100):
         one.update([1], [1])
         many.update([1] * 32, [1] * 32)
+    # The same 100 steps are remembered as deep at either batch size...
+    assert one.evidence()[0] * 32 == pytest.approx(many.evidence()[0])
+    # ...so a step of 32 rejections moves batch 32's estimate exactly as far
+    # as one rejection moves batch 1's.
     one.update([1], [0])
     many.update([1] * 32, [0] * 32)
-    # One rejection among 100 accepted moves batch 1 a little; a batch of 32
-    # rejections (32 judgements) moves batch 32's estimate far.
-    assert one.mean()[0] > 0.95 and many.mean()[0] < 0.7
+    assert one.mean()[0] == pytest.approx(many.mean()[0], abs=0.02) and one.mean()[0] > 0.95
 
 
 def test_an_unjudged_position_borrows_the_rate_of_the_one_before():

@@ -7,13 +7,19 @@ accepted), and E(g) = 1 + sum_{j<=g} prod_{i<=j} p_i is what a request
 commits in a step that verifies g drafts.
 
 Rules:
-- Counts forget by judged tokens, not by steps: each token judged at a
-  position multiplies that position's counts by 1 - 1/memory_tokens before
-  it is added. A batch of 32 judges 32 tokens a step, a batch of 1 one, so
-  memory is short in steps at large batches and long at batch 1, and it is
-  always about `memory_tokens` judgements deep.
-- A position that goes unjudged (gamma was lower) keeps its counts: its
-  history is never replaced wholesale after an absence.
+- Counts forget by steps that judge them: a step that judges a position
+  multiplies that position's counts by 1 - 1/memory_steps once, then adds
+  its judgements. Memory is about `memory_steps` steps at every batch
+  size, the time over which a batch's requests (at batch 1, the request)
+  turn over, and a batch of B brings B times the evidence per step, so
+  the estimate is sharpest where the decision is closest (large batches,
+  where one gamma beats another by a few percent).
+- A position that goes unjudged (gamma was lower) keeps its rate, and its
+  confidence fades at the same pace down to EVIDENCE_FLOOR judgements: its
+  history is never replaced wholesale after an absence, and a rate
+  measured long ago is uncertain enough that Thompson sampling re-checks
+  it (after a stretch at gamma 0, a drafter that has become good is found
+  within a bounded number of steps).
 - Each position's prior is the posterior mean of the position before it
   (position 1: `first_prior`), worth `prior_strength` judgements: a
   position with little evidence borrows its neighbour's rate, and one with
@@ -25,18 +31,23 @@ Plain Python: a few dozen float operations per step.
 from __future__ import annotations
 
 import random
+
+# Judgements an unjudged position's confidence fades down to (its rate is
+# kept): with the prior's, a rate known to about +-0.15, so a stretch at a
+# lower gamma leaves the position worth re-checking without forgetting it.
+EVIDENCE_FLOOR = 8.0
 from typing import Sequence
 
 
 class AcceptancePosterior:
-    def __init__(self, num_positions: int, memory_tokens: float = 64.0,
+    def __init__(self, num_positions: int, memory_steps: float = 64.0,
                  prior_strength: float = 2.0, first_prior: float = 0.5):
-        if num_positions < 1 or memory_tokens <= 1 or prior_strength <= 0 or not 0 < first_prior < 1:
-            raise ValueError(f"AcceptancePosterior(num_positions={num_positions}, memory_tokens="
-                             f"{memory_tokens}, prior_strength={prior_strength}, first_prior="
+        if num_positions < 1 or memory_steps <= 1 or prior_strength <= 0 or not 0 < first_prior < 1:
+            raise ValueError(f"AcceptancePosterior(num_positions={num_positions}, memory_steps="
+                             f"{memory_steps}, prior_strength={prior_strength}, first_prior="
                              f"{first_prior}): need >= 1, > 1, > 0 and in (0, 1)")
         self.k = num_positions
-        self.keep = 1.0 - 1.0 / memory_tokens
+        self.keep = 1.0 - 1.0 / memory_steps
         self.prior_strength, self.first_prior = prior_strength, first_prior
         self.success = [0.0] * num_positions        # decayed accepted judgements
         self.failure = [0.0] * num_positions        # decayed rejected judgements
@@ -49,9 +60,13 @@ class AcceptancePosterior:
                 won[j] += j < a
         for j in range(self.k):
             if judged[j]:
-                f = self.keep ** judged[j]
-                self.success[j] = self.success[j] * f + won[j]
-                self.failure[j] = self.failure[j] * f + judged[j] - won[j]
+                f = self.keep
+            else:
+                # Unjudged: its rate is kept, its confidence fades to the floor.
+                n = self.success[j] + self.failure[j]
+                f = max(self.keep, min(1.0, EVIDENCE_FLOOR / n)) if n > 0 else 1.0
+            self.success[j] = self.success[j] * f + won[j]
+            self.failure[j] = self.failure[j] * f + judged[j] - won[j]
 
     def evidence(self) -> list[float]:
         """Decayed judgements per position."""

@@ -8,9 +8,9 @@ A decode step's time is linear in what it does:
 B requests, V draft tokens verified (the target runs B + V tokens), P draft
 passes (the gamma decided: the drafts it proposes), [P > 0] the fixed cost
 of a step that drafts at all (paid at every gamma but 0: without it a
-long draft would be charged for it per pass), C tokens a lazy gamma 0
-left the drafter to catch up (paid by the next drafting step), ctx the
-batch's context tokens. One model pooled over all batch sizes: what is
+long draft would be charged for it per pass), C the requests a
+drafting step after a gamma-0 step catches up (a lazy drafter's pass
+over the tokens it missed), ctx the batch's context tokens. One model pooled over all batch sizes: what is
 learnt at batch 8 informs batch 32, and a batch size seen for the first
 time is priced at once.
 

@@ -6,11 +6,14 @@ commits the most tokens per second, every step.
 E(g) from per-position Beta posteriors of acceptance (core/posterior.py),
 T(B, g) from one step-cost model fitted online on every decided step,
 pooled over batch sizes (core/step_cost.py): a step at gamma g verifies
-B*g drafts next step and runs g draft passes now. The catch-up a lazy
-gamma 0 leaves the drafter is fitted (so it does not bias the other
-costs) but not charged to a decision: it is paid once whenever drafting
-resumes and grows while it waits, so charging it to one step would hold
-gamma 0 for ever. Exploration is Thompson sampling:
+B*g drafts next step and runs g draft passes now. A step that drafts
+after a gamma-0 step pays a catch-up (a lazy drafter's pass over the
+tokens it missed; nothing in sync mode, where the fit finds it free):
+the model fits it per request caught up, and a decision to resume is
+charged it spread over the mean length of past drafting runs (charged
+whole to one step, it would hold gamma 0 wherever drafting wins only in
+the steady state; not charged, short excursions from gamma 0 would each
+pay it). Exploration is Thompson sampling:
 each decision draws the acceptance rates and the cost coefficients from
 their posteriors, so a gamma is tried as often as the evidence leaves it
 possibly best, and exploration stops as the arms separate. No bandit arms,
@@ -25,7 +28,7 @@ At larger batches the pooled posterior serves (the feedback does not name
 requests).
 
 Cold start: the first decisions sweep the feasible gammas from the top,
-twice each, so the cost model sees every draft length once before it
+once each, so the cost model sees every draft length before it
 extrapolates (and a state saved by `state()` skips the sweep).
 
 Linear drafts only (a tree space is refused at construction).
@@ -43,7 +46,13 @@ from vllm_vspec.core.acceptance_stats import expected_tokens_all
 from vllm_vspec.core.posterior import AcceptancePosterior
 from vllm_vspec.core.step_cost import PooledStepCost, features
 
-SWEEP_REPEATS = 2
+SWEEP_REPEATS = 1
+# A resume's catch-up is spread over the mean length of past drafting runs
+# (decided steps at gamma > 0 between two gamma-0 steps), each older run
+# weighing RUN_KEEP times the next; before any run ended, PRIOR_RUN_STEPS,
+# worth PRIOR_RUNS runs.
+PRIOR_RUN_STEPS, PRIOR_RUNS = 8.0, 2.0
+RUN_KEEP = 0.9
 # A drawn step cost is never taken below this fraction of the mean model's
 # prediction (a draw far into an unexplored direction must not make a
 # gamma look free).
@@ -58,25 +67,29 @@ class ModelPolicy:
                              "it chooses linear draft lengths only (use online)")
         self.config = config
         self.k = config.max_gamma
-        self.acceptance = AcceptancePosterior(max(self.k, 1), config.model_memory_tokens)
+        self.acceptance = AcceptancePosterior(max(self.k, 1), config.model_memory_steps)
         self.cost = PooledStepCost(config.model_cost_window)
         self.thompson = config.model_thompson
         self.rng = random.Random(config.model_seed)
         self.nrng = np.random.default_rng(config.model_seed)
-        self.lag = 0.0                 # tokens committed at gamma 0 the drafter has not seen
+        self.observed_gamma: int | None = None      # the gamma of the step observed last
+        self.run = 0                                # observed drafting steps since the last resume
+        self.runs = [PRIOR_RUN_STEPS * PRIOR_RUNS, PRIOR_RUNS]   # decayed sum of run lengths, count
         self.swept = 0
         # Batch 1: acceptance conditioned on whether the request's last known
         # step accepted every draft it verified (runs of matches persist),
         # and the outcomes of the last two observed steps (None: unknown).
-        self.by_outcome = {o: AcceptancePosterior(max(self.k, 1), config.model_memory_tokens)
+        self.by_outcome = {o: AcceptancePosterior(max(self.k, 1), config.model_memory_steps)
                            for o in (True, False)}
         self.outcomes: list[bool | None] = []
 
     def opening(self) -> Arm:
         return self.space.arm(self.k, 1)
 
-    def values(self, batch, arms, draw: bool) -> dict[int, float]:
-        """Predicted committed tokens per millisecond of each gamma of `arms`."""
+    def values(self, batch, arms, draw: bool, resuming: bool = False) -> dict[int, float]:
+        """Predicted committed tokens per millisecond of each gamma of `arms`;
+        `resuming`: the step in force is gamma 0, so drafting now pays the
+        catch-up."""
         b = max(batch.num_reqs, 1)
         ctx = b * batch.mean_context_len
         hi = max(self.space.gamma(a) for a in arms)
@@ -89,7 +102,8 @@ class ModelPolicy:
         theta = self.cost.sample(self.nrng) if draw else mean
         gammas = [self.space.gamma(a) for a in arms]
         g = np.array(gammas, dtype=float)
-        x = features(b, b * g, g, 0.0, ctx)
+        dwell = max(self.runs[0] / self.runs[1], 1.0)
+        x = features(b, b * g, g, b * (g > 0) * resuming / dwell, ctx)
         cost = np.maximum(x @ theta, MIN_COST_FRACTION * np.maximum(x @ mean, 1e-6))
         return {a: b * e[k] / c for a, k, c in zip(arms, gammas, cost.tolist())}
 
@@ -100,7 +114,8 @@ class ModelPolicy:
             arm = arms[-1 - (self.swept // SWEEP_REPEATS) % len(arms)]
             self.swept += 1
             return arm, "sweep"
-        v = self.values(batch, arms, self.thompson)
+        resuming = previous is not None and self.space.gamma(previous) == 0
+        v = self.values(batch, arms, self.thompson, resuming)
         return max(arms, key=lambda a: (v[a], -self.space.gamma(a))), "model"
 
     def observe(self, outcome) -> None:
@@ -118,10 +133,15 @@ class ModelPolicy:
             self.outcomes = (self.outcomes + [full])[-2:]
         else:
             self.outcomes = []
-        catchup = self.lag if outcome.gamma else 0.0
+        catchup = b if outcome.gamma and self.observed_gamma == 0 else 0
         x = features(b, sum(fb.drafted), outcome.gamma, catchup, b * outcome.batch.mean_context_len)
         self.cost.observe(x, outcome.interval_s * 1000.0)
-        self.lag = self.lag + fb.committed if outcome.gamma == 0 else 0.0
+        if outcome.gamma:
+            self.run += 1
+        elif self.run:
+            self.runs = [self.runs[0] * RUN_KEEP + self.run, self.runs[1] * RUN_KEEP + 1.0]
+            self.run = 0
+        self.observed_gamma = outcome.gamma
 
     def state(self) -> dict:
         """What a restarted server needs not to re-learn (`restore`;
