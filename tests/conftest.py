@@ -45,6 +45,16 @@ def pytest_runtest_setup(item) -> None:
     _RUNNING["item"] = item
 
 
+@pytest.fixture(autouse=True, scope="module")
+def warm_state_dir(tmp_path_factory):
+    """The `model` policy's warm-start files (core/warm_state.py) of a test
+    module's engines and the servers it starts go to a directory of the
+    module's own: never the user's cache, never another module's."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("VLLM_VSPEC_STATE_DIR", str(tmp_path_factory.mktemp("vspec-state")))
+        yield
+
+
 def make_llm(model: Path = TARGET, *, speculative_config: dict | None = None,
              vspec: dict | None = None, **overrides):
     """A small in-process vLLM engine; `vspec` (a table of VSpecConfig keys)

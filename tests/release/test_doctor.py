@@ -338,3 +338,57 @@ def test_doctor_flags_an_installed_vllm_outside_the_range(capsys, monkeypatch):
     rc, out = run_cli(capsys)
     (row,) = [line for line in out.splitlines() if line.startswith("vllm range ")]
     assert row.split(None, 2)[2] == "0.32.x and 0.33.x; installed: vllm 0.34.0 (OUTSIDE the range)"
+
+
+# ------------------------------------------------------------- warm state
+def saved_state(directory: Path, k: int) -> Path:
+    """A `model` policy's state file for K=k, as an engine saves it."""
+    from vllm_vspec.config import VSpecConfig
+    from vllm_vspec.core.policies.model import ModelPolicy
+    from vllm_vspec.core.warm_state import WarmKey, WarmStore
+
+    key = WarmKey(host={"device": "cpu"}, target="/m/tiny-target", drafter="/m/tiny-draft",
+                  method="draft_model", k=k)
+    store = WarmStore(directory, key)
+    store.steps = 40 + k                      # as if it had observed these steps
+    store.save(ModelPolicy(VSpecConfig.from_dict({"policy": "model"}, k).with_max_gamma(k)))
+    return store.path
+
+
+def in_dir(directory: Path) -> dict:
+    return {"model_state_dir": str(directory)}
+
+
+def test_doctor_lists_each_warm_state_file_with_its_key_steps_and_age(tmp_path):
+    paths = [saved_state(tmp_path, 2), saved_state(tmp_path, 4)]
+    (tmp_path / "model-draft_model-k3-a-b-0123456789ab.json").write_text("{broken")
+    (tmp_path / "notes.json").write_text("{}")           # not ours: not listed
+    warm = doctor.warm_state(in_dir(tmp_path))
+    assert warm["directory"] == str(tmp_path)
+    rows = {Path(r["path"]).name: r for r in warm["files"]}
+    assert set(rows) == {p.name for p in paths} | {"model-draft_model-k3-a-b-0123456789ab.json"}
+    assert [(rows[p.name]["key"]["k"], rows[p.name]["steps_learned"]) for p in paths] == \
+        [(2, 42), (4, 44)]
+    assert "not JSON" in rows["model-draft_model-k3-a-b-0123456789ab.json"]["error"]
+    lines = doctor._table({"summary": {**doctor.summary([], in_dir(tmp_path))}, "abi": [],
+                           "ok": True}, []).splitlines()
+    (header,) = [line for line in lines if line.startswith("warm state ")]
+    assert str(tmp_path) in header and "vllm-vspec doctor --forget" in header
+    (row,) = [line for line in lines if line.strip().startswith(paths[1].name)]
+    assert row.split(None, 1)[1] == ("draft_model K=4, target /m/tiny-target, drafter "
+                                     "/m/tiny-draft, cpu; 44 steps learned, saved 0 s ago")
+
+
+def test_doctor_forget_deletes_the_state_files_and_nothing_else(tmp_path, capsys):
+    path = saved_state(tmp_path, 4)
+    (tmp_path / "notes.json").write_text("{}")
+    rc, out = run_cli(capsys, "--forget", "--additional-config",
+                      json.dumps({"vspec": in_dir(tmp_path)}))
+    assert rc == 0 and out == f"deleted {path}\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.json"]
+
+
+def test_doctor_says_when_warm_start_is_off():
+    assert doctor.warm_state({"model_state_dir": "off"}) == {"directory": None, "files": []}
+    assert doctor._warm_rows(doctor.warm_state({"model_state_dir": "off"})) == \
+        [("warm state", "off (model_state_dir)")]

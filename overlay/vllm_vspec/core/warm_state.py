@@ -157,16 +157,16 @@ class WarmStore:
     def load(self, policy: Any) -> bool:
         """Restore `policy` from the file; False (the policy untouched)
         when there is none or it cannot be used (one log line)."""
-        if not self.path.exists():
-            return False
         try:
+            if not self.path.exists():
+                return False
             doc = read(self.path)
             if doc["key"] != self.key.as_dict():
                 raise ValueError(f"{self.path}: saved for another key "
                                  f"({_key_difference(doc['key'], self.key.as_dict())})")
             probe = copy.deepcopy(policy)
             probe.restore(doc["state"])
-        except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+        except (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
             logger.warning("vspec: warm start skipped, starting cold: %s", exc)
             return False
         policy.restore(doc["state"])
@@ -187,18 +187,18 @@ class WarmStore:
         save (never raises: a failure logs once and stops saving)."""
         if self._failed or self.steps == self._saved_steps:
             return
-        doc = {"schema": SCHEMA, "format": FORMAT, "vllm_vspec": _version(),
-               "saved_at": _now_iso(), "steps_learned": self.steps,
-               "key": self.key.as_dict(), "state": policy.state()}
         tmp = None
         try:
+            doc = {"schema": SCHEMA, "format": FORMAT, "vllm_vspec": _version(),
+                   "saved_at": _now_iso(), "steps_learned": self.steps,
+                   "key": self.key.as_dict(), "state": policy.state()}
             self.directory.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=self.directory)
             with os.fdopen(fd, "w") as f:
                 json.dump(doc, f, indent=1)
                 f.write("\n")
             os.replace(tmp, self.path)
-        except (OSError, TypeError, ValueError) as exc:
+        except (OSError, TypeError, ValueError, ArithmeticError) as exc:
             self._failed = True
             if tmp is not None and os.path.exists(tmp):
                 os.unlink(tmp)
