@@ -253,7 +253,8 @@ def _table(result: dict, reports: list[HostReport]) -> str:
 def _warm_rows(warm: dict[str, Any]) -> list[tuple[str, str]]:
     if warm["directory"] is None:
         return [("warm state", "off (model_state_dir)")]
-    rows = [("warm state", f"{warm['directory']} ({len(warm['files'])} files; policy model "
+    n = len(warm["files"])
+    rows = [("warm state", f"{warm['directory']} ({n} file{'' if n == 1 else 's'}; policy model "
              "only; delete a file, or all with `vllm-vspec doctor --forget`, to start cold)")]
     for row in warm["files"]:
         name = Path(row["path"]).name

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.metadata as md
 import os
 import platform
+from pathlib import Path
 from typing import Any
 
 from vllm_vspec.core.warm_state import WarmKey
@@ -76,9 +77,17 @@ def host_description(vllm_config: Any) -> dict[str, Any]:
     }
 
 
+def _model(name: str) -> str:
+    """A model as the key names it: a local directory by its absolute path
+    (the same models, whatever directory the server starts in), a hub name
+    as given."""
+    path = Path(name).expanduser()
+    return str(path.resolve()) if path.exists() else name
+
+
 def warm_key(vllm_config: Any) -> WarmKey:
     spec = vllm_config.speculative_config
     return WarmKey(host=host_description(vllm_config),
-                   target=str(vllm_config.model_config.model),
-                   drafter=str(spec.model) if spec.model else spec.method,
+                   target=_model(str(vllm_config.model_config.model)),
+                   drafter=_model(str(spec.model)) if spec.model else spec.method,
                    method=str(spec.method), k=int(spec.num_speculative_tokens))
