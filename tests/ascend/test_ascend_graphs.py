@@ -17,7 +17,9 @@ vllm_vspec.tools.ascend_build.common) at test time, never copied:
   store's entries for the token count with the step's per-draft-step
   metadata and rewrites each captured task);
 the methods are taken out of their files by name and run in a namespace that
-supplies their module globals.
+supplies their module globals; and vLLM 0.23's v1/cudagraph_dispatcher.py
+(the pin's vLLM source wheel, executed as its module), whose FULL keys give
+the capture sizes the draft graph memory budget prices.
 
 What is a stand-in, written here (so these tests show the host code's
 bookkeeping, not the NPU's behaviour):
@@ -519,14 +521,14 @@ def _capture(proposer, num_tokens: int = NUM_TOKENS) -> None:
                        in_graph_capturing=True, is_profile=False)
 
 
-def _make(host, vspec=None):
-    from vllm.config import CUDAGraphMode
-
+def _make(host, vspec=None, dispatcher=None):
     from test_overlay import _engine_config
 
     HostLikeProposer.host = host
     config = _engine_config("eagle", K, vspec=vspec or {})
     proposer = host.proposers.VSpecEagleProposer(config, torch.device("cpu"))
+    if dispatcher is not None:   # the runner's, keys initialised before capture
+        proposer.runner.cudagraph_dispatcher = dispatcher
     proposer.load_model(model=None)
     host.acl_graph.set_draft_graph_params([NUM_TOKENS])   # model_runner_v1.py line 5099
     _capture(proposer)
@@ -704,3 +706,103 @@ def test_the_hosts_init_sets_the_workaround_from_use_cuda_graph_after_its_last_f
         "self.maybe_eager_context = _maybe_eager_context(vllm_config)"
     assert "def _maybe_eager_context(vllm_config):" in text
 
+
+# ------------------------------------------------------- graph memory budget
+@pytest.fixture(scope="module")
+def host_dispatcher_cls():
+    """vLLM 0.23's CudagraphDispatcher, the pin's own source (the vLLM
+    source wheel patches/hosts.toml names, hash-checked), executed as its
+    module over the installed vLLM's config classes."""
+    import zipfile
+
+    from vllm_vspec.tools.ascend_build import common
+
+    default, pins = common.load_pins()
+    wheel = common.fetch_vllm_source(pins[default], CACHE)
+    path = "vllm/v1/cudagraph_dispatcher.py"
+    module = types.ModuleType("pinned_vllm_cudagraph_dispatcher")
+    exec(compile(zipfile.ZipFile(wheel).read(path).decode(), path, "exec"), module.__dict__)
+    return module.CudagraphDispatcher
+
+
+def _dispatcher(cls, capture_sizes=(4, 8, 16)):
+    """The runner's dispatcher as NPUModelRunner._check_and_update_cudagraph_mode
+    leaves it: keys initialised for FULL decode graphs at width 1 + K."""
+    from vllm.config import CompilationConfig, CUDAGraphMode
+
+    compilation = CompilationConfig(cudagraph_mode="FULL_DECODE_ONLY",
+                                    cudagraph_capture_sizes=list(capture_sizes),
+                                    max_cudagraph_capture_size=max(capture_sizes))
+    config = SimpleNamespace(compilation_config=compilation, lora_config=None,
+                             speculative_config=SimpleNamespace(num_speculative_tokens=K),
+                             scheduler_config=SimpleNamespace(
+                                 max_num_seqs=HostLikeProposer.max_num_seqs))
+    dispatcher = cls(config)
+    dispatcher.initialize_cudagraph_keys(CUDAGraphMode.FULL_DECODE_ONLY, 1 + K)
+    return dispatcher
+
+
+def test_the_draft_graphs_are_priced_at_the_hosts_full_capture_sizes(host_dispatcher_cls):
+    """The sizes the draft's FULL graphs are captured at are the host
+    dispatcher's FULL descriptors (uniform decode at 1 + K, at most
+    max_num_seqs requests: 16 tokens would be 4 requests of 4, more than 2),
+    and each gamma below K is priced over all of them."""
+    from vllm_ascend.vspec import graph_budget
+
+    runner = SimpleNamespace(cudagraph_dispatcher=_dispatcher(host_dispatcher_cls))
+    assert graph_budget.full_capture_sizes(runner) == [4, 8]
+    plan = graph_budget.plan(K, graph_budget.full_capture_sizes(runner), 24, 1024)
+    per_graph = {g: max(graph_budget.GRAPH_FLOOR_BYTES, g * 24 * graph_budget.LAYER_STEP_BYTES)
+                 for g in range(1, K)}
+    assert plan.cost == {g: 2 * per_graph[g] for g in range(1, K)}
+    assert plan.kept == (1, 2) and plan.skipped == () and plan.captured == (1, 2, K)
+
+
+def test_gammas_over_the_graph_budget_are_skipped_in_order_of_cost():
+    from vllm_ascend.vspec import graph_budget
+
+    mib = graph_budget.MIB
+    # 10 sizes, 24 layers: gamma g costs 10 x g x 3 MiB.
+    assert graph_budget.plan(4, range(10), 24, 0).captured == (4,)
+    assert graph_budget.plan(4, range(10), 24, 30).kept == (1,)
+    assert graph_budget.plan(4, range(10), 24, 89.9).skipped == (2, 3)
+    assert graph_budget.plan(4, range(10), 24, 90).kept == (1, 2)
+    plan = graph_budget.plan(4, range(10), 24, 90)
+    assert [plan.drafted(g) for g in (1, 2, 3, 4)] == [1, 2, 4, 4]
+    assert plan.kept_bytes == 90 * mib
+    assert "skipped gammas 3 (estimated 90 MiB more)" in plan.line()
+    assert "skipped" not in graph_budget.plan(4, range(10), 24, 180).line()
+
+
+def test_a_gamma_over_the_budget_gets_no_graph_and_drafts_with_the_next_one(
+        host, host_dispatcher_cls, caplog):
+    """A budget that fits gamma 1's graphs only (two FULL sizes at the 1 MiB
+    per-graph floor: 2 MiB a gamma): the host's dummy_run captures gammas 1
+    and K, one start-up line names gamma 2, and a step at gamma 2 replays
+    K's graph with K's own parameters and returns its 2 drafts then -1."""
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="vllm"):
+        proposer = _make(host, {"ascend_draft_graph_budget_mib": 3},
+                         dispatcher=_dispatcher(host_dispatcher_cls))
+    captures = [call["steps"] for call in proposer.draft_calls if call["capturing"]]
+    assert captures == [1, K]
+    assert set(proposer._vspec_runnables) == {1}
+    lines = [r for r in caplog.records if "per-gamma draft graphs" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].levelno == logging.WARNING
+    assert "for gammas 1 " in lines[0].getMessage()
+    assert "skipped gammas 2 (estimated 2 MiB more)" in lines[0].getMessage()
+
+    graphs = {g: _graphs(proposer)[g] for g in (1, K)}
+    before = {g: graph.replays for g, graph in graphs.items()}
+    FAKE.executed.clear()
+    draft = proposer._propose(seq_lens=_seq_lens(1, K),
+                              scheduler_output=SimpleNamespace(num_spec_tokens_to_schedule=2))
+    FAKE.flush()
+    assert {g: graph.replays - before[g] for g, graph in graphs.items()} == {1: 0, K: 1}
+    assert FAKE.hangs == []
+    assert FAKE.executed == [(K, (s, layer), _seq_lens(1, K)[s])
+                             for s in range(K) for layer in LAYERS]
+    assert draft.shape[1] == K
+    assert (draft[:, :2] != -1).all() and (draft[:, 2:] == -1).all()
+    assert proposer.num_speculative_tokens == K

@@ -464,3 +464,42 @@ def test_make_wheel_host_builds_the_0_30_pin_with_its_own_overlay_selection(buil
 def test_make_wheel_refuses_a_host_that_is_not_pinned(tmp_path):
     with pytest.raises(common.BuildError, match=r"HOST='0\.99\.0' is not pinned"):
         ab.build(None, CACHE, tmp_path / "work", tmp_path / "dist", "0.99.0")
+
+
+def test_make_wheel_refuses_to_build_without_cann_unless_asked(tmp_path, monkeypatch, capsys):
+    """Without CANN the wheel would have neither vLLM-Ascend's vllm_ascend_C
+    ops nor vspec's compiled ops, and installing it still replaces stock
+    vLLM-Ascend: build_overlay.py (make wheel) refuses with exit 2 naming the
+    way to ask, builds when --without-cann asks (here it runs up to its first
+    check, the pin), and needs no flag once CANN is found."""
+    import build_overlay
+
+    for name in ("ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    if ab.cann_home() is not None:
+        pytest.skip(f"CANN is installed here ({ab.cann_home()})")
+    args = ["--cache", str(CACHE), "--work", str(tmp_path / "work"),
+            "--dist", str(tmp_path / "dist"), "--host", "0.99.0"]
+    assert build_overlay.main(args) == 2
+    err = capsys.readouterr().err
+    assert "CANN not found" in err and "vllm_ascend_C" in err
+    assert "--without-cann" in err and "make wheel WITHOUT_CANN=1" in err
+    assert not (tmp_path / "work").exists() and not (tmp_path / "dist").exists()
+
+    assert build_overlay.main([*args, "--without-cann"]) == 1
+    assert "HOST='0.99.0' is not pinned" in capsys.readouterr().err
+
+    cann = tmp_path / "cann"
+    (cann / ab.ASCENDC_CMAKE_DIRS[0]).mkdir(parents=True)
+    monkeypatch.setenv("ASCEND_HOME_PATH", str(cann))
+    assert build_overlay.main(args) == 1
+    assert "is not pinned" in capsys.readouterr().err
+
+
+def test_make_wheel_passes_without_cann_only_when_asked():
+    dry = ["make", "-n", "-C", str(REPO), "wheel", "PROJECT_STAMP=Makefile"]
+    plain = subprocess.run(dry, capture_output=True, text=True, check=True).stdout
+    asked = subprocess.run([*dry, "WITHOUT_CANN=1"], capture_output=True, text=True,
+                           check=True).stdout
+    assert "build_overlay.py" in plain and "--without-cann" not in plain
+    assert "build_overlay.py" in asked and "--without-cann" in asked

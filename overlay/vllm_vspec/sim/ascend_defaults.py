@@ -1,42 +1,44 @@
-"""What each Ascend graph default costs, simulated (`vllm-vspec sim
---ascend-defaults --profile profiles/ascend-910b-qwen25-14b-draft.json`, or
-`python -m vllm_vspec.sim.ascend_defaults`): stock vLLM-Ascend at fixed K against vspec's
-online policy under the old and the new defaults, on an Ascend latency
-profile. A cost model, not a measurement: nothing here ran on an NPU.
+"""What each Ascend graph default costs, simulated (`python -m
+vllm_vspec.sim.ascend_defaults`, or `vllm-vspec sim --ascend-defaults --profile
+profiles/ascend-910b-qwen25-14b-draft.json` at the default target factor):
+stock vLLM-Ascend at fixed K against vspec's online policy under each pin's
+defaults, on an Ascend latency profile. A cost model, not a measurement:
+nothing here ran on an NPU.
 
 Per-step costs (ms) of a step at gamma g with B requests and batch context
 ctx, from the profile's linear models T_target and T_draft:
 - draft passes: g passes (a sync gamma-0 step: one, the overlay's `sync`
   mode), each T_draft(ctx + i*B, B). With the draft model's full ACL graph
-  (stock; vspec's new default, one graph per gamma) a pass costs
-  T_draft with its fixed per-pass term divided by `graph_factor`; eager
-  (vspec's old default under dynamic gamma) it costs the profile's T_draft.
-  The bundled Ascend profile is an eager derivation (its draft delta is 24
-  launch-bound layers); `graph_factor` is an assumption ("several times"
-  cheaper per pass), reported with every table, not a
-  measured figure.
+  (stock; vspec's 0.23 default, one graph per gamma) a pass costs T_draft
+  with its fixed per-pass term divided by `graph_factor`; eager (vspec's old
+  0.23 default, and vspec on 0.30) it costs the profile's T_draft. The
+  bundled Ascend profile is an eager derivation (its draft delta is 24
+  launch-bound layers); `graph_factor` is an assumption, reported with
+  every table, not a measured figure.
 - verify: T_target(ctx, B * (1 + w)), where w is what the step verifies:
   the previous step's gamma, or K when the scheduler pads the step to keep
-  the target's full decode graph (`ascend_pad_verify_width`: a step of at
-  most `capture_tokens // (1 + K)` requests; larger steps have no graph to
-  keep and verify their gamma). Stock verifies K always. The target's cost
-  is the same function with and without a graph here: the profile does not
-  separate them, so the padding costs what stock costs and never less.
-  A per-width target graph (verify 1 + g with a graph) is not built; the
-  `online, verify 1+g` row is what it would give, for comparison only.
+  the target's full decode graph (`ascend_pad_verify_width`, 0.23: a step
+  of at most `capture_tokens // (1 + K)` requests; larger steps have no
+  graph to keep and verify their gamma). Stock verifies K always. The
+  target's fixed per-step term is divided by `target_graph_factor` when the
+  step replays a FULL decode graph: a uniform batch of B * (1 + w) <=
+  `capture_tokens` tokens whose width the host captured (1 + K on both
+  pins as shipped; every width with per-width target graphs, not built);
+  any other step runs PIECEWISE or eagerly at the profile's cost (an
+  assumption too: piecewise graphs recover part of that term).
 
 The contenders run the engine's own GammaController (policy fixed or
 online) through simulator.simulate, on the same workloads and luck; a
 request's first step verifies what its prefill step drafted (stock: K;
-online: its opening arm, K), as in the engine. Beside them, a bound: the
-per-step oracle (simulator.Oracle: the true rates and the new defaults'
-true step costs, no learning). Where it drafts K at every step (steady
-loads inside the padding range, where each gamma < K saves only graphed
-draft passes and verifies 1 + K anyway) it IS stock fixed K, so there a
-policy that has to learn its arms can tie stock at best: what it spends
-learning (a warm-up sweep per batch-size bucket, then probes of close
-neighbours, online.py) is its loss. The ratios are given for several seeds
-(the luck of one seed moves them by about a percent).
+online: its opening arm, K), as in the engine. The 0.30.0rc2 pin's default
+is vspec off, i.e. stock fixed K; its row is vspec turned on there. One
+contender is a rule, not built in the engine: inside the padded range the
+step drafts K (the padded verify costs 1 + K whatever gamma is, so a gamma
+below K saves only graphed draft passes) and the online policy decides only
+the other steps. Beside them, a bound: the per-step oracle (simulator.Oracle:
+the true rates and the 0.23 defaults' true step costs, no learning). The
+ratios are given for several seeds (the luck of one seed moves them by
+about a percent).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from typing import Sequence
 from vllm_vspec.config import VSpecConfig
 from vllm_vspec.core.controller import GammaController
 from vllm_vspec.core.latency import LatencyProfile, LinearLatency, load_profile
+from vllm_vspec.core.steps import BatchState, Decision, StepFeedback, bucket_of
 from vllm_vspec.sim.simulator import (Oracle, SimClock, SimResult, Workload, bursty,
                                       phase_shift, simulate, steady)
 
@@ -58,6 +61,14 @@ REPO = Path(__file__).resolve().parents[3]
 # is an assumed value for the table (set yours with --capture-tokens).
 CAPTURE_TOKENS = 512
 GRAPH_FACTOR = 4.0
+# A FULL target decode graph's fixed per-step cost is the profile's divided
+# by this: an assumption (the 14B target's fixed term is about half weight
+# reads, which a graph does not save, and half launches).
+TARGET_GRAPH_FACTOR = 1.5
+
+# Which verify widths have a FULL target decode graph.
+HOST_WIDTH = "1+K"       # the host's one uniform-decode width (both pins as shipped)
+EVERY_WIDTH = "1+g"      # a graph per verify width (not built)
 
 
 @dataclass(frozen=True)
@@ -67,15 +78,26 @@ class AscendCosts(LatencyProfile):
     k: int = 0
     pad_verify: bool = False
     capture_tokens: int = CAPTURE_TOKENS
+    target_graph_factor: float = 1.0
+    full_widths: str = HOST_WIDTH
 
     def pads(self, batch: int) -> bool:
         return self.pad_verify and 0 < batch * (1 + self.k) <= self.capture_tokens
+
+    def full_target(self, target_tokens: int, batch: int) -> bool:
+        """The step replays a FULL target decode graph (module docstring)."""
+        if batch <= 0 or not 0 < target_tokens <= self.capture_tokens or target_tokens % batch:
+            return False
+        return self.full_widths == EVERY_WIDTH or target_tokens == batch * (1 + self.k)
 
     def split_step_ms(self, target_tokens: int, draft: int, batch: int, ctx: float,
                       width: int = 1) -> float:
         if self.pads(batch):
             target_tokens = batch * (1 + self.k)
-        return super().split_step_ms(target_tokens, draft, batch, ctx, width)
+        ms = super().split_step_ms(target_tokens, draft, batch, ctx, width)
+        if self.full_target(target_tokens, batch):
+            ms -= self.target.delta * (1.0 - 1.0 / self.target_graph_factor)
+        return ms
 
 
 @dataclass(frozen=True)
@@ -87,31 +109,54 @@ class Defaults:
     draft_graphs: bool     # the draft model replays captured graphs
     pad_verify: bool       # steps inside the capture range verify K
     drafter: bool = True
+    full_widths: str = HOST_WIDTH
+    hold_padded: bool = False   # padded steps draft K; the policy decides the others
 
 
 CONTENDERS = (
-    Defaults("target-only", "fixed", True, False, drafter=False),
+    Defaults("target-only", "fixed", True, False, drafter=False, full_widths=EVERY_WIDTH),
     Defaults("stock fixed K", "fixed", True, False),
-    Defaults("online, old defaults (eager draft, verify 1+K)", "online", False, True),
-    Defaults("online, new defaults (draft graph per gamma, verify 1+K)", "online", True, True),
-    Defaults("online, draft graphs, verify 1+g (not built)", "online", True, False),
+    Defaults("0.23 old defaults (eager draft, verify 1+K)", "online", False, True),
+    Defaults("0.23 defaults (draft graph per gamma, verify 1+K)", "online", True, True),
+    Defaults("0.23 defaults, K where padded (not built)", "online", True, True,
+             hold_padded=True),
+    Defaults("0.30 with vspec on (eager draft, verify 1+g)", "online", False, False),
+    Defaults("target graph per width, verify 1+g (not built)", "online", True, False,
+             full_widths=EVERY_WIDTH),
     # A bound, not a contender: the per-step goodput argmax under the true
-    # rates and the new defaults' true costs, no noise, no learning.
-    Defaults("oracle, new defaults", "oracle", True, True),
+    # rates and the 0.23 defaults' true costs, no noise, no learning.
+    Defaults("oracle, 0.23 defaults", "oracle", True, True),
 )
-STOCK, OLD, NEW = CONTENDERS[1].name, CONTENDERS[2].name, CONTENDERS[3].name
-ORACLE = CONTENDERS[5].name
+(TARGET_ONLY, STOCK, OLD, NEW, HOLD, V030, PER_WIDTH, ORACLE) = (c.name for c in CONTENDERS)
+
+
+class KWherePadded:
+    """Padded steps draft K, undecided (the verify costs 1 + K whatever the
+    gamma); the controller decides and learns from every other step."""
+
+    def __init__(self, controller: GammaController, profile: AscendCosts):
+        self.controller, self.profile = controller, profile
+
+    def decide(self, batch: BatchState) -> Decision:
+        if self.profile.pads(batch.num_reqs):
+            return Decision(self.profile.k, bucket_of(batch.num_reqs), "padded", decided=False)
+        return self.controller.decide(batch)
+
+    def observe(self, fb: StepFeedback) -> None:
+        self.controller.observe(fb)
 
 
 def costs(base: LatencyProfile, k: int, draft_graphs: bool, pad_verify: bool,
-          graph_factor: float = GRAPH_FACTOR,
-          capture_tokens: int = CAPTURE_TOKENS) -> AscendCosts:
+          graph_factor: float = GRAPH_FACTOR, capture_tokens: int = CAPTURE_TOKENS,
+          target_graph_factor: float = TARGET_GRAPH_FACTOR,
+          full_widths: str = HOST_WIDTH) -> AscendCosts:
     draft = base.draft
     if draft_graphs:
         draft = LinearLatency(draft.alpha, draft.beta, draft.delta / graph_factor)
     fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(LatencyProfile)}
     fields["draft"] = draft
-    return AscendCosts(**fields, k=k, pad_verify=pad_verify, capture_tokens=capture_tokens)
+    return AscendCosts(**fields, k=k, pad_verify=pad_verify, capture_tokens=capture_tokens,
+                       target_graph_factor=target_graph_factor, full_widths=full_widths)
 
 
 def workloads(scale: float = 1.0) -> list[Workload]:
@@ -126,9 +171,10 @@ def workloads(scale: float = 1.0) -> list[Workload]:
 
 def run(contender: Defaults, workload: Workload, base: LatencyProfile, k: int,
         graph_factor: float = GRAPH_FACTOR, capture_tokens: int = CAPTURE_TOKENS,
-        seed: int = 0, noise: float = 0.03, vspec: dict | None = None) -> SimResult:
+        seed: int = 0, noise: float = 0.03, vspec: dict | None = None,
+        target_graph_factor: float = TARGET_GRAPH_FACTOR) -> SimResult:
     profile = costs(base, k, contender.draft_graphs, contender.pad_verify, graph_factor,
-                    capture_tokens)
+                    capture_tokens, target_graph_factor, contender.full_widths)
     gamma = k if contender.drafter else 0
     clock = SimClock()
     rates: list = [()]
@@ -139,20 +185,24 @@ def run(contender: Defaults, workload: Workload, base: LatencyProfile, k: int,
                 if contender.policy == "fixed" else {"policy": "online"})
         policy = GammaController(VSpecConfig.from_dict({**(vspec or {}), **over}, k), k,
                                  clock=clock)
+        if contender.hold_padded:
+            policy = KWherePadded(policy, profile)
     return simulate(workload, profile, policy, clock, name=contender.name, max_gamma=k,
                     seed=seed, noise=noise, gamma0_mode="sync", drafter=contender.drafter,
                     on_rates=lambda r: rates.__setitem__(0, r))
 
 
-RATIOS = {"new/stock": (NEW, STOCK), "old/stock": (OLD, STOCK),
-          "oracle/stock": (ORACLE, STOCK), "new/oracle": (NEW, ORACLE)}
+RATIOS = {"0.23/stock": (NEW, STOCK), "0.23 K where padded/stock": (HOLD, STOCK),
+          "0.23 old/stock": (OLD, STOCK), "0.30 on/stock": (V030, STOCK),
+          "per width/stock": (PER_WIDTH, STOCK), "oracle/stock": (ORACLE, STOCK)}
 
 
 def compare_defaults(profile_path: str = DEFAULT_PROFILE, k: int = 4,
                      graph_factor: float = GRAPH_FACTOR, capture_tokens: int = CAPTURE_TOKENS,
                      scale: float = 1.0, seed: int = 0,
                      workload_list: Sequence[Workload] | None = None,
-                     num_seeds: int = 3) -> dict:
+                     num_seeds: int = 3,
+                     target_graph_factor: float = TARGET_GRAPH_FACTOR) -> dict:
     """{workload: {contender: tokens/s}} at `seed`, the ratios of RATIOS at
     seeds seed .. seed + num_seeds - 1 ({workload: {ratio: [per seed]}}: the
     luck of a seed moves them by about a percent), plus the per-step cost
@@ -163,32 +213,42 @@ def compare_defaults(profile_path: str = DEFAULT_PROFILE, k: int = 4,
     base = load_profile(path)
     seeds = list(range(seed, seed + max(1, num_seeds)))
     out: dict = {"profile": profile_path, "k": k, "graph_factor": graph_factor,
+                 "target_graph_factor": target_graph_factor,
                  "capture_tokens": capture_tokens, "seeds": seeds, "tok_s": {}, "ratios": {}}
     for wl in workload_list or workloads(scale):
-        per_seed = [{c.name: run(c, wl, base, k, graph_factor, capture_tokens, s).tok_s
+        per_seed = [{c.name: run(c, wl, base, k, graph_factor, capture_tokens, s,
+                                 target_graph_factor=target_graph_factor).tok_s
                      for c in CONTENDERS} for s in seeds]
         out["tok_s"][wl.name] = per_seed[0]
         out["ratios"][wl.name] = {name: [round(by[a] / by[b], 4) for by in per_seed]
                                   for name, (a, b) in RATIOS.items()}
-    out["step_ms"] = step_table(base, k, graph_factor, capture_tokens)
+    out["step_ms"] = step_table(base, k, graph_factor, capture_tokens,
+                                target_graph_factor=target_graph_factor)
     return out
+
+
+# The per-step cost table's columns: (draft graphs, pad verify, FULL target widths).
+STEP_COLUMNS = {
+    "stock (K-step graph, verify 1+K; runs gamma K only)": (True, False, HOST_WIDTH),
+    "0.23 old defaults (eager draft, pad to 1+K)": (False, True, HOST_WIDTH),
+    "0.23 defaults (graph per gamma, pad to 1+K)": (True, True, HOST_WIDTH),
+    "0.30 with vspec on (eager draft, verify 1+g)": (False, False, HOST_WIDTH),
+    "target graph per width, verify 1+g (not built)": (True, False, EVERY_WIDTH),
+}
 
 
 def step_table(base: LatencyProfile, k: int, graph_factor: float = GRAPH_FACTOR,
                capture_tokens: int = CAPTURE_TOKENS, batches: Sequence[int] = (1, 16, 64, 128),
-               context: int = 512) -> dict:
+               context: int = 512, target_graph_factor: float = TARGET_GRAPH_FACTOR) -> dict:
     """{batch: {defaults: [step ms at gamma 0..K]}} for a steady step
     (verifying the gamma it drafts; gamma 0: sync, one draft pass)."""
-    columns = {"stock (K-step graph, verify 1+K; runs gamma K only)": (True, False),
-               "old vspec (eager draft, pad to 1+K)": (False, True),
-               "new vspec (graph per gamma, pad to 1+K)": (True, True),
-               "graph per gamma, verify 1+g (not built)": (True, False)}
     table: dict = {}
     for b in batches:
         ctx = float(b * context)
         row = {}
-        for i, (name, (graphs, pad)) in enumerate(columns.items()):
-            p = costs(base, k, graphs, pad, graph_factor, capture_tokens)
+        for i, (name, (graphs, pad, widths)) in enumerate(STEP_COLUMNS.items()):
+            p = costs(base, k, graphs, pad, graph_factor, capture_tokens, target_graph_factor,
+                      widths)
             row[name] = [None if i == 0 and g < k else
                          round(p.split_step_ms(b * (1 + g), max(g, 1), b, ctx), 2)
                          for g in range(k + 1)]
@@ -197,19 +257,17 @@ def step_table(base: LatencyProfile, k: int, graph_factor: float = GRAPH_FACTOR,
 
 
 def markdown(result: dict) -> str:
-    """The two tables docs/ascend.md carries."""
+    """The tables docs/ascend.md carries."""
     names = [c.name for c in CONTENDERS]
     seeds = result.get("seeds", [0])
     lines = [f"profile `{result['profile']}`, K = {result['k']}, graph_factor "
-             f"{result['graph_factor']}, capture {result['capture_tokens']} tokens; "
-             f"tokens/s at seed {seeds[0]}", "",
-             "| workload | target-only | stock fixed K | online, old defaults | "
-             "online, new defaults | online, verify 1+g (not built) | oracle, new defaults | "
-             "new / stock | old / stock |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             f"{result['graph_factor']}, target_graph_factor "
+             f"{result.get('target_graph_factor', 1.0)}, capture {result['capture_tokens']} "
+             f"tokens; tokens/s at seed {seeds[0]}", "",
+             "| workload | " + " | ".join(names) + " |",
+             "|---|" + "---:|" * len(names)]
     for wl, by in result["tok_s"].items():
-        cells = " | ".join(f"{by[n]:.0f}" for n in names)
-        lines.append(f"| {wl} | {cells} | {by[NEW] / by[STOCK]:.3f} | "
-                     f"{by[OLD] / by[STOCK]:.3f} |")
+        lines.append(f"| {wl} | " + " | ".join(f"{by[n]:.0f}" for n in names) + " |")
     if "ratios" in result:
         lines += ["", f"ratios over seeds {seeds[0]}-{seeds[-1]} (min-max):", "",
                   "| workload | " + " | ".join(RATIOS) + " |",
@@ -236,6 +294,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--profile", default=DEFAULT_PROFILE)
     p.add_argument("--max-gamma", type=int, default=4)
     p.add_argument("--graph-factor", type=float, default=GRAPH_FACTOR)
+    p.add_argument("--target-graph-factor", type=float, default=TARGET_GRAPH_FACTOR)
     p.add_argument("--capture-tokens", type=int, default=CAPTURE_TOKENS)
     p.add_argument("--scale", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
@@ -244,7 +303,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     result = compare_defaults(args.profile, args.max_gamma, args.graph_factor,
                               args.capture_tokens, args.scale, args.seed,
-                              num_seeds=args.num_seeds)
+                              num_seeds=args.num_seeds,
+                              target_graph_factor=args.target_graph_factor)
     print(json.dumps(result, indent=1) if args.json else markdown(result))
     return 0
 
