@@ -115,6 +115,20 @@ def test_a_host_pause_is_not_folded_into_the_cost_model():
     assert not model.observe(features(1, 2, 2, 0.0, 300.0), 50 * step_ms(1, 2))
 
 
+def test_a_batch_far_from_those_fitted_is_learned_once_a_run_of_misses_says_so():
+    # Fitted at batch 1 only, the model cannot tell per-step from per-request
+    # costs; batch 32's true steps look like outliers to it. A run of them
+    # is folded in, every one, and the model then prices batch 32.
+    model = PooledStepCost(window=1000, outlier_run=4)
+    ms = lambda b, g: 20.0 + 0.3 * b * (g + 1) + g * (0.5 + 0.2 * b)
+    for g in [0, 1, 2, 3, 4] * 20:
+        model.observe(features(1, g, g, 0.0, 300.0), ms(1, g))
+    folded = [model.observe(features(32, 32 * g, g, 0.0, 9600.0), ms(32, g)) for g in [2, 0, 1] * 10]
+    assert folded[3:] == [True] * 27
+    for g in range(K + 1):
+        assert model.predict(features(32, 32 * g, g, 0.0, 9600.0)) == pytest.approx(ms(32, g), rel=0.1)
+
+
 # ------------------------------------------------------------------ policy
 def test_exploration_stops_when_the_gammas_separate():
     # Acceptance is high and drafting cheap: gamma 4 is clearly best, and

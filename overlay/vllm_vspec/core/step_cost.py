@@ -26,7 +26,8 @@ steps have not pinned down gets tried as often as it might be best).
 
 Steps the model mispredicts by more than `outlier_factor` (a preemption,
 a pause of the host) are not folded in unless `outlier_run` come in a row
-(then the machine changed).
+(then the machine changed, or the batch left the region the model was
+fitted on): from then on every such step is folded in until one fits.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def features(batch, verified, passes, catchup, context) -> np.ndarray:
 
 class PooledStepCost:
     def __init__(self, window: float = 256.0, prior_steps: float = 0.5,
-                 outlier_factor: float = 3.0, outlier_run: int = 8):
+                 outlier_factor: float = 3.0, outlier_run: int = 4):
         if window < 2 or prior_steps <= 0 or outlier_factor <= 1 or outlier_run < 1:
             raise ValueError(f"PooledStepCost(window={window}, prior_steps={prior_steps}, "
                              f"outlier_factor={outlier_factor}, outlier_run={outlier_run}): need "
@@ -83,12 +84,17 @@ class PooledStepCost:
             return False
         if self.samples >= MIN_SAMPLES:
             pred = self.predict(x)
-            if not 1.0 / self.outlier_factor <= ms / max(pred, 1e-9) <= self.outlier_factor:
+            if 1.0 / self.outlier_factor <= ms / max(pred, 1e-9) <= self.outlier_factor:
+                self._run = 0
+            else:
                 self._run += 1
                 if self._run < self.outlier_run:
                     self.skipped += 1
                     return False
-            self._run = 0
+                # A run this long says the model is wrong (the machine
+                # changed, or the batch left the region it was fitted on):
+                # every step of the run is folded in and refitted at once.
+                self._fit = None
             rel = (ms - pred) / ms
             self.sq_rel = self.sq_rel * self.keep + rel * rel
         self.xx = self.xx * self.keep + np.outer(x, x)
