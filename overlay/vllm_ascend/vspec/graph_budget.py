@@ -27,7 +27,9 @@ graph, one start-up line names them). A step at a skipped gamma drafts with
 the smallest captured gamma above it (at worst K, stock's graph) and keeps
 its first gamma drafts (the rest become invalid drafts the verifier
 rejects): its drafts are those the chosen gamma would give, its draft cost
-is the larger graph's, never more than stock's. It never runs the draft
+is the larger graph's, never more than stock's (past the capture range,
+where no draft graph replays, it drafts that larger gamma eagerly, as every
+pass there runs). It never runs the draft
 eagerly under a FULL forward context: an eager pass costs every launch,
 more than the K-step graph on the bundled profile (docs/ascend.md, "What
 each default costs").
