@@ -1,4 +1,4 @@
-"""`vllm-vspec bench` machinery: workloads, report maths, dry-run output,
+"""`vllm-vspec bench serve` machinery: workloads, report maths, dry-run output,
 protocol datasets, and the load generator against a stand-in server.
 
 The benchmark itself measures and asserts nothing; these tests only pin down
@@ -408,7 +408,7 @@ def _variant_commands(out: str) -> dict[str, list[str]]:
 
 
 def test_dry_run_prints_one_server_command_per_variant(bench_inputs, capsys):
-    assert cli.main(["bench", "--dry-run", *bench_inputs]) == 0
+    assert cli.main(["bench", "serve", "--dry-run", *bench_inputs]) == 0
     cmds = _variant_commands(capsys.readouterr().out)
     assert list(cmds) == list(variants.DEFAULT_VARIANTS)
     assert "--speculative-config" not in cmds["target"]
@@ -421,7 +421,7 @@ def test_dry_run_prints_one_server_command_per_variant(bench_inputs, capsys):
 
 
 def test_dry_run_lists_workload_phases(bench_inputs, capsys):
-    cli.main(["bench", "--dry-run", *bench_inputs, "--workloads", "bursty"])
+    cli.main(["bench", "serve", "--dry-run", *bench_inputs, "--workloads", "bursty"])
     out = capsys.readouterr().out
     assert ("bursty: 4 x code @ concurrency 1, 32 x code @ concurrency 32, "
             "4 x prose @ concurrency 1, 32 x prose @ concurrency 32") in out
@@ -430,11 +430,11 @@ def test_dry_run_lists_workload_phases(bench_inputs, capsys):
 def test_eagle_variants_appear_only_when_the_head_exists(bench_inputs, tmp_path, capsys):
     args = [a if a != str(tmp_path / "no-eagle") else str(tmp_path / "draft")
             for a in bench_inputs]
-    cli.main(["bench", "--dry-run", *args, "--variants", "eagle-fixed-2,eagle-online"])
+    cli.main(["bench", "serve", "--dry-run", *args, "--variants", "eagle-fixed-2,eagle-online"])
     cmds = _variant_commands(capsys.readouterr().out)
     assert list(cmds) == ["target", "eagle-fixed-2", "eagle-online"]
     # A user error: one line on stderr, exit 2 (cli.main).
-    assert cli.main(["bench", "--dry-run", *bench_inputs, "--variants", "eagle-online"]) == 2
+    assert cli.main(["bench", "serve", "--dry-run", *bench_inputs, "--variants", "eagle-online"]) == 2
     assert "eagle-online is not available" in capsys.readouterr().err
 
 
@@ -444,7 +444,7 @@ def test_eagle_tree_variants_serve_vspec_trees_within_one_node_budget(bench_inpu
             for a in bench_inputs]
     names = ["eagle-tree-2x2", "eagle-tree-3x2", "eagle-tree-4x2", "eagle-tree-2x4",
              "eagle-tree-online"]
-    cli.main(["bench", "--dry-run", *args, "--variants", ",".join(names)])
+    cli.main(["bench", "serve", "--dry-run", *args, "--variants", ",".join(names)])
     cmds = _variant_commands(capsys.readouterr().out)
     assert list(cmds) == ["target", *names]
     for name in names:
@@ -461,7 +461,7 @@ def test_eagle_tree_variants_serve_vspec_trees_within_one_node_budget(bench_inpu
             assert vspec == {"policy": "fixed", "fixed_gamma": g, "max_gamma": 4,
                              "tree_width": w, "min_tree_width": w}
     assert vspec == {"policy": "online", "max_gamma": 4, "tree_width": 4}
-    assert cli.main(["bench", "--dry-run", *bench_inputs, "--variants", "eagle-tree-2x2"]) == 2
+    assert cli.main(["bench", "serve", "--dry-run", *bench_inputs, "--variants", "eagle-tree-2x2"]) == 2
     assert "eagle-tree-2x2 is not available" in capsys.readouterr().err
 
 
@@ -481,30 +481,30 @@ def test_eagle_tree_variants_validate_as_vspec_settings_of_their_k():
 def test_families_all_builds_the_steady_workloads_over_every_prompt_file(bench_inputs, capsys):
     prompts = Path(bench_inputs[bench_inputs.index("--prompts") + 1])
     (prompts / "csv.jsonl").write_text(json.dumps({"prompt": "a,b"}) + "\n")
-    cli.main(["bench", "--dry-run", *bench_inputs, "--families", "all"])
+    cli.main(["bench", "serve", "--dry-run", *bench_inputs, "--families", "all"])
     out = capsys.readouterr().out
     for fam in ("code", "csv", "prose"):
         assert f"steady-c1-{fam}: 8 x {fam} @ concurrency 1" in out
-    cli.main(["bench", "--dry-run", *bench_inputs])           # default: code and prose
+    cli.main(["bench", "serve", "--dry-run", *bench_inputs])           # default: code and prose
     assert "csv" not in capsys.readouterr().out
 
 
 def test_user_workloads_run_alone_unless_others_are_named(bench_inputs, capsys):
-    cli.main(["bench", "--dry-run", *bench_inputs, "--workload", "mixed=1:prose:2,8:code:4"])
+    cli.main(["bench", "serve", "--dry-run", *bench_inputs, "--workload", "mixed=1:prose:2,8:code:4"])
     out = capsys.readouterr().out
     assert "mixed: 2 x prose @ concurrency 1, 4 x code @ concurrency 8" in out
     assert "bursty" not in out
-    cli.main(["bench", "--dry-run", *bench_inputs, "--workload", "mixed=1:prose:2",
+    cli.main(["bench", "serve", "--dry-run", *bench_inputs, "--workload", "mixed=1:prose:2",
               "--workloads", "mixed,bursty"])
     assert "bursty:" in capsys.readouterr().out
-    assert cli.main(["bench", "--dry-run", *bench_inputs, "--workload", "q=1:sql:2"]) == 2
+    assert cli.main(["bench", "serve", "--dry-run", *bench_inputs, "--workload", "q=1:sql:2"]) == 2
     assert re.search("families sql: no .*/<family>.jsonl.*code, prose", capsys.readouterr().err)
-    assert cli.main(["bench", "--dry-run", *bench_inputs, "--workload", "q=1:sql"]) == 2
+    assert cli.main(["bench", "serve", "--dry-run", *bench_inputs, "--workload", "q=1:sql"]) == 2
     assert "--workload: workload 'q=1:sql'" in capsys.readouterr().err
 
 
 def test_unknown_workload_is_named(bench_inputs, capsys):
-    assert cli.main(["bench", "--dry-run", *bench_inputs, "--workloads", "steady-c7"]) == 2
+    assert cli.main(["bench", "serve", "--dry-run", *bench_inputs, "--workloads", "steady-c7"]) == 2
     assert "--workloads steady-c7 is not known" in capsys.readouterr().err
 
 
@@ -708,7 +708,7 @@ def test_ngram_variant_commands_parse_and_carry_vspecs_worker_only_for_vspec(tmp
 
 
 def test_ngram_variants_are_selectable_in_a_dry_run(bench_inputs, capsys):
-    assert cli.main(["bench", "--dry-run", *bench_inputs, "--variants",
+    assert cli.main(["bench", "serve", "--dry-run", *bench_inputs, "--variants",
                      "ngram-fixed-1,ngram-online"]) == 0
     cmds = _variant_commands(capsys.readouterr().out)
     assert list(cmds) == ["target", "ngram-fixed-1", "ngram-online"]
@@ -730,7 +730,7 @@ def test_overhead_set_pairs_every_vspec_server_with_the_stock_one_it_stands_in_f
     from vllm_vspec.bench import overhead
     for head in ("eagle", "eagle3"):
         (tmp_path / head).mkdir()
-    cli.main(["bench", "--dry-run", *bench_inputs, "--eagle", str(tmp_path / "eagle"),
+    cli.main(["bench", "serve", "--dry-run", *bench_inputs, "--eagle", str(tmp_path / "eagle"),
               "--eagle3", str(tmp_path / "eagle3"), "--variants", "overhead"])
     out = capsys.readouterr().out
     cmds = _variant_commands(out)
@@ -773,7 +773,7 @@ def test_mtp_variants_exist_for_a_target_with_mtp_layers_and_draft_from_it(
         bench_inputs, tmp_path, capsys):
     from vllm_vspec.bench import overhead
     args = bench_inputs + ["--target", str(_mtp_target(tmp_path))]
-    cli.main(["bench", "--dry-run", *args, "--variants", "mtp-fixed-2,mtp-online,overhead",
+    cli.main(["bench", "serve", "--dry-run", *args, "--variants", "mtp-fixed-2,mtp-online,overhead",
               "--workloads", "steady-c1-code"])
     cmds = _variant_commands(capsys.readouterr().out)
     assert {"mtp-fixed-2", "mtp-online", "mtp-fixed-0", "mtp-vspec-fixed-1"} <= set(cmds)
@@ -786,14 +786,14 @@ def test_mtp_variants_exist_for_a_target_with_mtp_layers_and_draft_from_it(
 
 def test_mtp_variants_without_mtp_layers_in_the_target_say_which_target_to_pass(
         bench_inputs, capsys):
-    assert cli.main(["bench", "--dry-run", *bench_inputs, "--variants", "mtp-online"]) == 2
+    assert cli.main(["bench", "serve", "--dry-run", *bench_inputs, "--variants", "mtp-online"]) == 2
     err = capsys.readouterr().err
     assert "mtp-online is not available" in err
     assert "--target models/derived/tiny-mimo-deep" in err
 
 
 def test_overhead_set_without_an_eagle_head_pairs_the_draft_model_only(bench_inputs, capsys):
-    cli.main(["bench", "--dry-run", *bench_inputs, "--variants", "overhead",
+    cli.main(["bench", "serve", "--dry-run", *bench_inputs, "--variants", "overhead",
               "--workloads", "steady-c32-code"])
     cmds = _variant_commands(capsys.readouterr().out)
     assert not any(n.startswith("eagle-") for n in cmds)
@@ -891,7 +891,7 @@ def test_paired_rounds_keep_both_servers_up_and_swap_who_goes_first(monkeypatch,
 
 
 def test_paired_needs_an_overhead_pair_among_the_variants(bench_inputs, capsys):
-    assert cli.main(["bench", "--dry-run", *bench_inputs, "--variants", "fixed-1",
+    assert cli.main(["bench", "serve", "--dry-run", *bench_inputs, "--variants", "fixed-1",
                      "--paired"]) == 2
     assert "--paired: --variants fixed-1 has no overhead pair" in capsys.readouterr().err
 

@@ -1,4 +1,4 @@
-"""`vllm-vspec profile`: which engine steps become samples, and that the
+"""`vllm-vspec profile collect`: which engine steps become samples, and that the
 samples it writes fit (vllm_vspec.core.latency) into a profile that loads back."""
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def test_samples_of_every_kind_fit_back_to_the_profile_that_made_them(tmp_path):
 def test_collection_on_the_bundled_models_writes_samples_and_a_loadable_profile(tmp_path):
     samples, profile = tmp_path / "s.json", tmp_path / "p.json"
     proc = run_command(
-        [sys.executable, "-m", "vllm_vspec.cli", "profile",
+        [sys.executable, "-m", "vllm_vspec.cli", "profile", "collect",
          "--target", str(REPO / "models/tiny-target"), "--draft", str(REPO / "models/tiny-draft"),
          "--kinds", "target,step", "--gammas", "2", "--batch-sizes", "1,3",
          "--prompt-lens", "16", "--decode-steps", "3", "--kv-cache-memory-bytes", str(64 << 20),

@@ -54,13 +54,13 @@ def files(tmp_path_factory) -> dict[str, Path]:
 
 # (label, argv builder, texts the line must name)
 CASES = [
-    ("fit-profile on a non-JSON samples file",
-     lambda f, t: ["fit-profile", str(f["not_json"]), str(t / "p.json")], ["not.json", "JSON"]),
-    ("fit-profile on bad fields",
-     lambda f, t: ["fit-profile", str(f["bad_samples"]), str(t / "p.json")],
+    ("profile fit on a non-JSON samples file",
+     lambda f, t: ["profile", "fit", str(f["not_json"]), str(t / "p.json")], ["not.json", "JSON"]),
+    ("profile fit on bad fields",
+     lambda f, t: ["profile", "fit", str(f["bad_samples"]), str(t / "p.json")],
      ["samples[0].n", "'two'"]),
-    ("fit-profile on a missing samples file",
-     lambda f, t: ["fit-profile", str(t / "nosuch.json"), str(t / "p.json")], ["nosuch.json"]),
+    ("profile fit on a missing samples file",
+     lambda f, t: ["profile", "fit", str(t / "nosuch.json"), str(t / "p.json")], ["nosuch.json"]),
     ("sim --profile missing",
      lambda f, t: ["sim", "--profile", str(t / "nosuch.json"), "--output-dir", str(t)],
      ["--profile", "nosuch.json"]),
@@ -103,8 +103,8 @@ CASES = [
     ("serve with a non-JSON -- --additional-config",
      lambda f, t: ["serve", "--dry-run", "--preset", "tiny-draft", "--", "--additional-config",
                    "{vspec"], ["--additional-config", "{vspec"]),
-    ("bench --variants nosuch",
-     lambda f, t: ["bench", "--dry-run", "--variants", "nosuch"],
+    ("bench serve --variants nosuch",
+     lambda f, t: ["bench", "serve", "--dry-run", "--variants", "nosuch"],
      ["--variants nosuch", "fixed-2", "eagle-online", "eagle-tree-online"]),
     ("trace summarize on a missing file",
      lambda f, t: ["trace", "summarize", str(t / "nosuch.jsonl")], ["nosuch.jsonl"]),
@@ -119,7 +119,8 @@ def test_a_bad_input_ends_in_one_line_and_exit_2(label, argv, named, files, tmp_
 def test_bench_lists_every_variant_even_away_from_the_bundled_models(tmp_path):
     """Outside the repository the default model paths do not exist: the
     line still lists every variant and says which paths were not found."""
-    line = assert_one_line(run_cli("bench", "--dry-run", "--variants", "nosuch", cwd=tmp_path),
+    line = assert_one_line(run_cli("bench", "serve", "--dry-run", "--variants", "nosuch",
+                                   cwd=tmp_path),
                            "--variants nosuch", "online", "eagle-fixed-2", "profile")
     assert "not found" in line and "--draft" in line
 

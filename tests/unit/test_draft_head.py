@@ -17,7 +17,7 @@ Spec:
   formats and sizes beyond the file, naming the key.
 - The new vspec keys validate by name; target_active_vocab_ids is refused
   with the reason.
-- `trace summarize` and `active-vocab` read the trace formats of
+- `trace summarize` and `trace active-vocab` read the trace formats of
   diagnostics.py.
 """
 
@@ -150,7 +150,7 @@ def test_load_ids_rejects_by_key(tmp_path, size, vocab, key, needle):
 def test_load_ids_rejects_a_foreign_file(tmp_path):
     path = tmp_path / "ids.json"
     path.write_text(json.dumps([1, 2, 3]))
-    with pytest.raises(VSpecConfigError, match="vllm-vspec active-vocab"):
+    with pytest.raises(VSpecConfigError, match="vllm-vspec trace active-vocab"):
         active_vocab.load_ids(path, 0, 16)
 
 
@@ -222,18 +222,18 @@ def test_active_vocab_command_writes_an_ids_file(tmp_path):
     from vllm_vspec.cli import main
 
     out = tmp_path / "ids.json"
-    assert main(["active-vocab", str(argmax_trace(tmp_path)), "--target", str(TARGET),
+    assert main(["trace", "active-vocab", str(argmax_trace(tmp_path)), "--target", str(TARGET),
                  "--size", "4", "-o", str(out)]) == 0
     raw = json.loads(out.read_text())
     specials = raw["special_ids"]
     assert raw["vocab_size"] == 2048 and specials
     assert raw["ids"] == active_vocab.build_ids(collections.Counter({5: 2, 7: 2}), specials, 4)
-    assert main(["active-vocab", str(argmax_trace(tmp_path)), "--target", str(TARGET),
+    assert main(["trace", "active-vocab", str(argmax_trace(tmp_path)), "--target", str(TARGET),
                  "--size", "40", "--fill-unseen", "-o", str(out)]) == 0
     assert len(json.loads(out.read_text())["ids"]) == 40
 
 
-# ------------------------------------------------------------ draft-head-bench
+# ----------------------------------------------------------- bench draft-head
 def test_bench_collects_and_measures_on_disjoint_mixed_prompts():
     from vllm_vspec.commands.draft_head_bench import PROMPT_FILES, split_prompts
 

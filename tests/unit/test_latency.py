@@ -129,7 +129,7 @@ def test_fit_profile_command_writes_a_loadable_profile(tmp_path, capsys):
     samples = tmp_path / "samples.json"
     samples.write_text(json.dumps({"name": "t", "device": "cpu", "samples": step_samples(TRUE)}))
     out = tmp_path / "profile.json"
-    assert cli_main(["fit-profile", str(samples), str(out)]) == 0
+    assert cli_main(["profile", "fit", str(samples), str(out)]) == 0
     profile = load_profile(out)
     assert profile.source == "measured" and profile.device == "cpu"
     np.testing.assert_allclose(coeffs(profile), coeffs(TRUE), rtol=1e-6)
@@ -140,5 +140,5 @@ def test_fit_profile_rejects_a_bad_sample_naming_it(tmp_path, capsys):
     samples = tmp_path / "samples.json"
     samples.write_text(json.dumps([{"kind": "step", "gamma": 1, "batch": 2, "ctx": 10}]))
     # A user error: one line on stderr, exit 2 (cli.main).
-    assert cli_main(["fit-profile", str(samples), str(tmp_path / "p.json")]) == 2
+    assert cli_main(["profile", "fit", str(samples), str(tmp_path / "p.json")]) == 2
     assert "samples[0].ms=None" in capsys.readouterr().err

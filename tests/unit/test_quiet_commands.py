@@ -1,5 +1,5 @@
 """Main commands stay quiet (tools/engine_log.py): `vllm-vspec demo` and
-`vllm-vspec bench` show their progress bar and tables on the console; what
+`vllm-vspec bench serve` show their progress bar and tables on the console; what
 engines write goes to a log file the command names, and to the console as
 well only with --verbose.
 
@@ -158,6 +158,6 @@ def test_a_bench_server_logs_to_its_file_and_is_echoed_only_when_verbose(tmp_pat
 def test_bench_takes_verbose_and_names_the_server_logs_in_its_dry_run(tmp_path, capsys):
     from vllm_vspec import cli
 
-    assert cli.main(["bench", "--dry-run", "--variants", "target", "--verbose",
+    assert cli.main(["bench", "serve", "--dry-run", "--variants", "target", "--verbose",
                      "--output-dir", str(tmp_path / "b")]) == 0
     assert f"server logs -> {tmp_path / 'b' / 'logs'}" in capsys.readouterr().out

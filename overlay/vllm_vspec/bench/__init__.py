@@ -1,4 +1,4 @@
-"""`vllm-vspec bench`: serving benchmark of dynamic gamma against fixed gamma.
+"""`vllm-vspec bench serve`: serving benchmark of dynamic gamma against fixed gamma.
 
 Modules, one job each:
   variants   what is compared (target-only, fixed gamma, static table, online)

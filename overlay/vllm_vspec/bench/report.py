@@ -344,7 +344,7 @@ def render_table(table_rows: list[Row]):
     """A rich Table of the rows (printed by the CLI)."""
     from rich.table import Table
 
-    t = Table(title="vllm-vspec bench (ratios within each workload, same run)")
+    t = Table(title="vllm-vspec bench serve (ratios within each workload, same run)")
     numeric = ("tok/s", "x target", "x best fixed", "x best", "accepted len", "identical",
                "ctl time")
     for col in ("workload", "variant") + numeric + ("gamma per bucket",):

@@ -6,7 +6,7 @@ while it answers a load, then compare two servers.
     python -m vllm_vspec.bench.serve_profile compare \\
         results/serve-prof/target.EngineCore.txt results/serve-prof/fixed-0.EngineCore.txt
 
-`run` starts each named bench variant's server in turn (`vllm-vspec bench`
+`run` starts each named bench variant's server in turn (`vllm-vspec bench serve`
 names: target, fixed-G, vspec-fixed-G, eagle-fixed-0, ...; the bench's
 server settings, --enforce-eager), warms it up, then samples its API
 server, engine-core and worker processes with `py-spy record --nonblocking

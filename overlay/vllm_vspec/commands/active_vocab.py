@@ -1,4 +1,4 @@
-"""`vllm-vspec active-vocab`: the drafter's active vocabulary from a target-argmax trace.
+"""`vllm-vspec trace active-vocab`: the drafter's active vocabulary from a target-argmax trace.
 
 Counts how often the target committed each token id for greedy requests in a
 `target_argmax_trace_path` trace (hosts/diagnostics.py), and writes the ids file
@@ -10,8 +10,8 @@ smallest id first: in a BPE vocabulary the earlier, more frequent merges).
 The file format and its ranking are core/active_vocab.py.
 
 Example (the bundled EAGLE pair):
-    vllm-vspec active-vocab results/argmax.jsonl --target models/tiny-target \\
-        --fraction 0.5 -o results/active-vocab-50.json
+    vllm-vspec trace active-vocab results/argmax.jsonl --target models/tiny-target \\
+        --fraction 0.5 --output results/active-vocab-50.json
 """
 
 from __future__ import annotations
@@ -22,11 +22,12 @@ import json
 from vllm_vspec.core.active_vocab import build_ids, write_ids
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(actions: argparse._SubParsersAction) -> None:
+    """`trace`'s action `active-vocab`."""
     from vllm_vspec.cli import HelpFormatter
     from vllm_vspec.commands import vocabulary
 
-    p = subparsers.add_parser("active-vocab", formatter_class=HelpFormatter, description=__doc__,
+    p = actions.add_parser("active-vocab", formatter_class=HelpFormatter, description=__doc__,
                               help="build a drafter active-vocabulary ids file from an argmax trace")
     p.add_argument("trace", help="a target_argmax trace (JSONL, vspec key target_argmax_trace_path)")
     # Required, the old spelling counting as given (a required group of two).
@@ -54,8 +55,10 @@ def _main(args: argparse.Namespace) -> int:
     vocab_size = AutoConfig.from_pretrained(args.target).vocab_size
     n = args.size if args.size is not None else round(args.fraction * vocab_size)
     if not 1 <= n <= vocab_size:
-        print(f"vllm-vspec active-vocab: size {n} is not in [1, {vocab_size}] (the vocabulary)")
-        return 2
+        flag = "--size" if args.size is not None else "--fraction"
+        raise SystemExit(f"{flag}={args.size if args.size is not None else args.fraction} is "
+                         f"not allowed: {n} ids, which must be in [1, {vocab_size}] (the "
+                         "vocabulary)")
     counts = greedy_token_counts(args.trace)
     specials = special_ids_of(args.target)
     ids = build_ids(counts, specials, n, vocab_size if args.fill_unseen else 0)

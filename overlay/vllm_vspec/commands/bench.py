@@ -1,13 +1,16 @@
-"""`vllm-vspec bench`: the serving benchmark (default) or a serving protocol.
+"""`vllm-vspec bench`: benchmarks, one action each.
 
-  vllm-vspec bench                     every default variant x every workload,
+  vllm-vspec bench serve               every default variant x every workload,
                                        one `vllm serve` per variant
-  vllm-vspec bench --protocol arc-easy --base-url URL --dataset FILE
+  vllm-vspec bench protocol arc-easy --base-url URL --dataset FILE
                                        a seed-style protocol against a running server
-  ... --dry-run                        print what would run, start nothing
+  vllm-vspec bench draft-head          draft time and acceptance of the draft
+                                       LM head options (in-process engines)
+  ... --dry-run                        (serve, protocol) print what would run, start nothing
 
-The console shows one progress bar and the tables; each server's output goes
-to <output-dir>/logs/, and to the console as well with --verbose.
+`bench serve` shows one progress bar and the tables on the console; each
+server's output goes to <output-dir>/logs/, and to the console as well with
+--verbose.
 """
 
 from __future__ import annotations
@@ -42,14 +45,29 @@ DEFAULT_LATENCY_PROFILE = Path("profiles/cpu-tiny-draft.json")
 
 
 def add_parser(subparsers) -> None:
+    from vllm_vspec.commands import draft_head_bench
+
     p = subparsers.add_parser(
-        "bench", help="serving benchmark: dynamic vs fixed gamma (or a seed protocol)",
+        "bench", help="benchmarks: vspec's servers against fixed gamma, a seed protocol, "
+                      "draft LM heads",
         description=__doc__, formatter_class=HelpFormatter)
+    actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    _add_serve(actions)
+    _add_protocol(actions)
+    draft_head_bench.add_parser(actions)
+
+
+def _add_serve(actions) -> None:
+    p = actions.add_parser(
+        "serve", help="one `vllm serve` per variant (dynamic and fixed gamma, target-only) "
+                      "over every workload",
+        description=__doc__.split("\n\n")[2] + "\n\nStarts its own servers, one at a time "
+                    "(--paired: two), each with vspec or stock speculative decoding.",
+        formatter_class=HelpFormatter)
     p.add_argument("--dry-run", action="store_true",
-                   help="print the server commands / request plan and exit")
+                   help="print the server commands and the request plan, start nothing")
     p.add_argument("--output-dir", type=Path, default=DEFAULT_OUT, metavar="DIR",
-                   help="directory for results.json, the plot, server logs and traces "
-                        "(protocol mode: the results JSON file is --output)")
+                   help="directory for results.json, the plot, server logs and traces")
     vocabulary.deprecated(p, "--out", "--output-dir", dest="output_dir", type=Path,
                           metavar="DIR")
     p.add_argument("--verbose", action="store_true",
@@ -58,9 +76,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--output-len", type=_output_len, default=None, metavar="N|LO:HI",
                    help="completion tokens per request; LO:HI draws each request's length "
                         "uniformly from that range, the same for every variant (unset: "
-                        f"{_length_text(workloads.DEFAULT_OUTPUT_LEN)}; protocol mode: a single "
-                        "N, unset the protocol's own)")
-    g = p.add_argument_group("serving benchmark (starts its own servers)")
+                        f"{_length_text(workloads.DEFAULT_OUTPUT_LEN)})")
+    g = p.add_argument_group("models")
     g.add_argument("--target", type=Path, default=DEFAULT_TARGET,
                    help="target model (the deepened bundled target: `make install` derives it); "
                         "the mtp-* variants exist only for a target with MTP layers, e.g. "
@@ -74,7 +91,9 @@ def add_parser(subparsers) -> None:
                    help="EAGLE-3 head; its variants (eagle3-*) exist only if the path does")
     g.add_argument("--latency-profile", type=Path, default=DEFAULT_LATENCY_PROFILE,
                    help="latency profile of the draft model on this host (`vllm-vspec "
-                        "profile` writes it); the `profile` variant exists only if it does")
+                        "profile collect` writes it); the `profile` variant exists only if it "
+                        "does")
+    g = p.add_argument_group("variants and workloads")
     g.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS,
                    help="directory of <family>.jsonl prompt files (one JSON object with a "
                         "`prompt` string per line); models/prompts/families holds six "
@@ -124,39 +143,46 @@ def add_parser(subparsers) -> None:
     g.add_argument("--enforce-eager", action="store_true",
                    help="serve without torch.compile (much faster start-up on CPU; "
                         "step times then differ from compiled serving)")
-    g = p.add_argument_group("serving protocol (against a running server)")
-    g.add_argument("--protocol", choices=sorted(protocols.PROTOCOLS))
-    g.add_argument("--base-url", help="e.g. http://127.0.0.1:8000")
-    g.add_argument("--dataset", type=Path, help="local JSONL dataset")
-    g.add_argument("--num-prompts", type=int, default=None,
+    p.set_defaults(func=_serving_main)
+
+
+def _add_protocol(actions) -> None:
+    p = actions.add_parser(
+        "protocol", help="a seed-style protocol against a running server",
+        description="Send a protocol's requests (its prompts, output length and concurrency,\n"
+                    "temperature 0) from a local dataset to a running OpenAI-compatible\n"
+                    "server, and write the results JSON.",
+        formatter_class=HelpFormatter)
+    p.add_argument("protocol", choices=sorted(protocols.PROTOCOLS), help="the protocol")
+    p.add_argument("--base-url", required=True, help="the server, e.g. http://127.0.0.1:8000")
+    p.add_argument("--dataset", type=Path, required=True, help="local JSONL dataset")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the request plan and the first request body, send nothing")
+    p.add_argument("--num-prompts", type=int, default=None,
                    help="prompts to send (unset: the protocol's count)")
-    g.add_argument("--max-concurrency", type=int, default=None,
+    p.add_argument("--max-concurrency", type=int, default=None,
                    help="requests in flight (unset: the protocol's B)")
-    g.add_argument("--output", type=Path, default=None,
-                   help="results JSON (unset: <out>/<protocol>.json)")
-    p.set_defaults(func=main)
+    p.add_argument("--output-len", type=_output_len, default=None, metavar="N",
+                   help="completion tokens per request (unset: the protocol's own)")
+    p.add_argument("--output", type=Path, default=None,
+                   help=f"results JSON (unset: {DEFAULT_OUT}/<protocol>.json)")
+    # `bench --protocol P --output-dir D` wrote D/P.json.
+    vocabulary.deprecated(p, "--output-dir", "--output", dest="output_dir", type=Path,
+                          metavar="DIR")
+    p.set_defaults(func=_protocol_main)
 
 
-def main(args: argparse.Namespace) -> int:
-    if args.protocol:
-        return _protocol_main(args)
-    return _serving_main(args)
-
-
-# ------------------------------------------------------------ protocol mode
+# ------------------------------------------------------------------ protocol
 def _protocol_main(args: argparse.Namespace) -> int:
     proto = protocols.PROTOCOLS[args.protocol]
-    for flag, value in (("--base-url", args.base_url), ("--dataset", args.dataset)):
-        if not value:
-            raise SystemExit(f"bench --protocol {proto.name}: {flag} is required")
     n = args.num_prompts or proto.num_prompts
     if args.output_len and args.output_len[0] != args.output_len[1]:
-        raise SystemExit(f"bench --protocol {proto.name}: --output-len "
+        raise SystemExit(f"bench protocol {proto.name}: --output-len "
                          f"{args.output_len[0]}:{args.output_len[1]} is not allowed: a protocol "
                          "sends one output length, give a single N")
     out_len = args.output_len[0] if args.output_len else proto.output_len
     conc = args.max_concurrency or proto.concurrency
-    output = args.output or args.output_dir / f"{proto.name}.json"
+    output = args.output or getattr(args, "output_dir", DEFAULT_OUT) / f"{proto.name}.json"
     requests = protocols.fixed_count(protocols.load_dataset(args.dataset, proto), n, out_len)
     if args.dry_run:
         print(f"protocol {proto.name}: {n} prompts from {args.dataset}, output {out_len} "
@@ -178,7 +204,7 @@ def _protocol_main(args: argparse.Namespace) -> int:
     return 0 if result["failed"] == 0 else 1
 
 
-# ------------------------------------------------------------- serving mode
+# --------------------------------------------------------------------- serve
 def build_plan(args: argparse.Namespace) -> runner.Plan:
     """Variants, workloads and requests from the arguments (no server started)."""
     if args.repeats < 1:

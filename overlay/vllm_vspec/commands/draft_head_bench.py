@@ -1,4 +1,4 @@
-"""`vllm-vspec draft-head-bench`: draft time and acceptance of the draft LM head options.
+"""`vllm-vspec bench draft-head`: draft time and acceptance of the draft LM head options.
 
 Prompts: the bundled code and prose prompts, alternately to collecting and
 to measuring within each file (so both halves hold both kinds of text),
@@ -7,7 +7,7 @@ to measuring within each file (so both halves hold both kinds of text),
 1. Collect: the target's argmax on the collect prompts, two ways, counted
    together: one engine (fixed gamma K) generates for them with
    `target_argmax_trace_path` on (the committed greedy tokens, what
-   `vllm-vspec active-vocab` reads), and, with `--prompt-argmax` (the
+   `vllm-vspec trace active-vocab` reads), and, with `--prompt-argmax` (the
    default), a target-only engine reports its argmax at every prompt
    position (vLLM's prompt logprobs, rank 1): far more contexts than the
    tiny models' repetitive outputs. Active vocabularies of each
@@ -231,11 +231,12 @@ def print_table(result: dict[str, Any]) -> None:
               f"{r['head_us_b16']:>11.1f} {'yes' if r['identical_to_full'] else 'NO':>5}")
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(actions: argparse._SubParsersAction) -> None:
+    """`bench`'s action `draft-head`."""
     from vllm_vspec.cli import HelpFormatter
     from vllm_vspec.commands import vocabulary
 
-    p = subparsers.add_parser("draft-head-bench", formatter_class=HelpFormatter,
+    p = actions.add_parser("draft-head", formatter_class=HelpFormatter,
                               description=__doc__,
                               help="measure draft time and acceptance of the draft LM head options")
     p.add_argument("--method", choices=("eagle", "draft_model"), default="eagle")

@@ -1,4 +1,4 @@
-"""`vllm-vspec fit-profile`: fit a latency profile JSON from latency samples
+"""`vllm-vspec profile fit`: fit a latency profile JSON from latency samples
 (the model, the schemas and the fitter are core/latency.py)."""
 
 from __future__ import annotations
@@ -13,11 +13,15 @@ import numpy as np
 from vllm_vspec.core import latency
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "fit-profile", help="fit a latency profile JSON from latency samples",
-        description="Fit T(ctx, n) = alpha*ctx + beta*n + delta for target and draft "
-                    "by non-negative least squares; see vllm_vspec/core/latency.py for formats.")
+def add_parser(actions: argparse._SubParsersAction) -> None:
+    """`profile`'s action `fit`."""
+    from vllm_vspec.cli import HelpFormatter
+
+    p = actions.add_parser(
+        "fit", help="fit a latency profile JSON from latency samples (refit what collect wrote)",
+        formatter_class=HelpFormatter,
+        description="Fit T(ctx, n) = alpha*ctx + beta*n + delta for target and draft by\n"
+                    "non-negative least squares; see vllm_vspec/core/latency.py for formats.")
     p.add_argument("samples", help="samples JSON (list, or {'samples': [...]})")
     p.add_argument("profile", help="profile JSON to write")
     p.add_argument("--name", default=None, help="profile name (default: from samples file)")
@@ -33,7 +37,7 @@ def _fit_main(args: argparse.Namespace) -> int:
                          f"JSON file ({exc.strerror})") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise SystemExit(f"samples={args.samples!r} is not allowed: a samples JSON file "
-                         f"(not JSON: {exc}); `vllm-vspec profile` writes one") from None
+                         f"(not JSON: {exc}); `vllm-vspec profile collect` writes one") from None
     samples = latency.validate_samples(raw, where=args.samples)
     out_dir = Path(args.profile).resolve().parent
     if not out_dir.is_dir():
@@ -42,7 +46,7 @@ def _fit_main(args: argparse.Namespace) -> int:
     info = raw if isinstance(raw, Mapping) else {}
     profile = latency.fit_profile(samples, name=args.name or info.get("name", Path(args.profile).stem),
                           device=args.device or info.get("device", ""),
-                          note=f"fitted by vllm-vspec fit-profile from {len(samples)} samples")
+                          note=f"fitted by vllm-vspec profile fit from {len(samples)} samples")
     latency.save_profile(profile, args.profile)
     errors = [abs(latency.profile_predict(profile, s) / float(s["ms"]) - 1) for s in samples
               if float(s["ms"]) > 0]

@@ -378,7 +378,7 @@ ACTIONS = {
 def add_parser(subparsers: Any) -> None:
     from vllm_vspec.cli import HelpFormatter
 
-    p = subparsers.add_parser("manage", help="status, enable/disable, upgrade/rollback, uninstall",
+    p = subparsers.add_parser("manage", help="the vspec install in this environment",
                               description=__doc__, formatter_class=HelpFormatter)
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     for name, short in ACTIONS.items():

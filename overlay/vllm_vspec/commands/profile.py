@@ -1,5 +1,13 @@
-"""`vllm-vspec profile`: measure fixed-gamma latency samples on this host
-(tools/profile_collect.py) and fit a latency profile from them (core/latency.py)."""
+"""`vllm-vspec profile`: this host's latency profile.
+
+  collect  measure fixed-gamma latency samples on this host
+           (tools/profile_collect.py) and fit a latency profile from them
+           (core/latency.py)
+  fit      refit a profile from samples already collected
+
+The `profile` policy (vspec key profile_path), `vllm-vspec sim` and
+`bench serve`'s profile variant read the profile.
+"""
 
 from __future__ import annotations
 
@@ -15,8 +23,15 @@ from vllm_vspec.tools import profile_collect
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser(
-        "profile", help="measure latency samples on this host and fit a latency profile",
+    from vllm_vspec.commands import fit_profile
+
+    group = subparsers.add_parser(
+        "profile", help="this host's latency profile (the profile policy and the simulators "
+                        "read it)",
+        description=__doc__, formatter_class=HelpFormatter)
+    actions = group.add_subparsers(dest="action", metavar="ACTION", required=True)
+    p = actions.add_parser(
+        "collect", help="measure latency samples on this host and fit a latency profile",
         description=profile_collect.__doc__, formatter_class=HelpFormatter)
     p.add_argument("--target", type=Path, default=Path("models/derived/tiny-target-deep"),
                    help="target model directory")
@@ -40,10 +55,11 @@ def add_parser(subparsers) -> None:
     p.add_argument("--device", default=None,
                    help="device text written into the profile (unset: this host's)")
     p.add_argument("--samples", type=Path, default=Path("profiles/cpu-tiny-draft.samples.json"),
-                   help="where the samples are written (`vllm-vspec fit-profile` refits them)")
+                   help="where the samples are written (`vllm-vspec profile fit` refits them)")
     p.add_argument("--profile", type=Path, default=Path("profiles/cpu-tiny-draft.json"),
                    help="where the fitted profile is written")
     p.set_defaults(func=main)
+    fit_profile.add_parser(actions)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -76,7 +92,7 @@ def main(args: argparse.Namespace) -> int:
         "enforce_eager": args.enforce_eager,
         "samples": samples}, indent=1) + "\n")
     profile = fit_profile(samples, name=args.name, device=device, note=(
-        f"measured by `vllm-vspec profile` on {time.strftime('%Y-%m-%d', time.gmtime(started))}"
+        f"measured by `vllm-vspec profile collect` on {time.strftime('%Y-%m-%d', time.gmtime(started))}"
         f" from {len(samples)} engine-step samples (target {args.target}, draft "
         f"{args.draft}, float32{', eager' if args.enforce_eager else ', torch.compile'});"
         f" re-measure for another host, dtype, model or compile mode"))

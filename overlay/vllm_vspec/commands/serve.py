@@ -46,7 +46,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     "its `vspec` keys winning over the preset's and the --vspec-* flags' "
                     "(each conflict reported). SIGTERM drains: in-flight requests get "
                     "--shutdown-timeout seconds to finish (default 30).")
-    src = p.add_mutually_exclusive_group()
+    # One of them is needed: a command to render, or what to list.
+    src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--preset", metavar="NAME",
                      help="a preset in configs/: " + ", ".join(presets.list_presets()))
     src.add_argument("--config", metavar="FILE", type=Path, help="a preset TOML file")
@@ -126,10 +127,6 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config_docs:
         sys.stdout.write(presets.config_docs())
         return 0
-    if not (args.preset or args.config):
-        print("vllm-vspec serve: give --preset NAME or --config FILE (see --list)",
-              file=sys.stderr)
-        return 2
     try:
         path = args.config if args.config else presets.preset_path(args.preset)
         overrides = overrides_from(args)

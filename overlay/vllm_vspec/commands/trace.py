@@ -1,5 +1,10 @@
-"""`vllm-vspec trace summarize`: what a diagnostics trace holds (readers:
-tools/traces.py; formats: hosts/diagnostics.py)."""
+"""`vllm-vspec trace`: read vspec's diagnostics traces.
+
+  summarize     what a trace holds (readers: tools/traces.py; formats:
+                hosts/diagnostics.py)
+  active-vocab  the drafter's active-vocabulary ids file from a target-argmax
+                trace (commands/active_vocab.py)
+"""
 
 from __future__ import annotations
 
@@ -12,10 +17,12 @@ from vllm_vspec.tools.traces import summarize
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     from vllm_vspec.cli import HelpFormatter
+    from vllm_vspec.commands import active_vocab
 
     p = subparsers.add_parser("trace", help="read vspec diagnostics traces",
-                              description=diagnostics.__doc__, formatter_class=HelpFormatter)
-    actions = p.add_subparsers(dest="trace_command", metavar="ACTION", required=True)
+                              description=__doc__ + "\n" + diagnostics.__doc__,
+                              formatter_class=HelpFormatter)
+    actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     s = actions.add_parser("summarize", formatter_class=HelpFormatter,
                            help="summarise a controller trace (trace_path), a draft / target_argmax "
                                 "trace or a trace directory")
@@ -23,6 +30,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--top", type=int, default=10, help="most frequent ids listed (argmax trace)")
     s.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     s.set_defaults(func=_summarize_main)
+    active_vocab.add_parser(actions)
 
 
 def _summarize_main(args: argparse.Namespace) -> int:

@@ -7,7 +7,11 @@ spellings still accepted for one release.
   `--json`: print JSON instead of a table (takes no value);
 - `--num-speculative-tokens`: K, vLLM's own name for it.
 
-tests/test_cli.py walks every subcommand's parser against these rules.
+Commands that belong together are actions of one command (`bench serve`,
+`profile fit`); their old spellings run as the new ones for one release,
+after the same one line (cli.RENAMED_COMMANDS, cli.FORMER_ACTION).
+
+tests/unit/test_cli.py walks every subcommand's parser against these rules.
 """
 
 from __future__ import annotations
@@ -41,8 +45,9 @@ class _Deprecated(argparse.Action):
         super().__init__(option_strings, dest, **kwargs)
 
     def __call__(self, parser, namespace, values, option_string=None):
-        print(f"vllm-vspec: {option_string} is deprecated and will be removed in the next "
-              f"release; use {self.new}", file=sys.stderr)
+        from vllm_vspec.cli import notice
+
+        print(notice(option_string, self.new), file=sys.stderr)
         setattr(namespace, self.dest, values)
 
 

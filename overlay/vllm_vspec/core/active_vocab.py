@@ -1,6 +1,6 @@
 """The drafter's active-vocabulary ids file (`draft_active_vocab_ids`): its
 format, how its ids are ranked and written, and the loader the draft head
-uses (kernels/draft_head.py). `vllm-vspec active-vocab` (commands/) writes one.
+uses (kernels/draft_head.py). `vllm-vspec trace active-vocab` (commands/) writes one.
 
 File format (JSON):
     {"format": "vspec-active-vocab/1", "vocab_size": V, "special_ids": [...],
@@ -53,15 +53,15 @@ def check_file(path: str | Path, size: int) -> dict:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise VSpecConfigError(key, str(path), "a readable active-vocabulary JSON file "
                                f"({getattr(e, 'strerror', None) or e}); write one with "
-                               "`vllm-vspec active-vocab`") from None
+                               "`vllm-vspec trace active-vocab`") from None
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         raise VSpecConfigError(key, str(path), f"a file in format {FORMAT!r} "
-                               "(write one with `vllm-vspec active-vocab`)")
+                               "(write one with `vllm-vspec trace active-vocab`)")
     ids = raw.get("ids")
     if (not isinstance(ids, list) or len(set(map(repr, ids))) != len(ids)
             or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids)):
         raise VSpecConfigError(key, str(path), "a file whose ids are distinct integers >= 0 "
-                               "(write one with `vllm-vspec active-vocab`)")
+                               "(write one with `vllm-vspec trace active-vocab`)")
     if size > len(ids):
         raise VSpecConfigError("draft_active_vocab_size", size,
                                f"at most the {len(ids)} ids in {path}")

@@ -28,7 +28,7 @@ Profile file (JSON), schema "vllm-vspec/latency-profile", version 1:
      "speculate": {"alpha": >=0, "beta": >=0, "delta": >=0},   # optional: zeros
      "derivation": [str, ...]}             # optional: how the numbers came about
 
-Samples file (JSON), what `vllm-vspec fit-profile` (commands/fit_profile.py) reads: a list, or
+Samples file (JSON), what `vllm-vspec profile fit` (commands/fit_profile.py) reads: a list, or
 {"samples": [...]} with optional "name"/"device", of
     {"kind": "step", "gamma": k, "batch": B, "ctx": tokens, "ms": t}
     {"kind": "target" | "draft", "ctx": tokens, "n": tokens, "ms": t}

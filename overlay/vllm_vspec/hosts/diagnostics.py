@@ -19,7 +19,7 @@ never for throughput numbers (the engine logs a warning saying so).
   for a request still in prefill; the scheduler may still drop those past
   max_tokens or a stop). For a greedy
   request under strict acceptance they are the target's argmax at each
-  verified position: `vllm-vspec active-vocab` counts those.
+  verified position: `vllm-vspec trace active-vocab` counts those.
 - `draft_io_trace_dir` (safetensors), `step-NNNNNN.safetensors` per drafter
   step: every draft forward pass `i` of the step as `pass{i}.input_ids`,
   `pass{i}.positions`, `pass{i}.hidden_states` (EAGLE: the hidden state fed in),

@@ -1,5 +1,5 @@
 """Where engine output goes while a main command runs (`vllm-vspec demo`,
-`vllm-vspec bench`): into a log file the command names, and onto the
+`vllm-vspec bench serve`): into a log file the command names, and onto the
 console as well only with `--verbose`. Otherwise the console shows the
 command's own output alone: one progress bar, then its tables.
 

@@ -1,4 +1,4 @@
-"""Measure fixed-gamma latency samples on this host (`vllm-vspec profile`,
+"""Measure fixed-gamma latency samples on this host (`vllm-vspec profile collect`,
 commands/profile.py, fits a latency profile from them).
 
 Samples come from real vLLM engine steps, timed one at a time in-process
@@ -13,7 +13,7 @@ one sample. Three kinds of engine, one after the other:
 
 ctx is the batch's context tokens at the start of the step (prompt plus
 tokens generated so far, summed over requests). The samples file and the
-fitted profile use the schemas of vllm_vspec.core.latency (`fit-profile` refits
+fitted profile use the schemas of vllm_vspec.core.latency (`profile fit` refits
 the same samples file).
 """
 

@@ -1,6 +1,6 @@
 """Readers of the drafter's diagnostics traces (formats: hosts/diagnostics.py):
 one JSON line at a time, the target's greedy token counts (what
-`vllm-vspec active-vocab` builds its ids from), and a summary of any trace,
+`vllm-vspec trace active-vocab` builds its ids from), and a summary of any trace,
 the controller's own (`trace_path`, core/trace.py) included."""
 
 from __future__ import annotations
