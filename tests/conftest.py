@@ -214,22 +214,6 @@ def run_preempted(llm, run):
     return out
 
 
-def draft_acceptance(draft: Path, prompts: list[str]) -> list[float]:
-    """vLLM's per-position acceptance rates of `draft` (K=4) for greedy runs
-    of `prompts` against the bundled target."""
-    from vllm_vspec.tools.engine_runs import read_spec_counters
-
-    llm = make_llm(speculative_config={"method": "draft_model", "model": str(draft),
-                                       "num_speculative_tokens": 4},
-                   disable_log_stats=False)
-    try:
-        before = read_spec_counters(llm)
-        greedy(llm, prompts)
-        return (read_spec_counters(llm) - before).acceptance_per_position
-    finally:
-        close_llm(llm)
-
-
 @pytest.fixture(scope="session")
 def random_draft(tmp_path_factory) -> Path:
     """A freshly initialised draft with the bundled draft's shape and tokenizer.

@@ -1,12 +1,16 @@
-"""vSpec Adaptive inside the real vLLM engine (VSpecScheduler on vLLM 0.32, CPU).
+"""vSpec Adaptive inside the real vLLM engine (VSpecScheduler on vLLM 0.32, CPU),
+with a draft model.
 
-Spec: whatever gamma the controller picks, and however often it changes
-(including gamma 0, i.e. target-only steps), greedy outputs are
-token-identical to target-only decoding: at batch 1 and 16, with prefix
-caching, across preemptions, for draft_model (ngram: tests/engine/test_ngram_engine.py,
-on both workers, in its own engine process). The gamma decided in
-one step is the draft length verified in the next. Bad vspec settings stop
-the engine at start-up with the key named.
+Exactness under a gamma changing every step, for every method and gamma-0
+mode, at batch 1 and 16, on prefix-cache hits and across preemptions, is
+tests/engine/test_exactness_matrix.py. Spec here: sticky gamma 0 holds
+speculation off until its cohort drains; lazy gamma 0 leaves a self-draft
+(the target as its own draft) exactly where it would have been (every draft
+accepted) after skipped steps, across preemptions, after a long gamma-0
+stretch and for prompts cached while the drafter was skipped;
+`reward_prefill_steps` reports the prefill step; shutdown logs one summary
+line; default settings stop speculating with a draft that never agrees.
+Bad vspec settings stop the engine at start-up with the key named.
 
 The CPU platform disables async scheduling, so these tests run
 VSpecScheduler; VSpecAsyncScheduler (same overrides over vLLM's
@@ -27,67 +31,6 @@ pytestmark = pytest.mark.engine
 
 DRAFT_MODEL = {"method": "draft_model", "model": str(DRAFT), "num_speculative_tokens": 4}
 CYCLE = {"policy": "cycle", "min_gamma": 0}
-
-
-class TestGammaChangingEveryStep:
-    """draft_model with a new gamma every step (4, 0, 3, 1, 2, ...), prefix
-    caching on, in both gamma-0 modes: `sync` on vLLM's own worker (a gamma-0
-    step still runs the drafter over its tokens) and `lazy` on vspec's worker
-    (it skips the drafter, which catches up before its next pass). One engine
-    at a time: in-process engines share vLLM's process-global parallel state."""
-
-    @pytest.fixture(scope="class", params=["sync", "lazy"])
-    @classmethod
-    def cycling(cls, request, reference, tmp_path_factory):
-        from vllm_vspec.hosts.vllm.worker import CPU_WORKER_CLS
-
-        worker = {"worker_cls": CPU_WORKER_CLS} if request.param == "lazy" else {}
-        trace = tmp_path_factory.mktemp("trace") / "cycle.jsonl"
-        llm = make_llm(speculative_config=DRAFT_MODEL, **worker,
-                       vspec={**CYCLE, "gamma0_mode": request.param, "trace_path": str(trace)},
-                       enable_prefix_caching=True, disable_log_stats=False)
-        yield llm, trace
-        close_llm(llm)
-
-    def test_exact_at_batch_16(self, cycling, prompts, reference):
-        llm, _ = cycling
-        assert_same_tokens(greedy(llm, prompts), reference, "cycle gamma, batch 16")
-
-    def test_exact_at_batch_1(self, cycling, prompts, reference):
-        llm, _ = cycling
-        got = [greedy(llm, [p])[0] for p in prompts[:4]]
-        assert_same_tokens(got, reference[:4], "cycle gamma, batch 1")
-
-    def test_exact_with_prefix_cache_hits(self, cycling, prompts, reference):
-        llm, _ = cycling
-        hits_before = counter(llm, "vllm:prefix_cache_hits")
-        assert_same_tokens(greedy(llm, prompts), reference, "cycle gamma, prefix-cached prompts")
-        assert counter(llm, "vllm:prefix_cache_hits") > hits_before, "no prefix-cache hit happened"
-
-    def test_each_decision_is_the_draft_length_verified_next_step(self, cycling, prompts):
-        llm, trace = cycling
-        greedy(llm, prompts[:4])
-        _, steps = read_trace(trace)  # line-buffered: complete after generate()
-        gammas = {s["gamma"] for s in steps}
-        assert gammas == {0, 1, 2, 3, 4}, f"cycle policy used gammas {gammas}"
-        checked = 0
-        for prev, cur in zip(steps, steps[1:]):
-            for drafted in cur["drafted"]:
-                # A request drafts the previous decision's gamma (fewer only
-                # when it is about to hit its length limit).
-                assert drafted <= prev["gamma"], (prev, cur)
-                checked += drafted == prev["gamma"]
-            if prev["gamma"] == 0:
-                assert cur["drafted"] == [], f"gamma 0 step still drafted: {prev} -> {cur}"
-        assert checked > 0
-
-
-def test_preemption_with_changing_gamma_is_exact(prompts, reference):
-    # A KV cache smaller than the batch needs: requests are preempted and resumed.
-    llm = make_llm(speculative_config=DRAFT_MODEL, vspec=CYCLE,
-                   kv_cache_memory_bytes=5 << 20, max_model_len=256, disable_log_stats=False)
-    got = run_preempted(llm, lambda: greedy(llm, prompts))
-    assert_same_tokens(got, reference, "cycle gamma across preemptions")
 
 
 def test_sticky_gamma_0_keeps_speculation_off_until_the_cohort_drains(prompts, reference,

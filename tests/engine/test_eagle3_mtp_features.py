@@ -1,8 +1,8 @@
 """Which vspec features apply to EAGLE-3 (`method: eagle3`, models/tiny-eagle3)
 and MTP (`method: mtp`, models/tiny-mimo), each on a real engine (CPU,
 float32, greedy); docs/configuration.md's method table states the same.
-The per-step gamma itself (cycle policy, prefix caching, preemption) is
-tests/engine/test_eagle3_mtp_engine.py.
+Exactness under a gamma changing every step (cycle policy, both workers,
+prefix caching, preemption) is tests/engine/test_exactness_matrix.py.
 
 Spec:
 - Entropy stop with the diagnostics draft trace on vspec's worker (and, for
@@ -12,8 +12,6 @@ Spec:
   gamma asked for, something was accepted, and the trace has a row per step
   (eagle3: every draft from the active head, every drafted id in the
   vocabulary, which some output token lies outside of).
-- vLLM's own worker (vspec's scheduler only, cycle policy: gamma 0..4 and a
-  new one every step, gamma 0 `sync`): the outputs equal target-only's.
 - A lossy rule (relaxed_topk 2 after 8 tokens) on vspec's worker: the first
   8 tokens of every output are target-only's, every later token is within
   the target's top 2, and some token was relaxed (the rule binds).
@@ -41,8 +39,6 @@ from safetensors.torch import load_file, save_file
 from conftest import (MODELS, TARGET, assert_same_tokens, close_llm, counter, greedy, make_llm,
                       runner_of)
 from test_eagle import AFTER, ENTROPY, check_lossy, lossy_outputs, spec_counts
-# method -> (the engine's model: None for the bundled target, speculative config)
-from test_eagle3_mtp_engine import CYCLE, EAGLE3, K, SPECS
 from vllm_vspec.core import active_vocab
 from vllm_vspec.hosts.vllm.worker import CPU_WORKER_CLS
 from vllm_vspec.tools import traces
@@ -50,6 +46,14 @@ from vllm_vspec.tools.drafters import special_ids_of
 
 pytestmark = pytest.mark.engine
 
+K = 4
+EAGLE3 = MODELS / "tiny-eagle3"
+# method -> (the engine's model: None for the bundled target, speculative config)
+SPECS = {
+    "eagle3": (None, {"method": "eagle3", "model": str(EAGLE3), "num_speculative_tokens": K}),
+    "mtp": (MODELS / "tiny-mimo", {"method": "mtp", "num_speculative_tokens": K}),
+}
+CYCLE = {"policy": "cycle", "min_gamma": 0}
 VOCAB = 2048
 
 
@@ -106,13 +110,6 @@ def test_entropy_stop_draft_traces_and_draft_head_keep_outputs_exact(
         assert {rec["head"] for rec in records} == {"active"}
         drafted = {t for rec in records for r in rec["requests"] for t in r["draft"]}
         assert drafted and drafted <= ids, sorted(drafted - ids)[:8]
-
-
-@pytest.mark.parametrize("method", list(SPECS))
-def test_vllms_own_worker_under_the_cycle_policy_is_exact(method, prompts, reference):
-    got, accepted = _greedy_and_accepted(_llm(method, CYCLE, disable_log_stats=False), prompts)
-    assert_same_tokens(got, reference, f"{method} on vLLM's worker, cycle policy")
-    assert accepted > 0, "nothing accepted"
 
 
 @pytest.mark.parametrize("method", list(SPECS))

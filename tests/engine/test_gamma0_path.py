@@ -5,9 +5,9 @@ gamma-0 step, and the all-prefill first step) is sampled by vLLM's plain
 sampler, never by the rejection sampler with zero drafts; steps with drafts
 still go through the rejection sampler; and greedy outputs stay
 token-identical to target-only decoding with gamma changing every step,
-gamma 0 included (cycle policy), for a draft model in both gamma-0 modes
-(sync: the drafter still runs over a gamma-0 step's tokens; lazy: it skips
-it and catches up) and for EAGLE.
+gamma 0 included (cycle policy), for a draft model and EAGLE in sync gamma-0
+mode (the drafter still runs over a gamma-0 step's tokens; lazy mode, where
+it skips them and catches up: tests/engine/test_exactness_matrix.py).
 
 The CPU platform turns async scheduling off, so the async runner path is not
 run here (it shares the plain-sampling part).
@@ -28,8 +28,6 @@ K = 4
 CASES = {
     "draft-sync": ({"method": "draft_model", "model": str(DRAFT), "num_speculative_tokens": K},
                    "sync"),
-    "draft-lazy": ({"method": "draft_model", "model": str(DRAFT), "num_speculative_tokens": K},
-                   "lazy"),
     "eagle-sync": ({"method": "eagle", "model": str(EAGLE), "num_speculative_tokens": K}, "sync"),
 }
 

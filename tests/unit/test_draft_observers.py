@@ -1,6 +1,6 @@
 """vspec's proposer on vLLM 0.32 and its observers (hosts/draft_observers.py,
 hosts/vllm/proposers.VSpecProposer), over a stand-in host proposer (no
-engine: the engine tests run the real ones, test_spec_decode_engine,
+engine: the engine tests run the real ones, test_exactness_matrix,
 test_draft_head_engine, test_entropy*, test_budget_engine, test_trace*).
 
 Spec:

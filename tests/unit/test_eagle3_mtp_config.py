@@ -1,6 +1,7 @@
 """EAGLE-3 and MTP without an engine: the bundled checkpoints' layout (what
 vLLM 0.32 loads), the start-up rules per method, the presets and the bench
-variants. The engine side is tests/engine/test_eagle3_mtp_engine.py."""
+variants. The engine side is tests/engine/test_exactness_matrix.py and
+tests/engine/test_eagle3_mtp_features.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """vspec's model runner and its parts (hosts/vllm/model_runner.py), over a
 stand-in host runner (no engine: the engine tests run the real ones,
-test_spec_decode_engine, test_gamma0_path, test_tree_engine,
-test_budget_engine, test_eagle_lazy_engine, test_eagle's entropy stop).
+test_exactness_matrix, test_gamma0_path, test_tree_engine,
+test_budget_engine, test_eagle's entropy stop).
 
 Spec:
 - One runner subclass per host runner class: VSpecRunner, then the host
