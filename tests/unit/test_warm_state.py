@@ -6,7 +6,6 @@ test_scheduler_stats does)."""
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import random
@@ -17,10 +16,10 @@ import pytest
 from vllm_vspec.config import VSpecConfig
 from vllm_vspec.core import warm_state
 from vllm_vspec.core.controller import GammaController
-from vllm_vspec.core.steps import BatchState, StepFeedback
+from vllm_vspec.core.steps import BatchState
 from vllm_vspec.core.warm_state import WarmKey
 
-K = 4
+from test_model_policy import K, feedback, step_ms   # the model policy's test host
 KEY = WarmKey(host={"device": "cpu", "cpus": 2}, target="/models/tiny-target",
               drafter="/models/tiny-draft", method="draft_model", k=K)
 BATCH1 = BatchState(1, 8192, 300.0)
@@ -29,21 +28,6 @@ LOG = warm_state.logger.name
 
 def log_lines(caplog) -> list[logging.LogRecord]:
     return [r for r in caplog.records if r.name == LOG]
-
-
-def feedback(rng: random.Random, rate: float, batch: int, gamma: int) -> StepFeedback:
-    drafted, accepted = [], []
-    for _ in range(batch):
-        a = 0
-        while a < gamma and rng.random() < rate:
-            a += 1
-        drafted.append(gamma)
-        accepted.append(a)
-    return StepFeedback(tuple(drafted), tuple(accepted), sum(accepted) + batch)
-
-
-def step_ms(batch: int, gamma: int) -> float:
-    return 8.0 + 0.16 * batch * (gamma + 1) + gamma * (1.0 + 0.02 * batch) + 3.0 * (gamma > 0)
 
 
 def controller(directory: Path | str, key: WarmKey | None = KEY, **over):
@@ -60,7 +44,7 @@ def drive(ctl: GammaController, clock, rate: float, batch: int, steps: int,
     for _ in range(steps):
         d = ctl.decide(BatchState(batch, 8192, 300.0))
         clock[0] += step_ms(batch, d.gamma) / 1000.0
-        ctl.observe(feedback(rng, rate, batch, last))
+        ctl.observe(feedback(rng, (rate,) * K, batch, last))
         last = d.gamma
         reasons.append(d.reason)
     return reasons
@@ -237,7 +221,7 @@ def test_other_policies_keep_no_state(tmp_path, policy):
     ctl = GammaController(cfg, K, clock=lambda: clock[0], warm_key=KEY)
     for _ in range(3):
         ctl.decide(BatchState(8, 8192, 300.0))
-        ctl.observe(feedback(random.Random(1), 0.6, 8, 2))
+        ctl.observe(feedback(random.Random(1), (0.6,) * K, 8, 2))
     ctl.close()
     assert not any(tmp_path.iterdir())
 
