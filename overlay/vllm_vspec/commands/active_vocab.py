@@ -28,7 +28,7 @@ def add_parser(actions: argparse._SubParsersAction) -> None:
     from vllm_vspec.commands import vocabulary
 
     p = actions.add_parser("active-vocab", formatter_class=HelpFormatter, description=__doc__,
-                              help="build a drafter active-vocabulary ids file from an argmax trace")
+                           help="build a drafter active-vocabulary ids file from an argmax trace")
     p.add_argument("trace", help="a target_argmax trace (JSONL, vspec key target_argmax_trace_path)")
     # Required, the old spelling counting as given (a required group of two).
     target = p.add_mutually_exclusive_group(required=True)

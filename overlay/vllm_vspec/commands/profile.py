@@ -92,7 +92,8 @@ def main(args: argparse.Namespace) -> int:
         "enforce_eager": args.enforce_eager,
         "samples": samples}, indent=1) + "\n")
     profile = fit_profile(samples, name=args.name, device=device, note=(
-        f"measured by `vllm-vspec profile collect` on {time.strftime('%Y-%m-%d', time.gmtime(started))}"
+        f"measured by `vllm-vspec profile collect` on "
+        f"{time.strftime('%Y-%m-%d', time.gmtime(started))}"
         f" from {len(samples)} engine-step samples (target {args.target}, draft "
         f"{args.draft}, float32{', eager' if args.enforce_eager else ', torch.compile'});"
         f" re-measure for another host, dtype, model or compile mode"))
