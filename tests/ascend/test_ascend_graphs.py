@@ -708,37 +708,50 @@ def test_the_hosts_init_sets_the_workaround_from_use_cuda_graph_after_its_last_f
 
 
 # ------------------------------------------------------- graph memory budget
-@pytest.fixture(scope="module")
-def host_dispatcher_cls():
-    """vLLM 0.23's CudagraphDispatcher, the pin's own source (the vLLM
-    source wheel patches/hosts.toml names, hash-checked), executed as its
-    module over the installed vLLM's config classes."""
+def pinned_vllm_module(host: str | None, path: str) -> types.ModuleType:
+    """A module of the vLLM a vLLM-Ascend pin runs on (`host`; None: the
+    default pin), from the vLLM source wheel patches/hosts.toml names
+    (hash-checked), executed as its module over the installed vLLM's
+    config classes."""
     import zipfile
 
     from vllm_vspec.tools.ascend_build import common
 
     default, pins = common.load_pins()
-    wheel = common.fetch_vllm_source(pins[default], CACHE)
-    path = "vllm/v1/cudagraph_dispatcher.py"
-    module = types.ModuleType("pinned_vllm_cudagraph_dispatcher")
+    wheel = common.fetch_vllm_source(pins[host or default], CACHE)
+    module = types.ModuleType(f"pinned_vllm_{path.replace('/', '_')[:-3]}")
     exec(compile(zipfile.ZipFile(wheel).read(path).decode(), path, "exec"), module.__dict__)
-    return module.CudagraphDispatcher
+    return module
+
+
+@pytest.fixture(scope="module")
+def host_dispatcher_cls():
+    """vLLM 0.23's CudagraphDispatcher, the pin's own source."""
+    return pinned_vllm_module(None, "vllm/v1/cudagraph_dispatcher.py").CudagraphDispatcher
 
 
 def _dispatcher(cls, capture_sizes=(4, 8, 16)):
     """The runner's dispatcher as NPUModelRunner._check_and_update_cudagraph_mode
     leaves it: keys initialised for FULL decode graphs at width 1 + K."""
+    return host_dispatcher(cls, K, HostLikeProposer.max_num_seqs, capture_sizes)
+
+
+def host_dispatcher(cls, k: int, max_num_seqs: int, capture_sizes) -> object:
+    """A host CudagraphDispatcher (vLLM 0.23's or 0.30's), keys initialised
+    for FULL decode graphs at width 1 + k over `capture_sizes` (the vLLM
+    config fields it reads: 0.23 takes K from the speculative config, 0.30
+    from vllm_config.num_speculative_tokens)."""
     from vllm.config import CompilationConfig, CUDAGraphMode
 
     compilation = CompilationConfig(cudagraph_mode="FULL_DECODE_ONLY",
                                     cudagraph_capture_sizes=list(capture_sizes),
                                     max_cudagraph_capture_size=max(capture_sizes))
     config = SimpleNamespace(compilation_config=compilation, lora_config=None,
-                             speculative_config=SimpleNamespace(num_speculative_tokens=K),
-                             scheduler_config=SimpleNamespace(
-                                 max_num_seqs=HostLikeProposer.max_num_seqs))
+                             num_speculative_tokens=k,
+                             speculative_config=SimpleNamespace(num_speculative_tokens=k),
+                             scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs))
     dispatcher = cls(config)
-    dispatcher.initialize_cudagraph_keys(CUDAGraphMode.FULL_DECODE_ONLY, 1 + K)
+    dispatcher.initialize_cudagraph_keys(CUDAGraphMode.FULL_DECODE_ONLY, 1 + k)
     return dispatcher
 
 
