@@ -22,7 +22,7 @@ from typing import Any, Callable, Literal, Mapping
 
 # Each choice is listed once, as the Literal type of its field; the tuples the
 # validation, --help and the docs read are derived from it.
-Policy = Literal["online", "profile", "fixed", "cycle", "budget", "model"]
+Policy = Literal["auto", "model", "online", "profile", "fixed", "cycle", "budget"]
 AcceptanceRuleName = Literal["strict", "relaxed_topk", "margin"]
 Gamma0Mode = Literal["auto", "sync", "lazy", "sticky"]
 WarmupReturn = Literal["best", "incumbent"]
@@ -133,10 +133,15 @@ class VSpecConfig:
     that does not set it gets its environment's default: true, unless
     `vllm-vspec manage disable` stored false there."""
 
-    policy: Policy = "online"
-    """How gamma is chosen each step. `online`: a UCB bandit over gamma arms per
-    batch-size bucket, rewarded by measured committed tokens per second; needs
-    no calibration. `profile`: goodput argmax from an offline latency profile
+    policy: Policy = "auto"
+    """How gamma is chosen each step. `auto` (the default): `model`, or
+    `online` where the settings need it (`tree_width` above 1 or
+    `entropy_stop`). `model`: every step the gamma that maximises
+    B * E(g) / T(B, g), from per-position acceptance posteriors and one
+    step-cost model fitted online on every step, exploring by Thompson
+    sampling; needs no calibration; linear drafts. `online`: a UCB bandit
+    over gamma arms per batch-size bucket, rewarded by measured committed
+    tokens per second; needs no calibration. `profile`: goodput argmax from an offline latency profile
     (`profile_path`) and online per-position acceptance. `fixed`: always
     `fixed_gamma`. `cycle`: diagnostics, not speed: a different gamma every
     step (max_gamma, min_gamma, max_gamma-1, ...), to validate exactness and
@@ -464,6 +469,14 @@ class VSpecConfig:
     full decode graphs (cudagraph_mode FULL_DECODE_ONLY or FULL_AND_PIECEWISE)."""
 
     # ------------------------------------------------------------------ build
+    def __post_init__(self) -> None:
+        if self.policy == "auto":
+            # Resolved before validation: a bad value leaves `model`, and
+            # validate() then names that value.
+            needs_online = (isinstance(self.tree_width, int) and self.tree_width > 1
+                            or self.entropy_stop is True)
+            object.__setattr__(self, "policy", "online" if needs_online else "model")
+
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any] | None,
                   num_speculative_tokens: int | None = None) -> "VSpecConfig":

@@ -198,3 +198,15 @@ def test_features_of_every_gamma_at_once_are_those_of_each():
     rows = features(8, 8 * g, g, 0.0, 2400.0)
     for row, g in zip(rows, [0, 1, 3]):
         assert row.tolist() == features(8, 8 * g, g, 0.0, 2400.0).tolist()
+
+
+# ------------------------------------------------------------------ the default
+@pytest.mark.parametrize("settings, policy", [
+    ({}, "model"),
+    ({"tree_width": 2}, "online"),           # model chooses linear drafts only
+    ({"entropy_stop": True}, "online"),      # entropy stop is online's
+    ({"policy": "online"}, "online"),
+    ({"policy": "auto", "tree_width": 1}, "model"),
+])
+def test_the_default_policy_is_model_unless_the_settings_need_online(settings, policy):
+    assert VSpecConfig.from_dict(settings, K).policy == policy

@@ -70,7 +70,7 @@ def most_chosen(decisions) -> int:
 
 
 def online(**over) -> GammaController:
-    return GammaController(VSpecConfig(**over), K)
+    return GammaController(VSpecConfig(**{"policy": "online", **over}), K)
 
 
 RATES = (0.8, 0.7, 0.6, 0.5)
@@ -481,7 +481,8 @@ class TreeEngine(Engine):
 
 
 def tree_online(min_width: int = 1, max_width: int = 2, **over) -> GammaController:
-    return GammaController(VSpecConfig(**over), K, min_width=min_width, max_width=max_width)
+    return GammaController(VSpecConfig(**{"policy": "online", **over}), K,
+                           min_width=min_width, max_width=max_width)
 
 
 def arms_of(decisions) -> Counter:

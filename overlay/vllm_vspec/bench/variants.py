@@ -73,9 +73,11 @@ def _method_variants(method: str, model: Path, static_table: list[list[int]],
     # The defaults: gamma 0..4; gamma0_mode auto: lazy for a draft model, EAGLE, EAGLE-3.
     out.append(Variant(f"{prefix}online", "online", spec(MAX_GAMMA),
                        vspec={"policy": "online"}))
-    # The model-based policy (acceptance posteriors, one online step-cost model).
+    # The model-based policy (acceptance posteriors, one online step-cost
+    # model), started cold: a state file an earlier server left would make a
+    # round depend on the rounds before it.
     out.append(Variant(f"{prefix}model", "online", spec(MAX_GAMMA),
-                       vspec={"policy": "model"}))
+                       vspec={"policy": "model", "model_state_dir": "off"}))
     # Target-only steps inside a speculative vspec server: what a gamma-0
     # step costs there (lazy for a draft model, EAGLE, EAGLE-3: no drafter forward).
     out.append(Variant(f"{prefix}fixed-0", "vspec-fixed", spec(MAX_GAMMA),

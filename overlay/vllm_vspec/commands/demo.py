@@ -44,11 +44,14 @@ def default_variants(draft: str | Path, eagle: str | Path | None,
     checked against its outputs. Add a variant here to show it in the table."""
     k = max(gammas)
     span = f"{VSpecConfig.min_gamma}..{k}"   # the default range
+    # The default policy, started cold (no state file from an earlier run).
+    policy, cold = VSpecConfig().policy, {"model_state_dir": "off"}
     variants = ([Variant("target-only")] + [engine_runs.draft_model_variant(draft, g) for g in gammas]
-                + [engine_runs.vspec_variant(f"vspec online {span}", draft, k, policy="online")])
+                + [engine_runs.vspec_variant(f"vspec {policy} {span}", draft, k, policy=policy,
+                                             **cold)])
     if eagle:
-        variants.append(engine_runs.vspec_variant(f"eagle vspec online {span}", eagle, k,
-                                                  method="eagle", policy="online"))
+        variants.append(engine_runs.vspec_variant(f"eagle vspec {policy} {span}", eagle, k,
+                                                  method="eagle", policy=policy, **cold))
     return variants
 
 
