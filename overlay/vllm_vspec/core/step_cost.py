@@ -3,14 +3,18 @@
 A decode step's time is linear in what it does:
 
     T = c_step + c_req * B + c_verify * V + c_pass * P + c_pass_req * P * B
-        + c_spec * [P > 0] + c_catchup * C + c_ctx * ctx / 1000    (ms)
+        + c_spec * [P > 0] + c_pass_ctx * P * ctx / 1000 + c_catchup * C
+        + c_ctx * ctx / 1000    (ms)
 
 B requests, V draft tokens verified (the target runs B + V tokens), P draft
 passes (the gamma decided: the drafts it proposes), [P > 0] the fixed cost
 of a step that drafts at all (paid at every gamma but 0: without it a
-long draft would be charged for it per pass), C the requests a
-drafting step after a gamma-0 step catches up (a lazy drafter's pass
-over the tokens it missed), ctx the batch's context tokens. One model pooled over all batch sizes: what is
+long draft would be charged for it per pass), P * ctx a draft pass's
+attention over the batch's context (without it a pass is priced by its
+requests alone, and a batch whose contexts are longer or shorter than
+those fitted is mispriced), C the requests a drafting step after a
+gamma-0 step catches up (a lazy drafter's pass over the tokens it
+missed), ctx the batch's context tokens. One model pooled over all batch sizes: what is
 learnt at batch 8 informs batch 32, and a batch size seen for the first
 time is priced at once.
 
@@ -36,13 +40,13 @@ import math
 
 import numpy as np
 
-FEATURES = ("step", "requests", "verified", "passes", "pass_requests", "speculating", "catchup",
-            "context_k")
+FEATURES = ("step", "requests", "verified", "passes", "pass_requests", "speculating",
+            "pass_context_k", "catchup", "context_k")
 # The fit is redone once this many samples arrived since the last (every
 # sample while the model has fewer than REFIT_EVERY * 4): a step changes
 # the sums by about 1/window, so a fit a few steps old predicts the same.
 REFIT_EVERY = 8
-NONNEGATIVE = np.array([False, False, True, True, True, True, True, False])
+NONNEGATIVE = np.array([False, False, True, True, True, True, True, True, False])
 # Samples before outliers are screened and the fit's own residuals set its
 # uncertainty (before: a quarter of a typical step, squared).
 MIN_SAMPLES = 8
@@ -52,8 +56,10 @@ def features(batch, verified, passes, catchup, context) -> np.ndarray:
     """The FEATURES of a step; array arguments (broadcast together) give one
     row per element, e.g. every gamma of a decision at once."""
     passes = np.asarray(passes, dtype=float)
-    return np.stack(np.broadcast_arrays(1.0, batch, verified, passes, passes * batch,
-                                        (passes > 0).astype(float), catchup, np.divide(context, 1000.0)),
+    ctx_k = np.divide(context, 1000.0)
+    drafting = (passes > 0).astype(float)
+    return np.stack(np.broadcast_arrays(1.0, batch, verified, passes, passes * batch, drafting,
+                                        passes * ctx_k, catchup, ctx_k),
                     axis=-1).astype(float)
 
 
