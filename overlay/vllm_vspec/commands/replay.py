@@ -85,6 +85,10 @@ def add_parser(subparsers) -> None:
     s.add_argument("--policy-seeds", type=int, default=1,
                    help="run a policy that draws random numbers (model) with this many seeds "
                         "and report its mean tokens/s (each seed's in replay.json)")
+    s.add_argument("--warm", action="store_true",
+                   help="score every contender on its second pass over each workload, its policy "
+                        "keeping what the first taught it (a server that has served the load "
+                        "before, or one started warm); default: a cold start")
     s.add_argument("--output-dir", type=Path, default=Path("results/replay"),
                    help="directory for replay.json and replay.png")
     s.set_defaults(func=run_score)
@@ -203,7 +207,7 @@ def run_score(args: argparse.Namespace) -> int:
     tty = sys.stderr.isatty()       # a progress line only where it redraws in place
     results = sc.score(rec, profile, str(costs), [all_shapes[n] for n in names], policies=policies,
                        vspec=vspec, gamma0_mode=args.gamma0_mode, noise=args.noise, seed=args.seed,
-                       policy_seeds=args.policy_seeds,
+                       policy_seeds=args.policy_seeds, warm=args.warm,
                        progress=(lambda what: print(f"\r  scoring {what:<24}", end="",
                                                     file=sys.stderr, flush=True)) if tty else None)
     if tty:
@@ -211,7 +215,8 @@ def run_score(args: argparse.Namespace) -> int:
     seconds = time.monotonic() - t0
     h = rec.header
     print(f"replay of {args.recording} ({h['method']} K={rec.k}, {len(rec.requests)} requests), "
-          f"costs {costs}, noise {args.noise}, seed {args.seed}: {seconds:.1f} s\n")
+          f"costs {costs}, noise {args.noise}, seed {args.seed}"
+          f"{', warm (second pass)' if args.warm else ''}: {seconds:.1f} s\n")
     for name, why in skipped.items():
         print(f"{name}: not scored: {why}\n")
     print(sc.table_text(results))
@@ -219,7 +224,7 @@ def run_score(args: argparse.Namespace) -> int:
     meta = {"recording": str(args.recording), "costs": str(costs), "method": h["method"],
             "k": rec.k, "noise": args.noise, "seed": args.seed, "gamma0_mode": args.gamma0_mode,
             "policies": policies, "workloads": names, "vspec": vspec,
-            "policy_seeds": args.policy_seeds, "not_scorable": skipped}
+            "policy_seeds": args.policy_seeds, "warm": args.warm, "not_scorable": skipped}
     (args.output_dir / "replay.json").write_text(json.dumps(sc.to_json(results, meta), indent=1) + "\n")
     sc.plot(results, args.output_dir / "replay.png")
     print(f"-> {args.output_dir / 'replay.json'}, {args.output_dir / 'replay.png'}")

@@ -416,6 +416,7 @@ def simulate(workload: Workload, profile: LatencyProfile, policy: StepPolicy, cl
     `admission`: per-request verify lengths (Admission; None: every
     request verifies all its pending drafts)."""
     rng = np.random.default_rng(seed)
+    start = clock.now                              # a clock may carry an earlier run's time
     width = max(max_gamma, 1)                      # draft positions (depths) per request
     if acceptance is None:
         acceptance = BernoulliAcceptance(workload, rng, width)
@@ -521,8 +522,8 @@ def simulate(workload: Workload, profile: LatencyProfile, policy: StepPolicy, cl
         steps += 1
         label = arm_label(gamma, decision.width)
         gamma_steps[label] = gamma_steps.get(label, 0) + 1
-        timeline.append((round(clock.now, 4), b, gamma))
-    return SimResult(name, workload.name, progress, clock.now, steps, gamma_steps, timeline)
+        timeline.append((round(clock.now - start, 4), b, gamma))
+    return SimResult(name, workload.name, progress, clock.now - start, steps, gamma_steps, timeline)
 
 
 # ------------------------------------------------------------------ compare
