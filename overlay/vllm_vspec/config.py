@@ -245,9 +245,11 @@ class VSpecConfig:
     steps repeats the same decisions)."""
 
     model_thompson: bool = True
-    """`model` policy: draw acceptance and cost from their posteriors at each
-    decision (Thompson sampling: explores exactly as far as the evidence is
-    unsure). Off: always the posterior means (no exploration)."""
+    """`model` policy: draw the acceptance rates from their posteriors at
+    each decision (Thompson sampling: explores exactly as far as the
+    evidence is unsure; step costs are always the fit's means). Off: the
+    posterior means (no exploration: a drafter that turns good while gamma
+    is 0 is never noticed)."""
 
     model_state_dir: str = "auto"
     """`model` policy: where what it learned (acceptance posteriors and the

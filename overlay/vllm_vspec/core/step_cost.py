@@ -23,10 +23,10 @@ Fit: exponentially weighted least squares, every decided step a sample
 by 1 - 1/window a step; a weak ridge (worth `prior_steps` steps, scaled to
 each feature's size) keeps directions the steps have not varied near 0.
 The marginal costs (everything but c_step, c_req and c_ctx) are kept >= 0,
-so the model is monotone in gamma. Its uncertainty is the fit's: the
-residual variance times the inverse information, from which `sample()`
-draws coefficients (Thompson sampling over costs: a gamma whose cost the
-steps have not pinned down gets tried as often as it might be best).
+so the model is monotone in gamma. The policy uses the fit's means: a
+step's time scatters with the host (noise), which more samples average
+out, while what is unknown about a choice is its acceptance (sampled
+there).
 
 Steps the model mispredicts by more than `outlier_factor` (a preemption,
 a pause of the host) are not folded in unless `outlier_run` come in a row
@@ -81,7 +81,7 @@ class PooledStepCost:
         self.samples = 0
         self.skipped = 0
         self._run = 0
-        self._fit: tuple[np.ndarray, np.ndarray] | None = None   # (mean, cholesky of covariance)
+        self._fit: np.ndarray | None = None         # the coefficients in use
 
     # ------------------------------------------------------------ fitting
     def observe(self, x: np.ndarray, ms: float) -> bool:
@@ -115,8 +115,8 @@ class PooledStepCost:
         scale = np.diag(self.xx) / max(self.weight, 1e-9)
         return self.xx + np.diag(self.prior_steps * np.maximum(scale, 1e-6))
 
-    def fit(self) -> tuple[np.ndarray, np.ndarray]:
-        """(mean coefficients, Cholesky factor of their covariance)."""
+    def fit(self) -> np.ndarray:
+        """The coefficients (ms per unit of each feature)."""
         if self._fit is None:
             a = self._information()
             free = np.ones(len(FEATURES), dtype=bool)
@@ -131,33 +131,22 @@ class PooledStepCost:
                     break
                 free &= ~neg
             theta[~free] = 0.0
-            # Relative residual variance -> absolute at the typical step.
-            typical = max(self.xy[0] / max(self.weight, 1e-9), 1e-3)
-            var = (self.sq_rel / max(self.weight, 1.0) + 1e-4) * typical ** 2 if self.samples >= MIN_SAMPLES \
-                else 0.25 * typical ** 2
-            cov = var * np.linalg.inv(a)
-            chol = np.linalg.cholesky(cov + 1e-12 * np.eye(len(FEATURES)) * max(np.trace(cov), 1e-12))
-            self._fit = (theta, chol)
+            self._fit = theta
         return self._fit
 
     def predict(self, x: np.ndarray) -> float:
-        return float(self.fit()[0] @ x)
-
-    def sample(self, rng: np.random.Generator) -> np.ndarray:
-        """Coefficients drawn from the fit's uncertainty, marginal costs >= 0."""
-        mean, chol = self.fit()
-        theta = mean + chol @ rng.standard_normal(len(FEATURES))
-        return np.where(NONNEGATIVE, np.maximum(theta, 0.0), theta)
+        return float(self.fit() @ x)
 
     def snapshot(self) -> dict:
-        mean = self.fit()[0] if self.samples else np.zeros(len(FEATURES))
+        mean = self.fit() if self.samples else np.zeros(len(FEATURES))
         return {"samples": self.samples, "skipped": self.skipped,
+                "relative_error": round(math.sqrt(self.sq_rel / max(self.weight, 1.0)), 4),
                 "coefficients_ms": dict(zip(FEATURES, (round(float(v), 6) for v in mean)))}
 
     def state(self) -> dict:
         """The sums, and the fit in use (refitted only every REFIT_EVERY
         samples), so that a restored model predicts what this one does."""
-        fit = None if self._fit is None else [m.tolist() for m in self._fit]
+        fit = None if self._fit is None else self._fit.tolist()
         return {"xx": self.xx.tolist(), "xy": self.xy.tolist(), "weight": self.weight,
                 "sq_rel": self.sq_rel, "samples": self.samples, "fit": fit}
 
@@ -166,10 +155,10 @@ class PooledStepCost:
         if xx.shape != self.xx.shape or xy.shape != self.xy.shape:
             raise ValueError(f"cost state has {xy.shape[0]} features, this model {len(FEATURES)}")
         fit = state.get("fit")
-        fit = None if fit is None else (np.array(fit[0], dtype=float), np.array(fit[1], dtype=float))
-        if fit is not None and (fit[0].shape != xy.shape or fit[1].shape != xx.shape):
-            raise ValueError(f"cost state's fit has {fit[0].shape} coefficients, this model "
-                             f"{len(FEATURES)}")
+        fit = None if fit is None else np.array(fit, dtype=float)
+        if fit is not None and fit.shape != xy.shape:
+            raise ValueError(f"cost state's fit has shape {fit.shape}, this model "
+                             f"{len(FEATURES)} coefficients")
         self.xx, self.xy = xx, xy
         self.weight, self.sq_rel = float(state["weight"]), float(state["sq_rel"])
         self.samples = int(state["samples"])

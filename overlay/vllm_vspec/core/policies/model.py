@@ -13,12 +13,13 @@ the model fits it per request caught up, and a decision to resume is
 charged it spread over the mean length of past drafting runs (charged
 whole to one step, it would hold gamma 0 wherever drafting wins only in
 the steady state; not charged, short excursions from gamma 0 would each
-pay it). Exploration is Thompson sampling:
-each decision draws the acceptance rates and the cost coefficients from
-their posteriors, so a gamma is tried as often as the evidence leaves it
-possibly best, and exploration stops as the arms separate. No bandit arms,
-windows, probes, hysteresis or per-bucket seeding: every step teaches both
-models whatever gamma it ran.
+pay it). Exploration is Thompson sampling over acceptance: each decision
+draws the acceptance rates from their posteriors, so a gamma is tried as
+often as the evidence leaves it possibly best, and exploration stops as
+the arms separate; costs are the fit's means (a step's time scatters with
+the host, which more steps average out; sampling it made a noisy host
+explore at random). No bandit arms, windows, probes, hysteresis or
+per-bucket seeding: every step teaches both models whatever gamma it ran.
 
 At batch 1 the acceptance used is conditioned on the request's last
 known outcome (did the step observed last accept every draft it
@@ -53,10 +54,6 @@ SWEEP_REPEATS = 1
 # worth PRIOR_RUNS runs.
 PRIOR_RUN_STEPS, PRIOR_RUNS = 8.0, 2.0
 RUN_KEEP = 0.9
-# A drawn step cost is never taken below this fraction of the mean model's
-# prediction (a draw far into an unexplored direction must not make a
-# gamma look free).
-MIN_COST_FRACTION = 0.25
 
 
 class ModelPolicy:
@@ -71,7 +68,6 @@ class ModelPolicy:
         self.cost = PooledStepCost(config.model_cost_window)
         self.thompson = config.model_thompson
         self.rng = random.Random(config.model_seed)
-        self.nrng = np.random.default_rng(config.model_seed)
         self.observed_gamma: int | None = None      # the gamma of the step observed last
         self.run = 0                                # observed drafting steps since the last resume
         self.runs = [PRIOR_RUN_STEPS * PRIOR_RUNS, PRIOR_RUNS]   # decayed sum of run lengths, count
@@ -98,13 +94,12 @@ class ModelPolicy:
             post = self.by_outcome[self.outcomes[-1]]
         rates = post.sample(self.rng) if draw else post.mean()
         e = expected_tokens_all(rates, hi)
-        mean = self.cost.fit()[0]
-        theta = self.cost.sample(self.nrng) if draw else mean
+        theta = self.cost.fit()
         gammas = [self.space.gamma(a) for a in arms]
         g = np.array(gammas, dtype=float)
         dwell = max(self.runs[0] / self.runs[1], 1.0)
         x = features(b, b * g, g, b * (g > 0) * resuming / dwell, ctx)
-        cost = np.maximum(x @ theta, MIN_COST_FRACTION * np.maximum(x @ mean, 1e-6))
+        cost = np.maximum(x @ theta, 1e-6)
         return {a: b * e[k] / c for a, k, c in zip(arms, gammas, cost.tolist())}
 
     def decide(self, batch, bucket: int, lo: int, hi: int,
