@@ -103,7 +103,8 @@ class Run:
     hits: float                 # prefix-cache hits while `cached` ran
     accepted: float
     steps: list                 # trace records (decision, drafted per request)
-    calls: list                 # per drafter call: (gamma asked, drafts per row, forwards)
+    calls: list                 # per drafter call: (gamma asked, drafts per row,
+                                #   drafter forwards or n-gram searches)
     lag: tuple | None = None    # lazy eagle/eagle3: (aux, forced_sync, stored, capacity)
     sampler: tuple | None = None  # vspec's runner: (drafts per rejection-sampler call, plain calls)
     commits: tuple | None = None  # draft_model lazy: (ops backend, commit op calls, draft passes)

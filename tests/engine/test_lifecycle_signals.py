@@ -9,10 +9,13 @@ the engine core in its own process; loopback only, every wait bounded):
   the preset's shutdown timeout with status 0, one "start-up cancelled"
   line, and no process of the server's group left. Stock vLLM 0.32 hangs at
   the second point and ignores the signal at the third (docs/host-defects.md);
-- kill -9 of the engine-core process: the launcher exits non-zero (stock
-  vLLM's API server exits 0), and 10 s later no process of the group is left;
-- SIGTERM with requests in flight: every request answered, status 0, and no
-  traceback in the log.
+
+The served lifecycle's other edges run on servers other modules start
+anyway: SIGTERM with requests in flight (every request answered, status 0,
+no traceback, no process of the group left) is test_serving_faults.py's last
+test; kill -9 of the engine-core process (the launcher exits non-zero, stock
+vLLM's API server exits 0, and 10 s later no process of the group is left)
+is test_serve.py's.
 
 The supervisor's own rules run first against stand-in servers (small Python
 scripts: no vLLM), where every timing is deterministic, and the shutdown
@@ -27,7 +30,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -363,65 +365,3 @@ def test_sigterm_during_start_up_ends_the_server_within_the_shutdown_timeout(tmp
         assert_group_gone(pgid, log)
     assert seconds <= SHUTDOWN_TIMEOUT, f"{seconds:.1f} s"
     print(f"SIGTERM at '{point}': launcher exited after {seconds:.1f} s")
-
-
-@pytest.mark.engine
-def test_kill_9_of_the_engine_core_exits_non_zero_and_leaves_no_process(tmp_path):
-    with _launch_preset(tmp_path, "kill9") as launch:
-        pgid = launch.wait_for("the server pid line", launch.server_pgid, 120)
-        launch.wait_for("a healthy server", lambda: _healthy(launch), START_UP_S)
-        core = _engine_core(pgid)
-        assert core is not None, _cmdlines(pgid)
-        os.kill(core, signal.SIGKILL)
-        killed = time.monotonic()
-        try:
-            launch.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            pytest.fail("the launcher still runs 60 s after its engine core died:\n"
-                        + launch.tail())
-        assert launch.proc.returncode != 0, launch.tail()
-        assert "without a stop request" in launch.log(), launch.tail()
-        time.sleep(max(0.0, killed + 10 - time.monotonic()))
-        assert_group_gone(pgid, launch.log())
-
-
-@pytest.mark.engine
-def test_sigterm_with_requests_in_flight_drains_exits_0_and_logs_no_traceback(tmp_path):
-    with _launch_preset(tmp_path, "drain") as launch:
-        pgid = launch.wait_for("the server pid line", launch.server_pgid, 120)
-        launch.wait_for("a healthy server", lambda: _healthy(launch), START_UP_S)
-        answers: list = []
-
-        def ask(i: int) -> None:
-            try:
-                r = httpx.post(launch.base_url + "/v1/completions", timeout=120, json={
-                    "model": PRESET, "prompt": f"def f{i}(x):", "max_tokens": 128,
-                    "ignore_eos": True, "temperature": 0})
-                answers.append((r.status_code, r.json()["choices"][0]["finish_reason"])
-                               if r.status_code == 200 else (r.status_code, r.text[:300]))
-            except Exception as e:  # noqa: BLE001 - reported by the assertion below
-                answers.append(e)
-        clients = [threading.Thread(target=ask, args=(i,)) for i in range(8)]
-        for c in clients:
-            c.start()
-
-        def all_held() -> bool:
-            """The engine holds every request (running or waiting; an
-            answered one counts) and runs one: none is still on its way in."""
-            page = httpx.get(launch.base_url + "/metrics", timeout=5).text
-            gauges = {}
-            for name in ("running", "waiting"):
-                m = re.search(rf"^vllm:num_requests_{name}\{{[^}}]*\}} ([0-9.]+)$", page, re.M)
-                gauges[name] = float(m.group(1)) if m else 0.0
-            return gauges["running"] >= 1 and sum(gauges.values()) + len(answers) >= len(clients)
-        launch.wait_for("all requests held by the engine", all_held, 120)
-        assert len(answers) < len(clients), f"all answered before SIGTERM: {answers}"
-        seconds = launch.stop_and_wait(signal.SIGTERM, supervisor.drain_deadline(SHUTDOWN_TIMEOUT))
-        for c in clients:
-            c.join(timeout=60)
-        log = launch.log()
-        assert launch.proc.returncode == 0, launch.tail()
-        assert len(answers) == 8 and all(a == (200, "length") for a in answers), answers
-        assert "Traceback" not in log, launch.tail(80)
-        assert_group_gone(pgid, log)
-    print(f"drain: launcher exited {seconds:.1f} s after SIGTERM")

@@ -27,7 +27,7 @@ from vllm_vspec.bench import protocols, runner, scrape, variants, workloads
 from vllm_vspec.bench.loadgen import Completion, client_for, run_phase
 from vllm_vspec.bench.report import (Run, accepted_length, exact_match, format_gamma_counts,
                                      markdown_table, results_json, rows)
-from vllm_vspec.bench.server import Server, ServerSpec, free_port, serve_argv
+from vllm_vspec.bench.server import ServerSpec, serve_argv
 from vllm_vspec.bench.plot import Timeline, plot_timelines
 from vllm_vspec.bench.workloads import Request
 from vllm_vspec.core.trace import DecisionTrace
@@ -641,10 +641,7 @@ def test_a_variant_whose_server_dies_is_reported_and_the_rest_still_run(tmp_path
     assert "exited with 3" in failures["target"] and "model not found" in failures["target"]
 
 
-# ------------------------------------------------------------ real server
-REPO = Path(__file__).resolve().parents[2]
-
-
+# ------------------------------------------------------------ ports
 def test_free_port_is_bindable_and_never_one_the_kernel_hands_to_a_bind_to_port_0():
     from vllm_vspec.bench import server
 
@@ -654,21 +651,6 @@ def test_free_port_is_bindable_and_never_one_the_kernel_hands_to_a_bind_to_port_
         assert server.FIRST_PORT <= port < low, (port, low)
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))
-
-
-@pytest.mark.engine
-def test_protocol_against_a_real_tiny_server_completes_every_request(tmp_path):
-    # Eager: what is tested is the protocol's client; torch.compile of a
-    # target-only server is vLLM's own (a compiled vspec server: test_adaptive_serving).
-    spec = ServerSpec(model=REPO / "models/tiny-target", max_num_seqs=4,
-                      kv_cache_memory_bytes=64 << 20, enforce_eager=True)
-    port = free_port()
-    prompts = workloads.load_prompts(REPO / "models/prompts/code.jsonl")
-    with Server(serve_argv(spec, [], port), port, tmp_path / "server.log") as srv:
-        result = protocols.run_protocol_sync(protocols.PROTOCOLS["arc-easy"], srv.base_url,
-                                             protocols.fixed_count(prompts, 4, 8), 8, 2)
-    assert srv.proc.poll() is not None  # stopped with its process group
-    assert (result["completed"], result["failed"], result["total_output_tokens"]) == (4, 0, 32)
 
 
 # ------------------------------------------------------------ ngram variants
