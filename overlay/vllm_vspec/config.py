@@ -465,10 +465,13 @@ class VSpecConfig:
     drafts then invalid ones (-1) the verifier rejects, so that the target
     replays that graph: vLLM-Ascend treats a step as uniform decode only at
     1 + K tokens a request, and a step with gamma < K would otherwise run
-    piecewise or eagerly (docs/ascend.md, "ACL graphs"). Outputs stay exact
-    and the drafter still drafts gamma tokens; the target verifies K - gamma
-    extra positions. false: every step verifies its gamma. No effect without
-    full decode graphs (cudagraph_mode FULL_DECODE_ONLY or FULL_AND_PIECEWISE)."""
+    piecewise or eagerly (docs/ascend.md, "ACL graphs"). Outputs stay exact.
+    Since such a step verifies 1 + K whatever its gamma, a step whose drafts
+    will be verified padded drafts K and is not the policy's to decide (a
+    smaller gamma would save only graphed draft passes); the policy decides
+    the steps past the padded range. false: every step verifies its gamma
+    and the policy decides every step. No effect without full decode graphs
+    (cudagraph_mode FULL_DECODE_ONLY or FULL_AND_PIECEWISE)."""
 
     # ------------------------------------------------------------------ build
     def __post_init__(self) -> None:

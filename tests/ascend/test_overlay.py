@@ -456,3 +456,33 @@ def test_no_bookkeeping_where_nothing_is_padded():
     scheduler = _padding_scheduler(async_scheduling=False, cudagraph_mode="PIECEWISE", capture=40)
     scheduler._set_gamma(_scheduled({"a": []}), 2)
     assert not scheduler._verify.pads and scheduler._drafted == {}
+
+
+@pytest.mark.parametrize("num_reqs, config_args, padded", [
+    (8, GRAPHS, True),                                        # the next step verifies 1 + K
+    (9, GRAPHS, False),                                       # past the capture range
+    (8, dict(cudagraph_mode="PIECEWISE", capture=40), False),  # no full decode graph kept
+])
+def test_a_step_whose_drafts_are_verified_padded_drafts_k_without_asking_the_controller(
+        num_reqs, config_args, padded):
+    # Padded, a smaller gamma would save only graphed draft passes: the step
+    # drafts K, and the controller neither decides it nor is told of it.
+    from types import SimpleNamespace
+
+    asked = []
+
+    def decide_step(scheduled, live, prefill, batch):
+        asked.append(len(scheduled))
+        return SimpleNamespace(gamma=1, width=1, decided=True)
+
+    scheduler = _padding_scheduler(async_scheduling=False, **config_args)
+    scheduler.vspec = SimpleNamespace(decide_step=decide_step)
+    scheduler.requests = {}
+    step = _scheduled({f"r{i}": [] for i in range(num_reqs)})
+    step.total_num_scheduled_tokens = num_reqs
+    decision = scheduler._decide(step)
+    if padded:
+        assert (decision.gamma, decision.reason, decision.decided) == (4, "padded", False)
+        assert asked == []
+    else:
+        assert decision.gamma == 1 and asked == [num_reqs]

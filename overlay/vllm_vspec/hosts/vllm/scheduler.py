@@ -42,7 +42,7 @@ from vllm_vspec.hosts.vllm.warm_key import warm_key
 from vllm_vspec.core.controller import GammaController
 from vllm_vspec.core.refill import RefillGate
 from vllm_vspec.config import VSpecConfigError
-from vllm_vspec.core.steps import BatchState, StepFeedback, drafted_depth
+from vllm_vspec.core.steps import BatchState, Decision, StepFeedback, bucket_of, drafted_depth
 from vllm_vspec.hosts.wiring import resolve
 
 # Under "vllm.": vLLM configures only its own logger tree, so INFO from any
@@ -154,15 +154,25 @@ class VSpecScheduler(Scheduler):
         if self.vspec is not None:
             if self._verify.pads:
                 self._report_padding(scheduler_output)
-            scheduled = scheduler_output.num_scheduled_tokens
-            decision = self.vspec.decide_step(scheduled, self.requests,
-                                              _has_prefill(scheduler_output),
-                                              lambda: self._batch_state(scheduled))
+            decision = self._decide(scheduler_output)
             if decision is not None:
                 self._set_gamma(scheduler_output, decision.gamma, decision.width)
                 if decision.decided:
                     self._decided.add(id(scheduler_output))
         super()._update_after_schedule(scheduler_output)
+
+    def _decide(self, scheduler_output: SchedulerOutput) -> Decision | None:
+        """The step's Decision: the controller's, except on a step whose
+        drafts the next step verifies padded to 1 + K (verify_width.py): it
+        drafts K and is not the controller's. There the target verifies
+        1 + K whatever the gamma, so a smaller one saves only graphed draft
+        passes and commits fewer tokens, and the step's time says nothing of
+        the gamma it ran."""
+        scheduled = scheduler_output.num_scheduled_tokens
+        if self._verify.pads and 0 < len(scheduled) <= self._verify.pad_max_reqs:
+            return Decision(self._verify.k, bucket_of(len(scheduled)), "padded", decided=False)
+        return self.vspec.decide_step(scheduled, self.requests, _has_prefill(scheduler_output),
+                                      lambda: self._batch_state(scheduled))
 
     def _batch_state(self, scheduled) -> BatchState:
         """The controller's view of a step's batch of `scheduled` requests."""
