@@ -11,6 +11,10 @@ scheduler.schedule: test instrumentation) and the tokens each request
 gained. Every disagreement is printed; none is allowed (no float tie was
 met with these prompts; a tie would show as a probe disagreement in the
 recording, listed in the failure message).
+
+The recording's draft probabilities agree too: a vspec engine under policy
+`budget` hands its scheduler, with every draft drafted from decode position
+d, the probabilities the recording holds for d (to the file's 1/255 grid).
 """
 
 from __future__ import annotations
@@ -118,3 +122,63 @@ def test_every_step_accepts_what_the_recording_predicts(recordings, method, gamm
     assert checked > 100
     for i, r in enumerate(recording.requests):
         assert outputs[str(i)] == list(r.output), f"{r.key}: output differs from the recorded stream"
+
+
+def budget_engine_probs(recording, method: str) -> list[tuple[int, int, list[float]]]:
+    """Per draft a vspec engine under policy `budget` handed its scheduler:
+    (request index, decode position it was drafted from, its draft
+    probabilities). The position is read from the request when the drafts
+    arrive (Scheduler.update_draft_token_ids, wrapped on this in-process
+    engine's scheduler: test instrumentation): n output tokens so far, so
+    drafted from prompt + output[:n], decode position n - 1."""
+    from vllm import SamplingParams, TokensPrompt
+    from vllm_vspec.hosts.vllm.worker import CPU_WORKER_CLS
+
+    llm = make_llm(DEEP_TARGET, speculative_config={"method": method, "model": str(DRAFTERS[method]),
+                                                    "num_speculative_tokens": K},
+                   vspec={"policy": "budget", "min_gamma": 0}, max_num_seqs=4,
+                   kv_cache_memory_bytes=512 << 20, worker_cls=CPU_WORKER_CLS)
+    try:
+        engine = llm.llm_engine
+        scheduler = scheduler_of(llm)
+        update = scheduler.update_draft_token_ids
+        seen = []
+
+        def recorded(draft_token_ids):
+            for rid, probs in zip(draft_token_ids.req_ids,
+                                  getattr(draft_token_ids, "draft_probs", None) or ()):
+                request = scheduler.requests.get(rid)
+                if request is not None:          # not finished in this step
+                    n = len(request.output_token_ids)
+                    seen.append((int(rid.rsplit("-", 1)[0]), n - 1, list(probs)))
+            update(draft_token_ids)
+        scheduler.update_draft_token_ids = recorded
+        for i, r in enumerate(recording.requests):
+            engine.add_request(str(i), TokensPrompt(prompt_token_ids=list(r.prompt)),
+                               SamplingParams(temperature=0.0, max_tokens=len(r.output),
+                                              ignore_eos=True))
+        while engine.has_unfinished_requests():
+            engine.step()
+        return seen
+    finally:
+        close_llm(llm)
+
+
+@pytest.mark.parametrize("method", ["draft_model", "eagle"])
+def test_the_recorded_draft_probabilities_are_what_a_budget_engine_ranks(recordings, method):
+    # Recorded on the 1/255 grid: a probability the engine reports is within
+    # half a step of it, plus float noise (the engine batches differently).
+    tolerance = 0.5 / 255 + 1e-4
+    recording = recordings(method)
+    wrong, compared = [], 0
+    for i, d, probs in budget_engine_probs(recording, method):
+        r = recording.requests[i]
+        if d >= r.decode_len:
+            continue          # drafted past the recorded stream's end
+        for j, p in enumerate(probs):
+            compared += 1
+            if abs(p - r.draft_probs[d][j]) > tolerance:
+                wrong.append(f"request {r.key} position {d} slot {j}: engine {p:.5f}, "
+                             f"recorded {r.draft_probs[d][j]:.5f}")
+    assert not wrong, f"{len(wrong)} of {compared} draft probabilities differ:\n" + "\n".join(wrong)
+    assert compared > 100
