@@ -17,7 +17,7 @@
    the drafters vspec's proposers extend), come from the same probes: the
    probe engine runs vspec's model runner under policy `budget`, whose
    proposer records the drafter's probability of every greedy draft token
-   from the logits it came from, and vLLM's own scheduler (probe.py
+   from the logits it came from, and vLLM's own scheduler (hosts/vllm/replay_probe.py
    ProbeScheduler) keeps those of each probe's prefill draft. Its steps
    draft and verify K, as a stock engine's do.
 
@@ -80,10 +80,10 @@ def _engine(target: Path, max_model_len: int, max_num_seqs: int, kv_bytes: int, 
 
 def probe_engine_args(method: str, spec: dict, probs: bool) -> dict:
     """The probe engine's arguments: the method at K with vLLM's scheduler
-    (probe.py) and, when `probs`, vspec's model runner recording the draft
+    (hosts/vllm/replay_probe.py) and, when `probs`, vspec's model runner recording the draft
     probabilities."""
     from vllm_vspec.hosts.wiring import engine_args
-    from vllm_vspec.replay.probe import PROBE_SCHEDULER_CLS
+    from vllm_vspec.hosts.vllm.replay_probe import PROBE_SCHEDULER_CLS
 
     if probs and method not in PROBS_METHODS:
         raise ValueError(f"draft probabilities of method {method!r} are not recorded: its "

@@ -2,7 +2,7 @@
 the draft probabilities of each request's first draft.
 
 A probe request's prefill step drafts K tokens from the true prefix
-(record.py), and the drafts reach the scheduler with the drafter's
+(replay/record.py), and the drafts reach the scheduler with the drafter's
 probability of each drafted token where vspec's proposer records them
 (hosts/vllm/proposers.py under policy `budget`: ScoredDraftTokenIds from
 the model runner's handover). The scheduler itself stays vLLM's: every
@@ -18,7 +18,7 @@ from __future__ import annotations
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import DraftTokenIds
 
-PROBE_SCHEDULER_CLS = "vllm_vspec.replay.probe.ProbeScheduler"
+PROBE_SCHEDULER_CLS = "vllm_vspec.hosts.vllm.replay_probe.ProbeScheduler"
 
 
 class ProbeScheduler(Scheduler):
