@@ -47,6 +47,7 @@ import pytest
 
 from conftest import (DRAFT, EAGLE, MODELS, TARGET, assert_same_tokens, close_llm, counter,
                       greedy, make_llm, record_drafter_calls, runner_of)
+from test_commit_hot_path import _Counting
 from test_gamma0_path import SamplerCalls
 from vllm_vspec.core.trace import read_trace
 
@@ -159,20 +160,11 @@ class _CountingOps:
         return self._ops.commit_accepted(*args, **kwargs)
 
 
-class _CountingCalls:
-    def __init__(self, fn) -> None:
-        self.fn, self.calls = fn, 0
-
-    def __call__(self, *args, **kwargs):
-        self.calls += 1
-        return self.fn(*args, **kwargs)
-
-
 def _count_commits(drafter) -> tuple:
     """Count vspec's commit op and the draft passes (instance attributes
     over the bound ones: counted, not changed)."""
     drafter.vspec_ops = ops = _CountingOps(drafter.vspec_ops)
-    drafter.propose = passes = _CountingCalls(drafter.propose)
+    drafter.propose = passes = _Counting(drafter.propose)
     return ops, passes
 
 
