@@ -87,13 +87,13 @@ ascend-peer-test: install
 # The supported vLLM releases' wheels (vllm_vspec/hosts/vllm/releases.py: 0.32.0,
 # 0.33.0, ~330 MB each, SHA-256 checked) into .cache/vllm-wheel/, and the contract
 # check of our adapters on each one's Python sources. `make test` fetches them
-# itself when absent (tests/test_vllm_releases.py); this fills the cache ahead.
+# itself when absent (tests/release/test_vllm_releases.py); this fills the cache ahead.
 .PHONY: vllm-sources
 vllm-sources: $(PROJECT_STAMP)
 	$(PYTHON) -m vllm_vspec.tools.abi_check
 
 bench: install
-	$(BIN)/vllm-vspec bench
+	$(BIN)/vllm-vspec bench serve
 
 # The overlay needs the venv (setuptools-scm), not the bundled models. With
 # CANN (ASCEND_HOME_PATH) `make wheel` also compiles vLLM-Ascend's and vspec's

@@ -1,4 +1,4 @@
-"""The overhead variant set (`vllm-vspec bench --variants overhead`).
+"""The overhead variant set (`vllm-vspec bench serve --variants overhead`).
 
 Turning vspec on must cost nothing by itself: a vspec server held at gamma g
 must run as fast as the stock server it stands in for. The set serves, side
@@ -18,7 +18,7 @@ once and take turns in every round (bench/runner.run_paired); the pair's
 ratio is then the median of its per-round ratios, and their spread shows
 whether a gap is beyond the round-to-round noise. The default workloads of the set are steady concurrency 1 and
 32 (`steady-c1-*`, `steady-c32-*`). Pure functions: unit-tested without a
-server (tests/test_bench.py).
+server (tests/unit/test_bench.py).
 """
 
 from __future__ import annotations
