@@ -34,7 +34,7 @@ from vllm_vspec.bench.variants import MAX_GAMMA, METHOD_PREFIXES, Variant, specu
 SET_NAME = "overhead"
 # Fixed gammas paired with stock draft_model / EAGLE servers of the same K.
 OVERHEAD_GAMMAS = 3
-# A pair within this ratio counts as costing nothing (the target).
+# A pair whose vspec server reaches this ratio of its stock twin counts as costing nothing.
 TARGET_RATIO = 0.99
 
 
