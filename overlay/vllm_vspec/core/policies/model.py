@@ -47,7 +47,6 @@ from vllm_vspec.core.acceptance_stats import expected_tokens_all
 from vllm_vspec.core.posterior import AcceptancePosterior
 from vllm_vspec.core.step_cost import PooledStepCost, features
 
-SWEEP_REPEATS = 1
 # A resume's catch-up is spread over the mean length of past drafting runs
 # (decided steps at gamma > 0 between two gamma-0 steps), each older run
 # weighing RUN_KEEP times the next; before any run ended, PRIOR_RUN_STEPS,
@@ -105,8 +104,8 @@ class ModelPolicy:
     def decide(self, batch, bucket: int, lo: int, hi: int,
                previous: Arm | None) -> tuple[Arm, str]:
         arms = list(self.space.arms(batch, lo, hi))
-        if self.swept < SWEEP_REPEATS * len(arms):
-            arm = arms[-1 - (self.swept // SWEEP_REPEATS) % len(arms)]
+        if self.swept < len(arms):
+            arm = arms[-1 - self.swept]
             self.swept += 1
             return arm, "sweep"
         resuming = previous is not None and self.space.gamma(previous) == 0
