@@ -801,8 +801,8 @@ def test_overhead_ratios_are_vspec_over_stock_medians_per_workload_and_pair():
     assert not got[("vspec-fixed-1", "fixed-1")]["meets_target"]
     assert got[("fixed-0", "target")]["rounds"] == 3
     text = overhead.ratio_table(report.rows(runs))
-    assert "| w | fixed-0 / target | 100.0 | 99.0 | 0.990x | yes |" in text
-    assert "| w | vspec-fixed-1 / fixed-1 | 120.0 | 118.0 | 0.983x | NO |" in text
+    assert "| w | fixed-0 / target | 100.0 | 99.0 | 0.990x | 0.99x | yes |" in text
+    assert "| w | vspec-fixed-1 / fixed-1 | 120.0 | 118.0 | 0.983x | 0.99x | NO |" in text
     assert overhead.ratio_table(report.rows(runs[:1])) == ""     # no pair: nothing printed
 
 
@@ -828,8 +828,8 @@ def test_paired_ratios_divide_runs_of_the_same_round_and_pair():
     assert got["eagle-fixed-0"]["round_ratios"] == pytest.approx([0.75, 0.9, 0.8])
     assert not got["eagle-fixed-0"]["meets_target"]
     text = overhead.paired_ratio_table(runs)
-    assert "| w | fixed-0 / target | 3 | 1.000x | 0.990x | 1.100x | yes |" in text
-    assert "| w | eagle-fixed-0 / target | 3 | 0.800x | 0.750x | 0.900x | NO |" in text
+    assert "| w | fixed-0 / target | 3 | 1.000x | 0.990x | 1.100x | 0.99x | yes |" in text
+    assert "| w | eagle-fixed-0 / target | 3 | 0.800x | 0.750x | 0.900x | 0.99x | NO |" in text
     assert overhead.paired_ratio_table(runs[:1]) == ""   # a pair's one side: nothing printed
 
 
@@ -870,6 +870,43 @@ def test_paired_rounds_keep_both_servers_up_and_swap_who_goes_first(monkeypatch,
     assert [(r.variant, r.repeat, r.pair) for r in runs][:2] == [
         ("target", 0, "fixed-0 / target"), ("fixed-0", 0, "fixed-0 / target")]
     assert len(runs) == 6                                          # the warm-up is not kept
+
+
+def test_a_named_pair_is_measured_against_its_comparator_with_its_own_target():
+    from vllm_vspec.bench import overhead
+    pair = overhead.parse_pair("model/fixed-2", ["target", "fixed-2", "model"])
+    assert (pair.vspec, pair.stock, pair.label) == ("model", "fixed-2", "model / fixed-2")
+    runs = []
+    for repeat, (comparator, measured) in enumerate([(100, 97), (100, 99), (100, 98.5)]):
+        for variant, speed in (("fixed-2", comparator), ("model", measured)):
+            r = _run("w", variant, "fixed" if variant == "fixed-2" else "online", [10],
+                     10 / speed)
+            r.repeat, r.pair = repeat, pair.label
+            runs.append(r)
+    got = overhead.paired_ratios(runs, [pair])[0]
+    assert got["ratio"] == pytest.approx(0.985)
+    assert got["target"] == overhead.PAIR_TARGET_RATIO
+    assert got["meets_target"]                 # 0.985 >= 0.98, though below the 0.99 of twins
+    assert not overhead.paired_ratios(runs)[0]["meets_target"]   # unnamed: the twins' 0.99
+
+
+@pytest.mark.parametrize("text, says", [
+    ("model", "expected MEASURED/COMPARATOR"),
+    ("model/", "expected MEASURED/COMPARATOR"),
+    ("model/fixed-9", "no variant fixed-9 here; choose from"),
+    ("model/model", "cannot be its own comparator"),
+])
+def test_a_bad_pair_is_refused_naming_the_value(text, says):
+    from vllm_vspec.bench import overhead
+    with pytest.raises(ValueError, match=says):
+        overhead.parse_pair(text, ["target", "fixed-2", "model"])
+
+
+def test_pair_serves_only_its_two_variants_paired(bench_inputs, capsys):
+    assert cli.main(["bench", "serve", "--dry-run", *bench_inputs, "--pair", "model/fixed-2"]) == 0
+    out = capsys.readouterr().out
+    assert "1 pairs" in out and "model / fixed-2" in out
+    assert _variant_commands(out).keys() == {"fixed-2", "model"}
 
 
 def test_paired_needs_an_overhead_pair_among_the_variants(bench_inputs, capsys):

@@ -16,9 +16,14 @@ and reports each pair's ratio (vspec / stock, of the medians over rounds)
 per workload. With `bench --paired` the two servers of a pair are up at
 once and take turns in every round (bench/runner.run_paired); the pair's
 ratio is then the median of its per-round ratios, and their spread shows
-whether a gap is beyond the round-to-round noise. The default workloads of the set are steady concurrency 1 and
-32 (`steady-c1-*`, `steady-c32-*`). Pure functions: unit-tested without a
-server (tests/unit/test_bench.py).
+whether a gap is beyond the round-to-round noise. The default workloads of
+the set are steady concurrency 1 and 32 (`steady-c1-*`, `steady-c32-*`).
+
+`bench --pair MEASURED/COMPARATOR` pairs any two variants the same way, the
+comparator chosen before the run (e.g. `model/fixed-2`: the default
+controller against the fixed gamma replay found best); such a pair keeps up
+at PAIR_TARGET_RATIO. Pure functions: unit-tested without a server
+(tests/unit/test_bench.py).
 """
 
 from __future__ import annotations
@@ -36,16 +41,37 @@ SET_NAME = "overhead"
 OVERHEAD_GAMMAS = 3
 # A pair whose vspec server reaches this ratio of its stock twin counts as costing nothing.
 TARGET_RATIO = 0.99
+# A `--pair` variant reaching this ratio of its comparator counts as keeping up with it.
+PAIR_TARGET_RATIO = 0.98
 
 
 @dataclass(frozen=True)
 class Pair:
-    stock: str   # variant name of the stock server
-    vspec: str   # variant name of the vspec server standing in for it
+    stock: str   # variant name of the stock server (a `--pair`'s comparator)
+    vspec: str   # variant name of the vspec server standing in for it (a `--pair`'s measured one)
+    target: float = TARGET_RATIO   # the median ratio vspec / stock that meets the pair's target
 
     @property
     def label(self) -> str:
         return f"{self.vspec} / {self.stock}"
+
+
+def parse_pair(text: str, available: Iterable[str]) -> Pair:
+    """`--pair MEASURED/COMPARATOR` as a Pair of two variants that exist
+    here; ValueError naming the value and what is allowed otherwise."""
+    names = set(available)
+    parts = [p.strip() for p in text.split("/")]
+    if len(parts) != 2 or not all(parts):
+        raise ValueError(f"--pair {text!r}: expected MEASURED/COMPARATOR, two variant names "
+                         "joined by '/', e.g. model/fixed-2")
+    measured, comparator = parts
+    unknown = [n for n in parts if n not in names]
+    if unknown:
+        raise ValueError(f"--pair {text!r}: no variant {', '.join(unknown)} here; choose from "
+                         + ", ".join(sorted(names)))
+    if measured == comparator:
+        raise ValueError(f"--pair {text!r}: a variant cannot be its own comparator")
+    return Pair(stock=comparator, vspec=measured, target=PAIR_TARGET_RATIO)
 
 
 def vspec_fixed_variants(drafters: dict[str, Path | None]) -> list[Variant]:
@@ -113,16 +139,19 @@ def ratios(table_rows) -> list[dict]:
             out.append({"workload": workload, "stock": p.stock, "vspec": p.vspec,
                         "stock_tok_s": stock, "vspec_tok_s": vspec, "ratio": ratio,
                         "rounds": min(rounds[(workload, p.stock)], rounds[(workload, p.vspec)]),
-                        "meets_target": ratio is not None and ratio >= TARGET_RATIO - 1e-9})
+                        "target": p.target,
+                        "meets_target": ratio is not None and ratio >= p.target - 1e-9})
     return out
 
 
-def paired_ratios(runs) -> list[dict]:
+def paired_ratios(runs, pairs: Iterable[Pair] = ()) -> list[dict]:
     """Per pair and workload of a paired run (`bench --paired`): the ratio
     vspec / stock of each round (two runs seconds apart on the same two
     servers), their median, lowest and highest, and whether the median
-    meets TARGET_RATIO. `runs` are report.Run with `pair` set; rounds where
+    meets the pair's target (that of `pairs` with the same label, else
+    TARGET_RATIO). `runs` are report.Run with `pair` set; rounds where
     either server made no tokens are left out."""
+    targets = {p.label: p.target for p in pairs}
     speed: dict[tuple[str, str, str, int], float] = {}
     for r in runs:
         if r.pair is not None:
@@ -140,17 +169,18 @@ def paired_ratios(runs) -> list[dict]:
             if not per_round:
                 continue
             median = statistics.median(per_round)
+            target = targets.get(label, TARGET_RATIO)
             out.append({"workload": workload, "stock": stock, "vspec": vspec,
                         "round_ratios": per_round, "ratio": median,
                         "low": min(per_round), "high": max(per_round),
-                        "rounds": len(per_round),
-                        "meets_target": median >= TARGET_RATIO - 1e-9})
+                        "rounds": len(per_round), "target": target,
+                        "meets_target": median >= target - 1e-9})
     return out
 
 
-def paired_ratio_table(runs) -> str:
+def paired_ratio_table(runs, pairs: Iterable[Pair] = ()) -> str:
     """paired_ratios as GitHub markdown (empty when nothing was paired)."""
-    got = paired_ratios(runs)
+    got = paired_ratios(runs, pairs)
     if not got:
         return ""
     return _markdown(("rounds", "median ratio", "lowest", "highest"), got, lambda r: (
@@ -169,11 +199,11 @@ def ratio_table(table_rows) -> str:
 
 def _markdown(columns: tuple[str, ...], pairs: list[dict], cells) -> str:
     """A pair table: workload, pair, `columns` (right-aligned, `cells(row)`),
-    and whether the pair meets TARGET_RATIO."""
-    lines = ["| workload | pair (vspec / stock) | " + " | ".join(columns)
-             + f" | >= {TARGET_RATIO:.2f}x |",
-             "|---|---|" + "---:|" * len(columns) + ":-:|"]
+    the pair's target ratio and whether it meets it."""
+    lines = ["| workload | pair (vspec / stock) | " + " | ".join(columns) + " | target | met |",
+             "|---|---|" + "---:|" * len(columns) + "---:|:-:|"]
     for r in pairs:
         lines.append(f"| {r['workload']} | {r['vspec']} / {r['stock']} | "
-                     + " | ".join(cells(r)) + f" | {'yes' if r['meets_target'] else 'NO'} |")
+                     + " | ".join(cells(r)) + f" | {r['target']:.2f}x"
+                     + f" | {'yes' if r['meets_target'] else 'NO'} |")
     return "\n".join(lines) + "\n"

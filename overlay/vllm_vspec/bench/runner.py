@@ -14,7 +14,7 @@ import asyncio
 import time
 from contextlib import ExitStack
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -52,6 +52,7 @@ class Plan:
     out_dir: Path
     repeats: int = 1  # rounds: every variant is served this many times
     verbose: bool = False  # servers' output on the console too, not only in their logs
+    pairs: list[Pair] = field(default_factory=list)  # what a paired run serves (run_paired)
 
     def file_stem(self, v: Variant, repeat: int = 0) -> str:
         """Name of a variant's trace and log files (round-numbered with repeats)."""

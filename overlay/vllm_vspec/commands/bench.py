@@ -105,13 +105,15 @@ def _add_serve(actions) -> None:
     g.add_argument("--workload", action="append", default=[], metavar="NAME=CONC:FAMILY:N,...",
                    help="define a workload of your own, its phases in order (repeatable), "
                         "e.g. mixed=1:csv:8,32:code:64,1:prose:8")
-    g.add_argument("--variants", default=",".join(variants.DEFAULT_VARIANTS),
+    g.add_argument("--variants", default=None,
                    help="comma-separated variant names, 'all', or 'overhead' (every vspec "
                         "server beside the stock one it stands in for: target vs fixed-0, "
                         "fixed-g vs vspec-fixed-g, g = 1..3, for each drafter there is: draft "
                         "model, EAGLE, EAGLE-3, MTP with an MTP --target; with each "
                         "pair's ratio; its workloads default to steady-c1-* and steady-c32-*); "
-                        "target-only always runs")
+                        "target-only always runs (unset: "
+                        f"{','.join(variants.DEFAULT_VARIANTS)}; with --pair: the pairs' "
+                        "variants only)")
     g.add_argument("--workloads", default=None,
                    help="comma-separated workload names or 'all' (unset: the --workload "
                         "ones if any are defined, else every built-in one)")
@@ -133,6 +135,11 @@ def _add_serve(actions) -> None:
                         "warm-up round), so each round gives one "
                         "ratio of two runs seconds apart; the pair's ratio is their median, "
                         "shown with the lowest and highest round")
+    g.add_argument("--pair", action="append", default=[], metavar="MEASURED/COMPARATOR",
+                   help="serve these two variants as a pair, as --paired does (implies it; "
+                        "repeatable), e.g. model/fixed-2: the default controller against the "
+                        "fixed gamma chosen in advance (replay's best); the pair's target is "
+                        f"a median ratio of {overhead.PAIR_TARGET_RATIO:.2f}x")
     g.add_argument("--static-table", type=json.loads, default=variants.DEFAULT_STATIC_TABLE,
                    help="JSON [[batch_from, batch_to, K], ...] for the static-table variant")
     g.add_argument("--kv-cache-memory-bytes", type=int, default=ServerSpec.kv_cache_memory_bytes,
@@ -219,16 +226,27 @@ def build_plan(args: argparse.Namespace) -> runner.Plan:
     # The overhead set (bench/overhead.py): its vspec fixed-g servers, and
     # `--variants overhead` for all of its pairs.
     available.update({v.name: v for v in overhead.vspec_fixed_variants(drafters)})
-    names = (list(available) if args.variants == "all"
-             else overhead.expand(_csv(args.variants), available))
+    try:
+        named_pairs = [overhead.parse_pair(text, available) for text in args.pair]
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    args.paired = args.paired or bool(named_pairs)
+    requested = args.variants or ("" if named_pairs else ",".join(variants.DEFAULT_VARIANTS))
+    names = (list(available) if requested == "all"
+             else overhead.expand(_csv(requested), available))
     unknown = [n for n in names if n not in available]
     if unknown:
         raise SystemExit(_unknown_variants(unknown, available, args))
     chosen = variants.select(available, names)
-    if args.paired and not overhead.pairs(v.name for v in chosen):
-        raise SystemExit(f"--paired: --variants {args.variants} has no overhead pair (a stock "
+    pairs = named_pairs + [p for p in overhead.pairs(v.name for v in chosen)
+                           if p.label not in {q.label for q in named_pairs}]
+    if args.paired and not pairs:
+        raise SystemExit(f"--paired: --variants {requested} has no overhead pair (a stock "
                          "server and the vspec server standing in for it, e.g. target,fixed-0); "
-                         f"use --variants {overhead.SET_NAME} or name both servers of a pair")
+                         f"use --variants {overhead.SET_NAME}, name both servers of a pair, or "
+                         "--pair MEASURED/COMPARATOR")
+    if args.paired:   # a paired run serves its pairs' servers only
+        chosen = [available[n] for n in dict.fromkeys(n for p in pairs for n in (p.stock, p.vspec))]
     available_families = workloads.families_in(args.prompts)
     built_over = available_families if args.families == "all" else _csv(args.families)
     all_workloads = workloads.build_workloads(args.low_concurrency, args.high_concurrency,
@@ -241,7 +259,7 @@ def build_plan(args: argparse.Namespace) -> runner.Plan:
         except ValueError as e:
             raise SystemExit(f"--workload: {e}") from None
         defined[w.name] = all_workloads[w.name] = w
-    if args.workloads is None and not defined and overhead.SET_NAME in _csv(args.variants):
+    if args.workloads is None and not defined and overhead.SET_NAME in _csv(requested):
         wnames = overhead.default_workloads(all_workloads)   # steady, concurrency 1 and 32
     elif args.workloads is None:
         wnames = list(defined or all_workloads)
@@ -265,7 +283,8 @@ def build_plan(args: argparse.Namespace) -> runner.Plan:
     output_len = args.output_len or workloads.DEFAULT_OUTPUT_LEN
     return runner.Plan(spec, chosen, chosen_w,
                        {w.name: w.requests(prompts, output_len) for w in chosen_w},
-                       output_len, args.output_dir, args.repeats, args.verbose)
+                       output_len, args.output_dir, args.repeats, args.verbose,
+                       pairs if args.paired else [])
 
 
 def mtp_layers(target: Path) -> int:
@@ -323,7 +342,8 @@ def _serving_main(args: argparse.Namespace) -> int:
         table rows and the phase-bound lines."""
         table_rows, bounds = report.rows(runs), report.phase_bounds(runs)
         data = report.results_json(runs, _meta(plan, started, failures), table_rows, bounds)
-        pairs = overhead.paired_ratios(runs) if args.paired else overhead.ratios(table_rows)
+        pairs = (overhead.paired_ratios(runs, plan.pairs) if args.paired
+                 else overhead.ratios(table_rows))
         if pairs:
             data["overhead_pairs"] = pairs
         results.write_text(json.dumps(data, indent=2) + "\n")
@@ -334,9 +354,9 @@ def _serving_main(args: argparse.Namespace) -> int:
                             "MTP layers, so target-only and every ratio here are on that "
                             "checkpoint")
         if pairs and args.paired:
-            lines.append(f"overhead pairs: vspec / the stock server it stands in for, both up at "
-                         f"once (median of per-round ratios; target >= "
-                         f"{overhead.TARGET_RATIO:.2f}x)\n\n" + overhead.paired_ratio_table(runs))
+            lines.append("pairs: vspec / the stock server it stands in for (a --pair: measured "
+                         "/ comparator), both up at once; median of per-round ratios and its "
+                         "target\n\n" + overhead.paired_ratio_table(runs, plan.pairs))
         elif pairs:
             lines.append(f"overhead pairs: vspec / the stock server it stands in for (ratio of "
                          f"median tokens/s over rounds; target >= {overhead.TARGET_RATIO:.2f}x)"
@@ -350,7 +370,7 @@ def _serving_main(args: argparse.Namespace) -> int:
         return table_rows, lines
 
     if args.paired:
-        pairs = overhead.pairs(v.name for v in plan.variants)
+        pairs = plan.pairs
         total = plan.requests_per_variant * 2 * len(pairs) * (plan.repeats + 1)  # + warm-up
 
         def serve(advance, done):
@@ -421,7 +441,7 @@ def _meta(plan: runner.Plan, started: float, failures: dict[str, str]) -> dict:
 def _print_plan(plan: runner.Plan, paired: bool = False) -> None:
     rounds = f" x {plan.repeats} rounds" if plan.repeats > 1 else ""
     if paired:
-        labels = [p.label for p in overhead.pairs(v.name for v in plan.variants)]
+        labels = [p.label for p in plan.pairs]
         print(f"# {len(labels)} pairs{rounds}, the two servers of a pair up at once and "
               f"taking turns each round: {'; '.join(labels)}")
     print(f"# {len(plan.variants)} servers{rounds}, {'by pairs' if paired else 'one at a time'}; "
