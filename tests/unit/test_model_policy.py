@@ -210,3 +210,26 @@ def test_features_of_every_gamma_at_once_are_those_of_each():
 ])
 def test_the_default_policy_is_model_unless_the_settings_need_online(settings, policy):
     assert VSpecConfig.from_dict(settings, K).policy == policy
+
+
+def demo_host_ms(batch: int, gamma: int) -> float:
+    """The bundled pair's steps on 2 cores: a step that drafts pays 3 ms and
+    0.8 ms a draft pass and request, so at batch 1 every gamma > 0 costs
+    about the same and nothing there says what drafting costs at batch 16."""
+    return 20.4 + 0.97 * batch + 3.0 * (gamma > 0) + 0.8 * gamma * batch
+
+
+def test_a_batch_whose_costs_the_fit_cannot_price_is_probed_then_chosen_right():
+    rates = (0.6, 0.35, 0.12, 0.08)
+    e = expected_tokens_all(list(rates), K)
+    best = max(range(K + 1), key=lambda g: 16 * e[g] / demo_host_ms(16, g))
+    ctl, clock = controller()
+    rng = random.Random(3)
+    drive(ctl, clock, rates, 1, 300, rng, ms=demo_host_ms)
+    reasons = []
+    original = ctl.decide
+    ctl.decide = lambda batch: reasons.append(original(batch)) or reasons[-1]
+    gammas = drive(ctl, clock, rates, 16, 150, rng, ms=demo_host_ms)
+    probes = [d.gamma for d in reasons if d.reason == "probe"]
+    assert probes and all(d.reason != "probe" for d in reasons[-100:]), probes
+    assert gammas[-50:].count(best) >= 45, (best, gammas)

@@ -36,3 +36,23 @@ def test_a_warm_model_policy_is_timed_on_its_second_pass_only():
     assert warm["model"].timeline[0][0] < cold["model"].seconds
     # What it learnt in the first pass changes what it decides in the second.
     assert warm["model"].gamma_steps != cold["model"].gamma_steps
+
+
+def scored_after(after: str | None) -> dict:
+    shapes = sc.shapes(6, 12)
+    return {r.policy: r for r in sc.score(made_up(), PROFILE, "", [shapes["c8"]],
+                                          policies=("model",),
+                                          after=shapes[after] if after else None)}
+
+
+def test_after_another_workload_a_policy_that_learns_nothing_scores_the_same():
+    cold, after = scored_after(None), scored_after("c1")
+    for name in ("target", "fixed-1", "fixed-4", "table"):
+        assert after[name].seconds == pytest.approx(cold[name].seconds, rel=1e-9), name
+        assert after[name].gamma_steps == cold[name].gamma_steps, name
+
+
+def test_after_another_workload_the_model_policy_goes_on_from_what_it_learnt_there():
+    cold, after = scored_after(None), scored_after("c1")
+    assert after["model"].tokens == cold["model"].tokens
+    assert after["model"].gamma_steps != cold["model"].gamma_steps

@@ -89,6 +89,12 @@ def add_parser(subparsers) -> None:
                    help="score every contender on its second pass over each workload, its policy "
                         "keeping what the first taught it (a server that has served the load "
                         "before, or one started warm); default: a cold start")
+    s.add_argument("--after", default=None, metavar="WORKLOAD",
+                   help="every contender first serves this workload (one of "
+                        f"{', '.join(shapes())}), untimed, and is scored on the next: a server "
+                        "whose load changed (e.g. --after c1 --workloads c32: what it learnt at "
+                        "batch 1 meets batch 32); unset: every contender starts on the scored "
+                        "workload")
     s.add_argument("--output-dir", type=Path, default=Path("results/replay"),
                    help="directory for replay.json and replay.png")
     s.set_defaults(func=run_score)
@@ -198,6 +204,8 @@ def run_score(args: argparse.Namespace) -> int:
         vspec = json.loads(args.vspec)
     except json.JSONDecodeError as exc:
         raise UserError(f"--vspec={args.vspec!r} is not allowed: a JSON object ({exc})") from None
+    if args.after is not None and args.after not in all_shapes:
+        raise UserError(f"--after={args.after!r} is not allowed: one of {', '.join(all_shapes)}")
     if args.policy_seeds < 1:
         raise UserError(f"--policy-seeds={args.policy_seeds} is not allowed: an integer >= 1")
     if args.noise < 0:
@@ -208,6 +216,7 @@ def run_score(args: argparse.Namespace) -> int:
     results = sc.score(rec, profile, str(costs), [all_shapes[n] for n in names], policies=policies,
                        vspec=vspec, gamma0_mode=args.gamma0_mode, noise=args.noise, seed=args.seed,
                        policy_seeds=args.policy_seeds, warm=args.warm,
+                       after=all_shapes[args.after] if args.after else None,
                        progress=(lambda what: print(f"\r  scoring {what:<24}", end="",
                                                     file=sys.stderr, flush=True)) if tty else None)
     if tty:
@@ -216,7 +225,8 @@ def run_score(args: argparse.Namespace) -> int:
     h = rec.header
     print(f"replay of {args.recording} ({h['method']} K={rec.k}, {len(rec.requests)} requests), "
           f"costs {costs}, noise {args.noise}, seed {args.seed}"
-          f"{', warm (second pass)' if args.warm else ''}: {seconds:.1f} s\n")
+          f"{', warm (second pass)' if args.warm else ''}"
+          f"{f', after {args.after}' if args.after else ''}: {seconds:.1f} s\n")
     for name, why in skipped.items():
         print(f"{name}: not scored: {why}\n")
     print(sc.table_text(results))
@@ -224,7 +234,8 @@ def run_score(args: argparse.Namespace) -> int:
     meta = {"recording": str(args.recording), "costs": str(costs), "method": h["method"],
             "k": rec.k, "noise": args.noise, "seed": args.seed, "gamma0_mode": args.gamma0_mode,
             "policies": policies, "workloads": names, "vspec": vspec,
-            "policy_seeds": args.policy_seeds, "warm": args.warm, "not_scorable": skipped}
+            "policy_seeds": args.policy_seeds, "warm": args.warm, "after": args.after,
+            "not_scorable": skipped}
     (args.output_dir / "replay.json").write_text(json.dumps(sc.to_json(results, meta), indent=1) + "\n")
     sc.plot(results, args.output_dir / "replay.png")
     print(f"-> {args.output_dir / 'replay.json'}, {args.output_dir / 'replay.png'}")

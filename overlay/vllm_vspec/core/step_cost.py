@@ -78,10 +78,12 @@ class PooledStepCost:
         self.xy = np.zeros(n)
         self.weight = 0.0                  # decayed sample count
         self.sq_rel = 0.0                  # decayed sum of squared relative residuals
+        self.sq_ms = 0.0                   # decayed sum of squared residuals (ms^2)
         self.samples = 0
         self.skipped = 0
         self._run = 0
         self._fit: np.ndarray | None = None         # the coefficients in use
+        self._inv: np.ndarray | None = None         # the information's inverse, kept with the fit
 
     # ------------------------------------------------------------ fitting
     def observe(self, x: np.ndarray, ms: float) -> bool:
@@ -103,6 +105,7 @@ class PooledStepCost:
                 self._fit = None
             rel = (ms - pred) / ms
             self.sq_rel = self.sq_rel * self.keep + rel * rel
+            self.sq_ms = self.sq_ms * self.keep + (ms - pred) ** 2
         self.xx = self.xx * self.keep + np.outer(x, x)
         self.xy = self.xy * self.keep + x * ms
         self.weight = self.weight * self.keep + 1.0
@@ -131,8 +134,21 @@ class PooledStepCost:
                     break
                 free &= ~neg
             theta[~free] = 0.0
-            self._fit = theta
+            self._fit, self._inv = theta, None
         return self._fit
+
+    def spread(self, x: np.ndarray) -> np.ndarray:
+        """Standard error of the fit's prediction at each row of `x`,
+        sqrt(s^2 x A^-1 x) (A: the information, s^2: the residual variance
+        a step): small where the steps have pinned the cost down, large
+        where it rests on the prior alone."""
+        if self.samples < MIN_SAMPLES:
+            return np.full(np.shape(x)[:-1], np.inf)
+        self.fit()
+        if self._inv is None:
+            self._inv = np.linalg.inv(self._information())
+        var = self.sq_ms / max(self.weight, 1.0)
+        return np.sqrt(np.maximum(var * np.einsum("...i,ij,...j->...", x, self._inv, x), 0.0))
 
     def predict(self, x: np.ndarray) -> float:
         return float(self.fit() @ x)
@@ -148,7 +164,7 @@ class PooledStepCost:
         samples), so that a restored model predicts what this one does."""
         fit = None if self._fit is None else self._fit.tolist()
         return {"xx": self.xx.tolist(), "xy": self.xy.tolist(), "weight": self.weight,
-                "sq_rel": self.sq_rel, "samples": self.samples, "fit": fit}
+                "sq_rel": self.sq_rel, "sq_ms": self.sq_ms, "samples": self.samples, "fit": fit}
 
     def restore(self, state: dict) -> None:
         xx, xy = np.array(state["xx"], dtype=float), np.array(state["xy"], dtype=float)
@@ -159,7 +175,8 @@ class PooledStepCost:
         if fit is not None and fit.shape != xy.shape:
             raise ValueError(f"cost state's fit has shape {fit.shape}, this model "
                              f"{len(FEATURES)} coefficients")
-        self.xx, self.xy = xx, xy
+        self.xx, self.xy, self._inv = xx, xy, None
         self.weight, self.sq_rel = float(state["weight"]), float(state["sq_rel"])
+        self.sq_ms = float(state.get("sq_ms", 0.0))
         self.samples = int(state["samples"])
         self._fit = fit

@@ -296,18 +296,21 @@ def score(recording: Recording, profile: LatencyProfile, profile_path: str,
           workloads: Sequence[Shape], *, policies: Sequence[str] = DEFAULT_POLICIES,
           vspec: Mapping | None = None, gamma0_mode: str = "lazy", noise: float = 0.0,
           seed: int = 0, max_num_batched_tokens: int = 8192, policy_seeds: int = 1,
-          warm: bool = False,
+          warm: bool = False, after: Shape | None = None,
           progress: Callable[[str], None] | None = None) -> list[SimResult]:
     """Every contender on every workload (see the module docstring); a
     RANDOMISED policy is run with `policy_seeds` seeds, its result carrying
     each seed's tokens/s (`SimResult.seed_tok_s`). `warm`: each contender
     is scored on its second pass over the workload, its policy keeping
     what the first taught it (a server that has served this load before,
-    or one started from a warm-start state). Policies the recording
-    cannot score (`unscorable`) are left out."""
+    or one started from a warm-start state). `after`: each contender first
+    serves that workload, untimed, and is scored on the next (a server
+    that served, say, concurrency 1 before its load rose). Policies the
+    recording cannot score (`unscorable`) are left out."""
     vspec = vspec or {}
     policies = [p for p in policies if p not in unscorable(recording, policies)]
     results = []
+    before = [] if after is None else [workload_of(after, recording)]
     for shape in workloads:
         wl, acc = workload_of(shape, recording)
 
@@ -316,14 +319,14 @@ def score(recording: Recording, profile: LatencyProfile, profile_path: str,
             if progress:
                 progress(f"{shape.name} {name}")
             policy = factory(clock, seen)
-            for _ in range(2 if warm else 1):
-                result = simulate(wl, profile, policy, clock, name=name,
+            for wl_now, acc_now in before + [(wl, acc)] * (2 if warm else 1):
+                result = simulate(wl_now, profile, policy, clock, name=name,
                                   max_gamma=recording.k,
                                   max_num_batched_tokens=max_num_batched_tokens,
                                   seed=seed, noise=noise, gamma0_mode=gamma0_mode,
-                                  drafter=name != TARGET, acceptance=acc, on_batch=seen,
+                                  drafter=name != TARGET, acceptance=acc_now, on_batch=seen,
                                   prefill=True,
-                                  admission=admission_of(policy, acc, max_num_batched_tokens))
+                                  admission=admission_of(policy, acc_now, max_num_batched_tokens))
             return result
         for name, factory in contenders(recording, profile, profile_path, wl, acc, policies,
                                         vspec, gamma0_mode):

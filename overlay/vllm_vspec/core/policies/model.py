@@ -17,9 +17,12 @@ pay it). Exploration is Thompson sampling over acceptance: each decision
 draws the acceptance rates from their posteriors, so a gamma is tried as
 often as the evidence leaves it possibly best, and exploration stops as
 the arms separate; costs are the fit's means (a step's time scatters with
-the host, which more steps average out; sampling it made a noisy host
-explore at random). No bandit arms, windows, probes, hysteresis or
-per-bucket seeding: every step teaches both models whatever gamma it ran.
+the host, which more steps average out). Where the fit cannot price a
+gamma at all (its standard error above PROBE_SPREAD of its prediction:
+a batch size far from those that drafted, where what a draft pass costs
+per request rests on the prior), that gamma is run until the fit can
+price it. No bandit arms, windows, hysteresis or per-bucket seeding:
+every step teaches both models whatever gamma it ran.
 
 At batch 1 the acceptance used is conditioned on the request's last
 known outcome (did the step observed last accept every draft it
@@ -53,6 +56,9 @@ from vllm_vspec.core.step_cost import PooledStepCost, features
 # worth PRIOR_RUNS runs.
 PRIOR_RUN_STEPS, PRIOR_RUNS = 8.0, 2.0
 RUN_KEEP = 0.9
+# A gamma whose predicted step time has a standard error above this share
+# of the prediction is run before the model chooses (decide's "probe").
+PROBE_SPREAD = 0.25
 
 
 class ModelPolicy:
@@ -109,6 +115,13 @@ class ModelPolicy:
             self.swept += 1
             return arm, "sweep"
         resuming = previous is not None and self.space.gamma(previous) == 0
+        if self.thompson:
+            b = max(batch.num_reqs, 1)
+            g = np.array([self.space.gamma(a) for a in arms], dtype=float)
+            x = features(b, b * g, g, 0.0, b * batch.mean_context_len)
+            rel = self.cost.spread(x) / np.maximum(x @ self.cost.fit(), 1e-6)
+            if rel.max() > PROBE_SPREAD:
+                return arms[int(rel.argmax())], "probe"
         v = self.values(batch, arms, self.thompson, resuming)
         return max(arms, key=lambda a: (v[a], -self.space.gamma(a))), "model"
 
