@@ -1,7 +1,7 @@
 """What each Ascend graph default costs, simulated (`python -m
 vllm_vspec.sim.ascend_defaults`, or `vllm-vspec sim --ascend-defaults --profile
 profiles/ascend-910b-qwen25-14b-draft.json` at the default target factor):
-stock vLLM-Ascend at fixed K against vspec's online policy under each pin's
+stock vLLM-Ascend at fixed K against vspec's default policy under each pin's
 defaults, on an Ascend latency profile. A cost model, not a measurement:
 nothing here ran on an NPU.
 
@@ -27,18 +27,21 @@ ctx, from the profile's linear models T_target and T_draft:
   any other step runs PIECEWISE or eagerly at the profile's cost (an
   assumption too: piecewise graphs recover part of that term).
 
-The contenders run the engine's own GammaController (policy fixed or
-online) through simulator.simulate, on the same workloads and luck; a
-request's first step verifies what its prefill step drafted (stock: K;
-online: its opening arm, K), as in the engine. The 0.30.0rc2 pin's default
-is vspec off, i.e. stock fixed K; its row is vspec turned on there. One
-contender is a rule, not built in the engine: inside the padded range the
-step drafts K (the padded verify costs 1 + K whatever gamma is, so a gamma
-below K saves only graphed draft passes) and the online policy decides only
-the other steps. Beside them, a bound: the per-step oracle (simulator.Oracle:
-the true rates and the 0.23 defaults' true step costs, no learning). The
-ratios are given for several seeds (the luck of one seed moves them by
-about a percent).
+The contenders run the engine's own GammaController through
+simulator.simulate, on the same workloads and luck: stock at policy fixed
+K, every vspec contender at the policy a launch that sets none gets (the
+config dataclass's `policy`, as VSpecConfig resolves it), and one named
+extra row at policy `online`. A request's first step verifies what its
+prefill step drafted (stock: K; vspec: its policy's opening arm), as in
+the engine. The 0.30.0rc2 pin's default is vspec off, i.e. stock fixed K;
+its row is vspec turned on there. The 0.23 defaults hold K on padded
+steps, as the engine's scheduler does (VSpecScheduler._decide): inside the
+padded range a step drafts K, undecided (the padded verify costs 1 + K
+whatever gamma is, so a gamma below K saves only graphed draft passes),
+and the policy decides only the other steps; one row leaves that rule out.
+Beside them, a bound: the per-step oracle (simulator.Oracle: the true rates
+and the 0.23 defaults' true step costs, no learning). The ratios are given
+for several seeds (the luck of one seed moves them by about a percent).
 """
 
 from __future__ import annotations
@@ -105,7 +108,9 @@ class Defaults:
     """One column of the comparison."""
 
     name: str
-    policy: str            # "fixed" (gamma K), "online", or "oracle" (simulator.Oracle)
+    # None: the default policy (default_policy); "fixed" (gamma K), a named
+    # VSpecConfig policy, or "oracle" (simulator.Oracle).
+    policy: str | None
     draft_graphs: bool     # the draft model replays captured graphs
     pad_verify: bool       # steps inside the capture range verify K
     drafter: bool = True
@@ -116,18 +121,27 @@ class Defaults:
 CONTENDERS = (
     Defaults("target-only", "fixed", True, False, drafter=False, full_widths=EVERY_WIDTH),
     Defaults("stock fixed K", "fixed", True, False),
-    Defaults("0.23 old defaults (eager draft, verify 1+K)", "online", False, True),
-    Defaults("0.23 without K where padded (draft graph per gamma, verify 1+K)", "online", True, True),
-    Defaults("0.23 defaults (K where padded, draft graph per gamma)", "online", True, True,
+    Defaults("0.23 old defaults (eager draft, verify 1+K)", None, False, True),
+    Defaults("0.23 without K where padded (draft graph per gamma, verify 1+K)", None, True, True),
+    Defaults("0.23 defaults (K where padded, draft graph per gamma)", None, True, True,
              hold_padded=True),
-    Defaults("0.30 with vspec on (eager draft, verify 1+g)", "online", False, False),
-    Defaults("target graph per width, verify 1+g (not built)", "online", True, False,
+    Defaults("0.23 defaults, policy online", "online", True, True, hold_padded=True),
+    Defaults("0.30 with vspec on (eager draft, verify 1+g)", None, False, False),
+    Defaults("target graph per width, verify 1+g (not built)", None, True, False,
              full_widths=EVERY_WIDTH),
     # A bound, not a contender: the per-step goodput argmax under the true
     # rates and the 0.23 defaults' true costs, no noise, no learning.
     Defaults("oracle, 0.23 defaults", "oracle", True, True),
 )
-(TARGET_ONLY, STOCK, OLD, NEW, HOLD, V030, PER_WIDTH, ORACLE) = (c.name for c in CONTENDERS)
+(TARGET_ONLY, STOCK, OLD, NEW, HOLD, HOLD_ONLINE, V030, PER_WIDTH,
+ ORACLE) = (c.name for c in CONTENDERS)
+
+
+def default_policy(vspec: dict | None = None) -> str:
+    """The product's default policy for these settings: what VSpecConfig
+    resolves when no `policy` key is given (a contender without a named one
+    runs it)."""
+    return VSpecConfig.from_dict({k: v for k, v in (vspec or {}).items() if k != "policy"}).policy
 
 
 class KWherePadded:
@@ -182,7 +196,7 @@ def run(contender: Defaults, workload: Workload, base: LatencyProfile, k: int,
         policy = Oracle(profile, k, lambda: rates[0], "sync")
     else:
         over = ({"policy": "fixed", "min_gamma": 0, "fixed_gamma": gamma}
-                if contender.policy == "fixed" else {"policy": "online"})
+                if contender.policy == "fixed" else {"policy": contender.policy or default_policy(vspec)})
         policy = GammaController(VSpecConfig.from_dict({**(vspec or {}), **over}, k), k,
                                  clock=clock)
         if contender.hold_padded:
@@ -193,6 +207,7 @@ def run(contender: Defaults, workload: Workload, base: LatencyProfile, k: int,
 
 
 RATIOS = {"0.23/stock": (NEW, STOCK), "0.23 K where padded/stock": (HOLD, STOCK),
+          "0.23 online/stock": (HOLD_ONLINE, STOCK),
           "0.23 old/stock": (OLD, STOCK), "0.30 on/stock": (V030, STOCK),
           "per width/stock": (PER_WIDTH, STOCK), "oracle/stock": (ORACLE, STOCK)}
 
@@ -212,7 +227,8 @@ def compare_defaults(profile_path: str = DEFAULT_PROFILE, k: int = 4,
         path = REPO / profile_path
     base = load_profile(path)
     seeds = list(range(seed, seed + max(1, num_seeds)))
-    out: dict = {"profile": profile_path, "k": k, "graph_factor": graph_factor,
+    out: dict = {"profile": profile_path, "k": k, "policy": default_policy(),
+                 "graph_factor": graph_factor,
                  "target_graph_factor": target_graph_factor,
                  "capture_tokens": capture_tokens, "seeds": seeds, "tok_s": {}, "ratios": {}}
     for wl in workload_list or workloads(scale):
@@ -263,7 +279,8 @@ def markdown(result: dict) -> str:
     lines = [f"profile `{result['profile']}`, K = {result['k']}, graph_factor "
              f"{result['graph_factor']}, target_graph_factor "
              f"{result.get('target_graph_factor', 1.0)}, capture {result['capture_tokens']} "
-             f"tokens; tokens/s at seed {seeds[0]}", "",
+             f"tokens; vspec rows at policy {result.get('policy', default_policy())} (the "
+             f"default) unless they name one; tokens/s at seed {seeds[0]}", "",
              "| workload | " + " | ".join(names) + " |",
              "|---|" + "---:|" * len(names)]
     for wl, by in result["tok_s"].items():
