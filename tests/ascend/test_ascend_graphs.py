@@ -508,25 +508,37 @@ def _descriptor(num_tokens: int):
     return BatchDescriptor(num_tokens=num_tokens, num_reqs=num_tokens // (1 + K), uniform=True)
 
 
-def _capture(proposer, num_tokens: int = NUM_TOKENS) -> None:
+def _capture(proposer, num_tokens: int = NUM_TOKENS, max_num_seqs: int | None = None) -> None:
     """NPUModelRunner._dummy_run's call of the drafter for one capture size
-    (model_runner_v1.py, `self.drafter.dummy_run(...)`, all by keyword)."""
+    (model_runner_v1.py, `self.drafter.dummy_run(...)`, all by keyword); its
+    uniform decode batch has min(max_num_seqs, cdiv(num_tokens, 1 + K))
+    requests."""
     from vllm.config import CUDAGraphMode
 
+    num_reqs = -(-num_tokens // (1 + K))
+    if max_num_seqs is not None:
+        num_reqs = min(max_num_seqs, num_reqs)
     proposer.dummy_run(num_tokens=num_tokens, with_prefill=False,
-                       num_reqs=num_tokens // (1 + K), num_tokens_across_dp=None,
+                       num_reqs=num_reqs, num_tokens_across_dp=None,
                        aclgraph_runtime_mode=CUDAGraphMode.FULL,
                        batch_descriptor=_descriptor(num_tokens),
                        dummy_compute_logits=lambda hidden_states: None,
                        in_graph_capturing=True, is_profile=False)
 
 
-def _make(host, vspec=None, dispatcher=None):
+def _config(vspec=None, max_num_seqs: int = HostLikeProposer.max_num_seqs):
+    """The engine config at K, with the scheduler's max_num_seqs (the rows of
+    the runner's buffers)."""
     from test_overlay import _engine_config
 
-    HostLikeProposer.host = host
     config = _engine_config("eagle", K, vspec=vspec or {})
-    proposer = host.proposers.VSpecEagleProposer(config, torch.device("cpu"))
+    config.scheduler_config.max_num_seqs = max_num_seqs
+    return config
+
+
+def _make(host, vspec=None, dispatcher=None):
+    HostLikeProposer.host = host
+    proposer = host.proposers.VSpecEagleProposer(_config(vspec), torch.device("cpu"))
     if dispatcher is not None:   # the runner's, keys initialised before capture
         proposer.runner.cudagraph_dispatcher = dispatcher
     proposer.load_model(model=None)
@@ -594,6 +606,29 @@ def test_every_gammas_draft_graph_samples_the_batch_descriptors_rows(host):
         [(call["steps"], rows, rows) for call in captures]
 
 
+def test_a_capture_that_would_sample_more_rows_than_max_num_seqs_is_refused(host):
+    """The runner copies a step's draft rows into a buffer of max_num_seqs
+    rows, so a draft graph sampling more could never replay correctly: with
+    max_num_seqs 1 the runner's capture at 8 tokens is a batch of 1 request,
+    while the host's dummy_run would sample 8 // (1 + K) = 2 rows; the
+    capture is refused before any graph records a task, naming the capture
+    size, the gamma, the rows and max_num_seqs."""
+    HostLikeProposer.host = host
+    proposer = host.proposers.VSpecEagleProposer(
+        _config(max_num_seqs=1), torch.device("cpu"), runner=_runner(1, NUM_TOKENS))
+    proposer.load_model(model=None)
+    host.acl_graph.set_draft_graph_params([NUM_TOKENS])
+    with pytest.raises(ValueError) as refused:
+        _capture(proposer, max_num_seqs=1)
+    message = str(refused.value)
+    assert "draft graph of gamma 1 at capture size 8 tokens would sample 2 rows" in message
+    assert "max_num_seqs=1" in message and "ascend_draft_full_graph" in message
+    assert proposer.draft_calls == []
+    wrappers = [*proposer._vspec_runnables.values(), proposer._vspec_max_runnable]
+    assert all(not w.concrete_aclgraph_entries for w in wrappers)
+    assert proposer.num_speculative_tokens == K
+
+
 def test_each_gamma_replays_its_own_graph_with_its_own_steps_parameters(host):
     proposer = _make(host)
     graphs = _graphs(proposer)
@@ -623,12 +658,8 @@ def test_the_hosts_token_count_keys_alone_give_a_gamma_another_steps_parameters(
 
 
 def _make_unkeyed(host):
-    from vllm.config import CUDAGraphMode
-    from test_overlay import _engine_config
-
     HostLikeProposer.host = host
-    proposer = host.proposers.VSpecEagleProposer(_engine_config("eagle", K, vspec={}),
-                                                 torch.device("cpu"))
+    proposer = host.proposers.VSpecEagleProposer(_config(), torch.device("cpu"))
     proposer.vspec_key_graph_params = False
     proposer.load_model(model=None)
     host.acl_graph.set_draft_graph_params([NUM_TOKENS])

@@ -248,7 +248,10 @@ def test_full_graphs_get_one_captured_graph_per_gamma(proposers):
     proposer.dummy_run(num_tokens=8, in_graph_capturing=True,
                        aclgraph_runtime_mode=CUDAGraphMode.FULL, is_profile=False)
     gammas = [g for g, _ in proposer.dummy_runs]
-    wrappers = [w for _, w in proposer.dummy_runs]
+    # each capture calls its gamma's wrapper through the rows check
+    checked = [(w.func.__name__, w.args[0]) for _, w in proposer.dummy_runs]
+    assert checked == [("_check_capture_rows", g) for g in (1, 2, 3)]
+    wrappers = [w.args[1] for _, w in proposer.dummy_runs]
     assert gammas == [3, 3, 3]  # the host's dummy_run at K for each gamma's graph
     assert len({id(w) for w in wrappers}) == 3 and all(isinstance(w, _Wrapper) for w in wrappers)
     proposer._propose(**_step(gamma=2))

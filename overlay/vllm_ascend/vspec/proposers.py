@@ -20,9 +20,11 @@ Invariants:
   does not fit `ascend_draft_graph_budget_mib` get no graph (graph_budget.py):
   a step at one drafts with the next captured gamma's graph (at worst K's)
   and keeps its first gamma drafts. Every gamma's graph samples the rows of the
-  batch descriptor it is captured for, num_tokens // (1 + K) (at most
-  max_num_seqs): a FULL draft graph replays only for a uniform decode batch
-  of 1 + K tokens a request. `ascend_draft_full_graph = false` runs the
+  batch descriptor it is captured for, num_tokens // (1 + K): a FULL draft
+  graph replays only for a uniform decode batch of 1 + K tokens a request.
+  Those rows never exceed max_num_seqs (the rows of the runner's draft
+  buffer): a capture that would sample more is refused with a ValueError
+  naming the capture size, the gamma, the rows and max_num_seqs. `ascend_draft_full_graph = false` runs the
   draft model eagerly instead (the host's own `use_cuda_graph = False`
   switch, which it flips for GLM drafts), and then sets the host's
   flashcomm1 eager-compile workaround the way its __init__ would have
@@ -115,13 +117,17 @@ class StepGammaProposer(VSpecAscendProposer):
 
     # The host sets `_runnable` to the merged draft loop and, with full graphs,
     # to one ACLGraphWrapper around it; reads pick the wrapper of the gamma
-    # being captured, else of the step's gamma.
+    # being captured, else of the step's gamma. During a capture the host's
+    # dummy_run calls it with the rows the graph will sample, checked first
+    # (_check_capture_rows).
     @property
     def _runnable(self) -> Any:
         gamma = self._vspec_graph_gamma
         if gamma is None:
-            gamma = self.num_speculative_tokens
-        return self._vspec_runnables.get(gamma, self._vspec_max_runnable)
+            return self._vspec_runnables.get(self.num_speculative_tokens,
+                                             self._vspec_max_runnable)
+        return functools.partial(self._check_capture_rows, gamma,
+                                 self._vspec_runnables.get(gamma, self._vspec_max_runnable))
 
     @_runnable.setter
     def _runnable(self, runnable: Any) -> None:
@@ -158,6 +164,26 @@ class StepGammaProposer(VSpecAscendProposer):
                                use_eagle=host.use_eagle, enable_enpu=host.enable_enpu)
             for g in range(1, self.max_num_speculative_tokens)
         }
+
+    def _check_capture_rows(self, gamma: int, runnable: Any, *args: Any, **kwargs: Any) -> Any:
+        """Capture gamma's draft graph through `runnable` unless it would
+        sample more rows than max_num_seqs: the runner copies a step's draft
+        rows into a buffer of max_num_seqs rows (NPUModelRunner's
+        max_num_reqs), so such a graph could never replay correctly. The
+        rows are the ones the host's dummy_run passes (`batch_size`), at the
+        capture size it passes (`num_input_tokens`)."""
+        rows = kwargs.get("batch_size")
+        limit = self.vllm_config.scheduler_config.max_num_seqs
+        if rows is not None and rows > limit:
+            raise ValueError(
+                f"vspec: the draft graph of gamma {gamma} at capture size "
+                f"{kwargs.get('num_input_tokens')} tokens would sample {rows} rows, more than "
+                f"max_num_seqs={limit} (allowed: at most max_num_seqs rows, i.e. capture sizes "
+                f"of at most max_num_seqs x (1 + {self.max_num_speculative_tokens}) tokens); "
+                "lower max_cudagraph_capture_size, raise --max-num-seqs, or run the draft "
+                "eagerly with --additional-config "
+                "'{\"vspec\": {\"ascend_draft_full_graph\": false}}'")
+        return runnable(*args, **kwargs)
 
     def _draft_steps(self, gamma: int, *args: Any, **kwargs: Any) -> Any:
         """The host's merged draft loop (`_run_merged_draft`) drafting `gamma`
