@@ -49,3 +49,16 @@ def test_the_policy_chose_more_than_one_gamma(engine, prompts):
     greedy(engine, prompts[:2])
     steps = scheduler_of(engine).vspec.summary()["steps"]
     assert len([a for a, n in steps.items() if n]) > 1, steps
+
+
+def test_prefill_steps_reach_the_cost_model_with_their_prompt_tokens(engine, prompts):
+    # Every step teaches the cost model: the decided decode steps and the
+    # prefill steps the scheduler hands on (observe_cost), whose prompt
+    # tokens the model counts against the tokens committed.
+    policy = scheduler_of(engine).vspec.policy
+    samples, prompt_tokens = policy.cost.samples + policy.cost.skipped, policy.prompt_tokens
+    decided = sum(scheduler_of(engine).vspec.summary()["steps"].values())
+    greedy(engine, prompts[:4])
+    decided = sum(scheduler_of(engine).vspec.summary()["steps"].values()) - decided
+    assert policy.cost.samples + policy.cost.skipped - samples > decided
+    assert policy.prompt_tokens > prompt_tokens

@@ -909,6 +909,14 @@ def test_pair_serves_only_its_two_variants_paired(bench_inputs, capsys):
     assert _variant_commands(out).keys() == {"fixed-2", "model"}
 
 
+def test_without_target_only_outputs_are_checked_against_the_first_variant():
+    from vllm_vspec.bench import report
+    runs = [_run("w", "fixed-2", "fixed", [10, 10], 1.0, texts=["a", "b"]),
+            _run("w", "model", "online", [10, 10], 1.0, texts=["a", "c"])]
+    got = {r.variant: (r.identical, r.compared) for r in report.rows(runs)}
+    assert got == {"fixed-2": (2, 2), "model": (1, 2)}
+
+
 def test_paired_needs_an_overhead_pair_among_the_variants(bench_inputs, capsys):
     assert cli.main(["bench", "serve", "--dry-run", *bench_inputs, "--variants", "fixed-1",
                      "--paired"]) == 2

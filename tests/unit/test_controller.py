@@ -335,3 +335,52 @@ def test_tree_widths_must_be_ordered_and_at_least_1():
     for lo, hi in ((0, 2), (3, 2)):
         with pytest.raises(ValueError, match=f"min_width={lo}, max_width={hi}"):
             GammaController(VSpecConfig(), 4, min_width=lo, max_width=hi)
+
+
+class CostListener:
+    """A policy's observe_cost, recorded (the rest is the fixed policy's)."""
+
+    def __init__(self):
+        self.seen = []
+
+    def __call__(self, batch, fb, gamma, interval_s):
+        self.seen.append((batch.prefill_tokens, gamma, round(interval_s, 6)))
+
+
+def test_an_undecided_prefill_step_reaches_a_policy_that_prices_steps_with_its_interval():
+    clock = Clock()
+    ctl = fixed(2, clock)
+    ctl.policy.observe_cost = listener = CostListener()
+    ctl._prices_steps = True             # as for a policy with observe_cost
+    ctl.decide(BatchState(2, BUDGET))
+    clock.now = 0.05
+    ctl.observe(feedback())
+    ctl.step_processed(busy=True)
+    prefill = BatchState(3, BUDGET, prefill_tokens=400)
+    assert ctl.decide_step({"a", "b", "c"}, {"a", "b", "c"}, True, lambda: prefill).reason == "prefill"
+    clock.now = 0.12                     # the prefill step took 70 ms
+    ctl.observe_undecided(prefill, feedback(num_reqs=3), 2)
+    ctl.step_processed(busy=True)
+    assert listener.seen == [(400, 2, 0.07)]
+
+
+def test_an_undecided_step_is_left_out_while_a_decided_one_is_outstanding():
+    clock = Clock()
+    ctl = fixed(2, clock)
+    ctl.policy.observe_cost = listener = CostListener()
+    ctl._prices_steps = True             # as for a policy with observe_cost
+    ctl.step_processed(busy=True)
+    prefill = BatchState(3, BUDGET, prefill_tokens=400)
+    ctl.decide_step({"a", "b", "c"}, {"a", "b", "c"}, True, lambda: prefill)
+    ctl.decide(BatchState(2, BUDGET))    # async: scheduled, its output not yet processed
+    clock.now = 0.05
+    ctl.observe_undecided(prefill, feedback(num_reqs=3), 2)
+    assert listener.seen == []
+
+
+def test_a_policy_that_does_not_price_steps_keeps_no_record_of_undecided_ones():
+    ctl = fixed(2)
+    prefill = BatchState(3, BUDGET, prefill_tokens=400)
+    for _ in range(3):
+        ctl.decide_step({"a"}, {"a"}, True, lambda: prefill)
+    assert not ctl._undecided_at

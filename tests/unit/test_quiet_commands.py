@@ -102,7 +102,7 @@ DEMO = ENGINE_NOISE + textwrap.dedent("""
     engine_runs.build_llm, engine_runs.run_batches = build_llm, run_batches
     engine_runs.shutdown_llm = lambda llm: None
     sys.exit(main(["demo", "--gammas", "2", "--batch-sizes", "1", "--eagle", "",
-                   "--num-prompts", "1", *sys.argv[1:]]))
+                   "--num-prompts", "1", "--rounds", "1", *sys.argv[1:]]))
 """)
 
 

@@ -142,7 +142,10 @@ class Row:
 def rows(runs: list[Run]) -> list[Row]:
     """Table rows per (workload, variant), each ratio taken within the
     workload between median tokens/s over rounds; outputs of every round are
-    compared with target-only's outputs of the same round."""
+    compared with target-only's outputs of the same round (without a
+    target-only server, as in a `--pair` of two speculative ones, with the
+    first variant's: greedy speculation must reproduce the target's output,
+    so any two exact variants agree)."""
     out = []
     for workload in dict.fromkeys(r.workload for r in runs):
         group = [r for r in runs if r.workload == workload]
@@ -151,7 +154,8 @@ def rows(runs: list[Run]) -> list[Row]:
             by_variant.setdefault(r.variant, []).append(r)
         speed = {v: statistics.median(r.tokens_per_s for r in rs) for v, rs in by_variant.items()}
         target = next((v for v, rs in by_variant.items() if rs[0].family == "target"), None)
-        targets = {r.repeat: r for r in by_variant.get(target, [])}
+        reference = target if target is not None else next(iter(by_variant))
+        targets = {r.repeat: r for r in by_variant[reference]}
         fixed = [v for v, rs in by_variant.items() if rs[0].family in FIXED_FAMILIES]
         best = max(fixed, key=speed.__getitem__) if fixed else None
         choice = max((speed[v] for v in (target, best) if v is not None), default=0.0)

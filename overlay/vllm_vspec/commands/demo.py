@@ -1,9 +1,13 @@
 """`vllm-vspec demo`: target-only vs speculative decoding on the bundled pair.
 
 Runs real vLLM engines (one per variant, reused across batch sizes) with
-greedy decoding on the held-out prompts, and prints one table: tokens/s, ratio
-to target-only, mean accepted length, per-position acceptance, and how many
-requests produced exactly the target-only tokens. vspec rows add the gamma
+greedy decoding on the held-out prompts, in rounds (every variant once a
+round, a fresh engine each time, the order reversed every other round), and
+prints one table: tokens/s and ratio to target-only (medians over rounds,
+each ratio taken within its round, with the lowest and highest), mean
+accepted length, per-position acceptance, and how many requests produced
+exactly the target-only tokens. Each batch starts together and runs to
+completion (a closed batch). vspec rows add the gamma
 chosen per decode step and `ctl time`, the controller's wall time (decide +
 observe + the scheduler adapter's bookkeeping) as a share of the decode steps'.
 
@@ -18,6 +22,7 @@ import argparse
 import dataclasses
 import json
 import os
+import statistics
 import sys
 import tempfile
 from collections import Counter
@@ -33,6 +38,10 @@ from vllm_vspec.core.trace import overhead_share, read_trace
 
 # Tokens generated per request during the untimed warm-up of each batch shape.
 WARMUP_TOKENS = 4
+
+# Rounds by default: a 2-core host's slow spells last minutes, longer than a
+# variant's turn, so one round can move any single row by 15%.
+DEFAULT_ROUNDS = 3
 
 # Where the engines' output goes without --log-file and --output.
 DEFAULT_LOG = Path("results/demo.log")
@@ -71,6 +80,10 @@ class Row:
     # the controller's time as a share of the decode steps' time
     gamma_steps: dict[int, int] | None = None
     controller_overhead: float | None = None
+    # over rounds: how many, and the lowest and highest per-round speedup
+    rounds: int = 1
+    speedup_low: float | None = None
+    speedup_high: float | None = None
 
 
 def _int_list(text: str) -> list[int]:
@@ -111,6 +124,11 @@ def add_parser(subparsers) -> None:
                    help="requests per batch size, rounded up to whole batches (default 8)")
     p.add_argument("--max-tokens", type=_positive_int, default=64, metavar="N",
                    help="tokens generated per request (default 64)")
+    p.add_argument("--rounds", type=_positive_int, default=DEFAULT_ROUNDS, metavar="N",
+                   help="times every variant is measured, in interleaved rounds; the table "
+                        "shows medians and the lowest-highest ratio (default "
+                        f"{DEFAULT_ROUNDS}: one slow spell of a shared host then moves one "
+                        "round, not the median)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                    help="engine dtype (default float32: exactness without bf16 near-ties, and "
                         "faster than bf16 on CPUs without native bf16, such as AVX2-only hosts)")
@@ -132,15 +150,31 @@ def log_path(args) -> Path:
 
 
 def measure(variants: list[Variant], args, pool: list[str], console=None) -> list[Row]:
-    """The table's rows; the progress bar is drawn on `console` (default:
-    stderr)."""
+    """Every variant at every batch size in `args.rounds` rounds, combined
+    (combine_rounds). The baseline runs first in every round (the others
+    are checked against its outputs); the rest run in reverse order in
+    odd rounds, so a drift within a round favours none of them."""
     from tqdm import tqdm
 
+    bar = tqdm(total=args.rounds * len(variants) * len(args.batch_sizes), desc="demo",
+               unit="run", file=console)
+    trace_dir = Path(tempfile.mkdtemp(prefix="vspec-demo-"))
+    rounds = []
+    for r in range(args.rounds):
+        order = variants if r % 2 == 0 else variants[:1] + variants[:0:-1]
+        rows = measure_round(order, args, pool, bar, trace_dir / f"round{r + 1}")
+        rounds.append(sorted(rows, key=lambda row: variants.index(
+            next(v for v in variants if v.label == row.variant))))
+    bar.close()
+    return combine_rounds(rounds)
+
+
+def measure_round(variants: list[Variant], args, pool: list[str], bar, trace_dir: Path
+                  ) -> list[Row]:
+    """One round: each variant's engine built, run at every batch size, shut down."""
     rows: list[Row] = []
     baseline: dict[int, engine_runs.BatchRun] = {}
-    bar = tqdm(total=len(variants) * len(args.batch_sizes), desc="demo", unit="run",
-               file=console)
-    trace_dir = Path(tempfile.mkdtemp(prefix="vspec-demo-"))
+    trace_dir.mkdir(parents=True, exist_ok=True)
     for n, variant in enumerate(variants):
         bar.set_postfix_str(f"{variant.label}: starting engine")
         trace = trace_dir / f"{n}.jsonl"
@@ -169,8 +203,42 @@ def measure(variants: list[Variant], args, pool: list[str], console=None) -> lis
                 bar.update()
         finally:
             engine_runs.shutdown_llm(llm)
-    bar.close()
     return rows
+
+
+def combine_rounds(rounds: list[list[Row]]) -> list[Row]:
+    """One row per (variant, batch size) over the rounds: the median
+    tokens/s, the median of the per-round speedups (each to the same
+    round's target-only) with the lowest and highest, requests and
+    identical outputs summed, steps per gamma summed, accepted length,
+    acceptance and controller time averaged over the rounds."""
+    groups: dict[tuple[str, int], list[Row]] = {}
+    for rows in rounds:
+        for row in rows:
+            groups.setdefault((row.variant, row.batch_size), []).append(row)
+    out = []
+    for (variant, batch_size), rows in groups.items():
+        mean = lambda xs: round(statistics.fmean(xs), 3) if xs else None  # noqa: E731
+        accepted = [r.mean_accepted_length for r in rows if r.mean_accepted_length]
+        overheads = [r.controller_overhead for r in rows if r.controller_overhead is not None]
+        width = max(len(r.acceptance_per_position) for r in rows)
+        acceptance = [mean([r.acceptance_per_position[i] for r in rows
+                            if i < len(r.acceptance_per_position)]) for i in range(width)]
+        steps: Counter = Counter()
+        for r in rows:
+            steps.update(r.gamma_steps or {})
+        speedups = [r.speedup for r in rows]
+        out.append(Row(
+            variant=variant, batch_size=batch_size, requests=sum(r.requests for r in rows),
+            tokens=sum(r.tokens for r in rows), seconds=round(sum(r.seconds for r in rows), 3),
+            tokens_per_second=round(statistics.median(r.tokens_per_second for r in rows), 1),
+            speedup=round(statistics.median(speedups), 3),
+            mean_accepted_length=mean(accepted), acceptance_per_position=acceptance,
+            identical=sum(r.identical for r in rows),
+            gamma_steps=dict(sorted(steps.items())) if any(r.gamma_steps for r in rows) else None,
+            controller_overhead=round(statistics.fmean(overheads), 5) if overheads else None,
+            rounds=len(rows), speedup_low=min(speedups), speedup_high=max(speedups)))
+    return out
 
 
 def _with_trace(variant: Variant, trace: Path) -> Variant:
@@ -199,9 +267,10 @@ def _trace_view(trace: Path, skip: int) -> dict:
 
 
 def format_table(rows: list[Row]) -> str:
-    header = ("variant", "batch", "tok/s", "vs target", "mean acc len",
+    header = ("variant", "batch", "tok/s", "vs target", "lowest-highest", "mean acc len",
               "acceptance per position", "identical", "steps per gamma", "ctl time")
     lines = [(r.variant, str(r.batch_size), f"{r.tokens_per_second:.1f}", f"{r.speedup:.2f}x",
+              f"{r.speedup_low:.2f}-{r.speedup_high:.2f}" if r.rounds > 1 else "-",
               f"{r.mean_accepted_length:.2f}" if r.mean_accepted_length else "-",
               " ".join(f"{a:.2f}" for a in r.acceptance_per_position) or "-",
               f"{r.identical}/{r.requests}",
@@ -232,6 +301,8 @@ def run(args) -> int:
         print(f"the demo stopped; the engines' output is in {log}", file=sys.stderr)
         raise
     print(format_table(rows))
+    print(f"{args.rounds} round(s): tok/s and vs target are medians over them, each ratio to "
+          "the same round's target-only; each batch starts together and runs to completion")
     total = sum(r.requests for r in rows if r.variant != variants[0].label)
     same = sum(r.identical for r in rows if r.variant != variants[0].label)
     verdict = "token-identical to target-only" if same == total else "DIFFER from target-only"
@@ -242,6 +313,6 @@ def run(args) -> int:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(json.dumps(dict(
             target=args.target, draft=args.draft, prompts=args.prompts, dtype=args.dtype,
-            num_prompts=args.num_prompts, max_tokens=args.max_tokens,
+            num_prompts=args.num_prompts, max_tokens=args.max_tokens, rounds=args.rounds,
             rows=[dataclasses.asdict(r) for r in rows]), indent=1) + "\n")
     return 0 if same == total else 1

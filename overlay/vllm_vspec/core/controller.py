@@ -116,6 +116,10 @@ class GammaController:
                          (min(self.space.gamma(opening), self.config.max_gamma),
                           self.space.width(opening)))
         self._pending: deque[_Pending] = deque()
+        # A policy that prices every step (`observe_cost`) hears of the
+        # undecided prefill steps too: when each outstanding one started.
+        self._prices_steps = hasattr(self.policy, "observe_cost")
+        self._undecided_at: deque[float] = deque()
         # gamma0_mode sticky (as wiring.resolve resolves it): the requests
         # whose draft KV missed a target-only step; no speculation while one
         # of them remains.
@@ -184,6 +188,8 @@ class GammaController:
                 return Decision(0, bucket_of(len(scheduled)), "sticky", decided=False)
         if (prefill and not self.config.reward_prefill_steps
                 and not (self._sticky and self.gamma == 0)):
+            if self._prices_steps:
+                self._undecided_at.append(self._step_start())
             width = self.width if self.width == 1 or batch().tree_allowed else 1
             return Decision(self.gamma, bucket_of(len(scheduled)), "prefill", width,
                             decided=False)
@@ -200,7 +206,7 @@ class GammaController:
         """The policy's decision for a step (decide_step's decided steps).
         `host_overhead_s`: wall time the host adapter spent building `batch`."""
         started = time.perf_counter()
-        scheduled_at = self.clock() if self._busy.since is None else self._busy.since
+        scheduled_at = self._step_start()
         bucket = bucket_of(batch.num_reqs)
         lo, hi = self.config.min_gamma, feasible_max_gamma(batch, self.config.max_gamma)
         space = self.space
@@ -261,6 +267,30 @@ class GammaController:
                 "accepted": list(fb.accepted), "committed": fb.committed,
                 "interval_s": round(interval, 6), "stable": stable,
                 "reward": round(reward, 3), "overhead_us": round(overhead * 1e6, 1)})
+
+    def observe_undecided(self, batch: BatchState | None, fb: StepFeedback, gamma: int) -> None:
+        """The oldest outstanding prefill step (decide_step's "prefill")
+        was processed now, before `step_processed`: a policy that prices
+        steps (`observe_cost`) learns its time and what it did. `gamma`:
+        the drafts it proposed (the gamma in force). Its interval follows
+        the decided steps' rule; while a decided step is outstanding (async
+        scheduling) the step is left out, its interval not its own."""
+        if not self._undecided_at:
+            return
+        scheduled_at = self._undecided_at.popleft()
+        if self._pending or batch is None:     # None: no request of the step is left
+            return
+        now = self.clock()
+        start = (scheduled_at if self._last_completed_at is None
+                 else max(self._last_completed_at, scheduled_at))
+        self._last_completed_at = now
+        if now > start:
+            self.policy.observe_cost(batch, fb, gamma, now - start)
+
+    def _step_start(self) -> float:
+        """When a step scheduled now starts: where the host processed the
+        previous step's output if busy since, else now (steps.BusySince)."""
+        return self.clock() if self._busy.since is None else self._busy.since
 
     def step_processed(self, busy: bool) -> None:
         """The host processed a step's output (any step, decided or not).

@@ -4,7 +4,7 @@ A decode step's time is linear in what it does:
 
     T = c_step + c_req * B + c_verify * V + c_pass * P + c_pass_req * P * B
         + c_spec * [P > 0] + c_pass_ctx * P * ctx / 1000 + c_catchup * C
-        + c_ctx * ctx / 1000    (ms)
+        + c_ctx * ctx / 1000 + c_prefill * F / 1000 + c_draft_prefill * D / 1000   (ms)
 
 B requests, V draft tokens verified (the target runs B + V tokens), P draft
 passes (the gamma decided: the drafts it proposes), [P > 0] the fixed cost
@@ -14,12 +14,15 @@ attention over the batch's context (without it a pass is priced by its
 requests alone, and a batch whose contexts are longer or shorter than
 those fitted is mispriced), C the requests a drafting step after a
 gamma-0 step catches up (a lazy drafter's pass over the tokens it
-missed), ctx the batch's context tokens. One model pooled over all batch sizes: what is
+missed), ctx the batch's context tokens, F the prompt tokens a prefill
+step processes and D those of them the drafter processes too (F while
+drafting is on and the drafter skips gamma-0 steps; 0 otherwise: then its
+prompt work is the same at every gamma and F carries it). One model pooled over all batch sizes: what is
 learnt at batch 8 informs batch 32, and a batch size seen for the first
 time is priced at once.
 
-Fit: exponentially weighted least squares, every decided step a sample
-(stable or not: the features say what the step did), the sums decaying
+Fit: exponentially weighted least squares, every step a sample (decided
+or prefill, stable or not: the features say what the step did), the sums decaying
 by 1 - 1/window a step; a weak ridge (worth `prior_steps` steps, scaled to
 each feature's size) keeps directions the steps have not varied near 0.
 The marginal costs (everything but c_step, c_req and c_ctx) are kept >= 0,
@@ -41,26 +44,49 @@ import math
 import numpy as np
 
 FEATURES = ("step", "requests", "verified", "passes", "pass_requests", "speculating",
-            "pass_context_k", "catchup", "context_k")
+            "pass_context_k", "catchup", "context_k", "prefill_k", "draft_prefill_k")
+DRAFT_PREFILL = FEATURES.index("draft_prefill_k")
 # The fit is redone once this many samples arrived since the last (every
 # sample while the model has fewer than REFIT_EVERY * 4): a step changes
 # the sums by about 1/window, so a fit a few steps old predicts the same.
 REFIT_EVERY = 8
-NONNEGATIVE = np.array([False, False, True, True, True, True, True, True, False])
+NONNEGATIVE = np.array([False, False, True, True, True, True, True, True, False, True, True])
+# The least residual scatter spread() assumes, as a share of the mean step
+# time: a fit through a handful of steps leaves residuals near 0, which
+# would read as certainty where only the prior speaks.
+NOISE_FLOOR = 0.05
 # Samples before outliers are screened and the fit's own residuals set its
 # uncertainty (before: a quarter of a typical step, squared).
 MIN_SAMPLES = 8
 
 
-def features(batch, verified, passes, catchup, context) -> np.ndarray:
+def features(batch, verified, passes, catchup, context, prefill=0.0,
+             draft_prefill=0.0) -> np.ndarray:
     """The FEATURES of a step; array arguments (broadcast together) give one
     row per element, e.g. every gamma of a decision at once."""
-    passes = np.asarray(passes, dtype=float)
-    ctx_k = np.divide(context, 1000.0)
-    drafting = (passes > 0).astype(float)
-    return np.stack(np.broadcast_arrays(1.0, batch, verified, passes, passes * batch, drafting,
-                                        passes * ctx_k, catchup, ctx_k),
-                    axis=-1).astype(float)
+    args = (batch, verified, passes, catchup, context, prefill, draft_prefill)
+    if not any(isinstance(a, np.ndarray) for a in args):   # one step: the common case
+        ctx_k = context / 1000.0
+        return np.array([1.0, batch, verified, passes, passes * batch, passes > 0,
+                         passes * ctx_k, catchup, ctx_k, prefill / 1000.0,
+                         draft_prefill / 1000.0], dtype=float)
+    shape = np.broadcast_shapes(*(np.shape(a) for a in args))
+    batch, verified, passes, catchup, context, prefill, draft_prefill = (
+        np.asarray(a, dtype=float) for a in args)
+    out = np.empty(shape + (len(FEATURES),))
+    ctx_k = context / 1000.0
+    out[..., 0] = 1.0
+    out[..., 1] = batch
+    out[..., 2] = verified
+    out[..., 3] = passes
+    out[..., 4] = passes * batch
+    out[..., 5] = passes > 0
+    out[..., 6] = passes * ctx_k
+    out[..., 7] = catchup
+    out[..., 8] = ctx_k
+    out[..., 9] = prefill / 1000.0
+    out[..., 10] = draft_prefill / 1000.0
+    return out
 
 
 class PooledStepCost:
@@ -78,12 +104,14 @@ class PooledStepCost:
         self.xy = np.zeros(n)
         self.weight = 0.0                  # decayed sample count
         self.sq_rel = 0.0                  # decayed sum of squared relative residuals
-        self.sq_ms = 0.0                   # decayed sum of squared residuals (ms^2)
+        self.yy = 0.0                      # decayed sum of squared step times (ms^2)
+        self.y = 0.0                       # decayed sum of step times (ms)
         self.samples = 0
         self.skipped = 0
         self._run = 0
         self._fit: np.ndarray | None = None         # the coefficients in use
         self._inv: np.ndarray | None = None         # the information's inverse, kept with the fit
+        self.fits = 0                               # fits made so far (a fit's generation)
 
     # ------------------------------------------------------------ fitting
     def observe(self, x: np.ndarray, ms: float) -> bool:
@@ -105,9 +133,10 @@ class PooledStepCost:
                 self._fit = None
             rel = (ms - pred) / ms
             self.sq_rel = self.sq_rel * self.keep + rel * rel
-            self.sq_ms = self.sq_ms * self.keep + (ms - pred) ** 2
         self.xx = self.xx * self.keep + np.outer(x, x)
         self.xy = self.xy * self.keep + x * ms
+        self.yy = self.yy * self.keep + ms * ms
+        self.y = self.y * self.keep + ms
         self.weight = self.weight * self.keep + 1.0
         self.samples += 1
         if self.samples < 4 * REFIT_EVERY or self.samples % REFIT_EVERY == 0:
@@ -135,20 +164,28 @@ class PooledStepCost:
                 free &= ~neg
             theta[~free] = 0.0
             self._fit, self._inv = theta, None
+            self.fits += 1
         return self._fit
 
     def spread(self, x: np.ndarray) -> np.ndarray:
         """Standard error of the fit's prediction at each row of `x`,
-        sqrt(s^2 x A^-1 x) (A: the information, s^2: the residual variance
-        a step): small where the steps have pinned the cost down, large
-        where it rests on the prior alone."""
+        sqrt(s^2 x A^-1 x) (A: the information; s^2: the fit's residual
+        variance a step, at least NOISE_FLOOR of the mean step squared):
+        small where the steps have pinned the cost down, large where it
+        rests on the prior alone. The residuals are the current fit's, so a
+        burst of mispredictions while the batch moved does not linger."""
         if self.samples < MIN_SAMPLES:
             return np.full(np.shape(x)[:-1], np.inf)
-        self.fit()
+        theta = self.fit()
         if self._inv is None:
             self._inv = np.linalg.inv(self._information())
-        var = self.sq_ms / max(self.weight, 1.0)
+        rss = self.yy - 2.0 * theta @ self.xy + theta @ self.xx @ theta
+        var = max(rss / max(self.weight, 1.0), (NOISE_FLOOR * self.mean_ms()) ** 2)
         return np.sqrt(np.maximum(var * np.einsum("...i,ij,...j->...", x, self._inv, x), 0.0))
+
+    def mean_ms(self) -> float:
+        """The mean of the steps folded in (decayed alike)."""
+        return self.y / max(self.weight, 1e-9)
 
     def predict(self, x: np.ndarray) -> float:
         return float(self.fit() @ x)
@@ -164,7 +201,7 @@ class PooledStepCost:
         samples), so that a restored model predicts what this one does."""
         fit = None if self._fit is None else self._fit.tolist()
         return {"xx": self.xx.tolist(), "xy": self.xy.tolist(), "weight": self.weight,
-                "sq_rel": self.sq_rel, "sq_ms": self.sq_ms, "samples": self.samples, "fit": fit}
+                "sq_rel": self.sq_rel, "yy": self.yy, "y": self.y, "samples": self.samples, "fit": fit}
 
     def restore(self, state: dict) -> None:
         xx, xy = np.array(state["xx"], dtype=float), np.array(state["xy"], dtype=float)
@@ -177,6 +214,6 @@ class PooledStepCost:
                              f"{len(FEATURES)} coefficients")
         self.xx, self.xy, self._inv = xx, xy, None
         self.weight, self.sq_rel = float(state["weight"]), float(state["sq_rel"])
-        self.sq_ms = float(state.get("sq_ms", 0.0))
+        self.yy, self.y = float(state.get("yy", 0.0)), float(state.get("y", 0.0))
         self.samples = int(state["samples"])
         self._fit = fit

@@ -30,6 +30,9 @@ class BatchState:
     # step's arms are width 1. Read by tree arm spaces (arms.py) and by the
     # controller's prefill steps; the one place a tree is allowed.
     tree_allowed: bool = True
+    # Prompt tokens the step processes (new, resumed or chunked prompts):
+    # 0 on a decode step, the only kind a policy decides.
+    prefill_tokens: int = 0
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,14 @@ commits the most tokens per second, every step.
     gamma = argmax_g  B * E(g) / T(B, g)
 
 E(g) from per-position Beta posteriors of acceptance (core/posterior.py),
-T(B, g) from one step-cost model fitted online on every decided step,
-pooled over batch sizes (core/step_cost.py): a step at gamma g verifies
-B*g drafts next step and runs g draft passes now. A step that drafts
+T(B, g) from one step-cost model fitted online on every step, pooled over
+batch sizes (core/step_cost.py): a step at gamma g verifies B*g drafts
+next step and runs g draft passes now. The steps the policy does not
+decide (those that prefill prompts) are fitted too (`observe_cost`):
+while drafting is on, the drafter prefills every new prompt, which it
+skips at gamma 0, so drafting is also charged that prefill for the
+prompt tokens that come with the tokens it commits (prompt tokens per
+committed token, as measured). A step that drafts
 after a gamma-0 step pays a catch-up (a lazy drafter's pass over the
 tokens it missed; nothing in sync mode, where the fit finds it free):
 the model fits it per request caught up, and a decision to resume is
@@ -20,8 +25,10 @@ the arms separate; costs are the fit's means (a step's time scatters with
 the host, which more steps average out). Where the fit cannot price a
 gamma at all (its standard error above PROBE_SPREAD of its prediction:
 a batch size far from those that drafted, where what a draft pass costs
-per request rests on the prior), that gamma is run until the fit can
-price it. No bandit arms, windows, hysteresis or per-bucket seeding:
+per request rests on the prior), that gamma is run while it could be the
+best choice (two standard errors cheaper, it would be), until the fit can
+price it (a gamma the model prices 2x too high would otherwise never be
+run again). No bandit arms, windows, hysteresis or per-bucket seeding:
 every step teaches both models whatever gamma it ran.
 
 At batch 1 the acceptance used is conditioned on the request's last
@@ -48,7 +55,7 @@ from vllm_vspec.config import VSpecConfig
 from vllm_vspec.core.arms import Arm, GammaArms
 from vllm_vspec.core.acceptance_stats import expected_tokens_all
 from vllm_vspec.core.posterior import AcceptancePosterior
-from vllm_vspec.core.step_cost import PooledStepCost, features
+from vllm_vspec.core.step_cost import DRAFT_PREFILL, PooledStepCost, features
 
 # A resume's catch-up is spread over the mean length of past drafting runs
 # (decided steps at gamma > 0 between two gamma-0 steps), each older run
@@ -57,8 +64,9 @@ from vllm_vspec.core.step_cost import PooledStepCost, features
 PRIOR_RUN_STEPS, PRIOR_RUNS = 8.0, 2.0
 RUN_KEEP = 0.9
 # A gamma whose predicted step time has a standard error above this share
-# of the prediction is run before the model chooses (decide's "probe").
-PROBE_SPREAD = 0.25
+# of the prediction (or of the mean step fitted, if smaller) is run before
+# the model chooses (decide's "probe").
+PROBE_SPREAD = 0.5
 
 
 class ModelPolicy:
@@ -74,9 +82,17 @@ class ModelPolicy:
         self.thompson = config.model_thompson
         self.rng = random.Random(config.model_seed)
         self.observed_gamma: int | None = None      # the gamma of the step observed last
+        # The drafter skips a gamma-0 step's tokens (prompts included) in
+        # these modes, so drafting costs it the prompts it prefills.
+        self.lazy = config.gamma0_mode in ("lazy", "sticky")
+        # Decayed prompt tokens and committed tokens of every observed step:
+        # prompt tokens a committed token brings along.
+        self.keep = 1.0 - 1.0 / config.model_cost_window
+        self.prompt_tokens, self.committed = 0.0, 0.0
         self.run = 0                                # observed drafting steps since the last resume
         self.runs = [PRIOR_RUN_STEPS * PRIOR_RUNS, PRIOR_RUNS]   # decayed sum of run lengths, count
         self.swept = 0
+        self._priced: tuple | None = None     # (batch, gammas, fit) found priced last
         # Batch 1: acceptance conditioned on whether the request's last known
         # step accepted every draft it verified (runs of matches persist),
         # and the outcomes of the last two observed steps (None: unknown).
@@ -87,10 +103,11 @@ class ModelPolicy:
     def opening(self) -> Arm:
         return self.space.arm(self.k, 1)
 
-    def values(self, batch, arms, draw: bool, resuming: bool = False) -> dict[int, float]:
+    def values(self, batch, arms, draw: bool, resuming: bool = False,
+               shave: np.ndarray | float = 0.0) -> dict[int, float]:
         """Predicted committed tokens per millisecond of each gamma of `arms`;
         `resuming`: the step in force is gamma 0, so drafting now pays the
-        catch-up."""
+        catch-up; `shave`: ms taken off each gamma's predicted step time."""
         b = max(batch.num_reqs, 1)
         ctx = b * batch.mean_context_len
         hi = max(self.space.gamma(a) for a in arms)
@@ -104,7 +121,12 @@ class ModelPolicy:
         g = np.array(gammas, dtype=float)
         dwell = max(self.runs[0] / self.runs[1], 1.0)
         x = features(b, b * g, g, b * (g > 0) * resuming / dwell, ctx)
-        cost = np.maximum(x @ theta, 1e-6)
+        # Drafting also pays the drafter's prefill of the prompts that come
+        # with the tokens a step commits (steps that admit them are not
+        # decided; observe_cost prices them).
+        admit = (theta[DRAFT_PREFILL] / 1000.0 * b * np.asarray(e)[g.astype(int)]
+                 * self.prompt_tokens / max(self.committed, 1.0) * (g > 0) * self.lazy)
+        cost = np.maximum(x @ theta + admit - shave, 1e-6)
         return {a: b * e[k] / c for a, k, c in zip(arms, gammas, cost.tolist())}
 
     def decide(self, batch, bucket: int, lo: int, hi: int,
@@ -116,14 +138,37 @@ class ModelPolicy:
             return arm, "sweep"
         resuming = previous is not None and self.space.gamma(previous) == 0
         if self.thompson:
-            b = max(batch.num_reqs, 1)
-            g = np.array([self.space.gamma(a) for a in arms], dtype=float)
-            x = features(b, b * g, g, 0.0, b * batch.mean_context_len)
-            rel = self.cost.spread(x) / np.maximum(x @ self.cost.fit(), 1e-6)
-            if rel.max() > PROBE_SPREAD:
-                return arms[int(rel.argmax())], "probe"
+            probe = self._probe(batch, arms, resuming)
+            if probe is not None:
+                return probe, "probe"
         v = self.values(batch, arms, self.thompson, resuming)
         return max(arms, key=lambda a: (v[a], -self.space.gamma(a))), "model"
+
+    def _probe(self, batch, arms, resuming: bool) -> Arm | None:
+        """The gamma the fit cannot price (standard error above PROBE_SPREAD
+        of its prediction, or of the mean step fitted if smaller: a wildly
+        high extrapolation must not read as precise) that could be the best
+        choice (it is, two standard errors cheaper); the least priced such
+        gamma, None when there is none."""
+        b = max(batch.num_reqs, 1)
+        self.cost.fit()
+        # Nothing to probe stays so until the fit or the batch size changes.
+        key = (b, len(arms), self.cost.fits)
+        if key == self._priced:
+            return None
+        g = np.array([self.space.gamma(a) for a in arms], dtype=float)
+        x = features(b, b * g, g, 0.0, b * batch.mean_context_len)
+        spread = self.cost.spread(x)
+        rel = spread / np.maximum(np.minimum(x @ self.cost.fit(), self.cost.mean_ms()), 1e-6)
+        if rel.max() <= PROBE_SPREAD:
+            self._priced = key
+            return None
+        if not np.isfinite(spread).all():
+            return arms[int(rel.argmax())]
+        best = max(self.values(batch, arms, False, resuming).values())
+        hopeful = self.values(batch, arms, False, resuming, shave=2.0 * spread)
+        unsure = [i for i, a in enumerate(arms) if rel[i] > PROBE_SPREAD and hopeful[a] > best]
+        return arms[max(unsure, key=lambda i: rel[i])] if unsure else None
 
     def observe(self, outcome) -> None:
         fb = outcome.feedback
@@ -140,6 +185,7 @@ class ModelPolicy:
             self.outcomes = (self.outcomes + [full])[-2:]
         else:
             self.outcomes = []
+        self._tally(0, fb.committed)
         catchup = b if outcome.gamma and self.observed_gamma == 0 else 0
         x = features(b, sum(fb.drafted), outcome.gamma, catchup, b * outcome.batch.mean_context_len)
         self.cost.observe(x, outcome.interval_s * 1000.0)
@@ -149,6 +195,21 @@ class ModelPolicy:
             self.runs = [self.runs[0] * RUN_KEEP + self.run, self.runs[1] * RUN_KEEP + 1.0]
             self.run = 0
         self.observed_gamma = outcome.gamma
+
+    def observe_cost(self, batch, fb, gamma: int, interval_s: float) -> None:
+        """A step this policy did not decide (a prefill step): its time
+        teaches the cost model what prompts cost, and what they cost the
+        drafter while drafting is on."""
+        b = max(batch.num_reqs, 1)
+        prompt = batch.prefill_tokens
+        self.cost.observe(features(b, sum(fb.drafted), gamma, 0, b * batch.mean_context_len,
+                                   prompt, prompt if gamma and self.lazy else 0),
+                          interval_s * 1000.0)
+        self._tally(prompt, fb.committed)
+
+    def _tally(self, prompt: int, committed: int) -> None:
+        self.prompt_tokens = self.prompt_tokens * self.keep + prompt
+        self.committed = self.committed * self.keep + committed
 
     def state(self) -> dict:
         """What a restarted server needs not to re-learn (`restore`;

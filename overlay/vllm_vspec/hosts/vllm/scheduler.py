@@ -24,6 +24,7 @@ agreed with, and the target adds one *recovered* (at the first rejection) or
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from vllm.logger import init_logger
@@ -102,6 +103,9 @@ class VSpecScheduler(Scheduler):
         # id() of the SchedulerOutputs the controller decided and has not
         # yet observed (the steps it does not decide are not reported to it).
         self._decided: set[int] = set()
+        # id of a scheduled prefill step -> the gamma in force (its drafts)
+        self._prefill_steps: dict[int, int] = {}
+        self._prices_steps = self.vspec is not None and hasattr(self.vspec.policy, "observe_cost")
         # Draft slots verified per step: gamma, or K padded with invalid
         # drafts to keep the target's full decode graph (vLLM-Ascend only).
         self._verify = VerifyWidth.of(vllm_config, self.vspec_config)
@@ -159,6 +163,8 @@ class VSpecScheduler(Scheduler):
                 self._set_gamma(scheduler_output, decision.gamma, decision.width)
                 if decision.decided:
                     self._decided.add(id(scheduler_output))
+                elif decision.reason == "prefill" and self._prices_steps:
+                    self._prefill_steps[id(scheduler_output)] = decision.gamma
         super()._update_after_schedule(scheduler_output)
 
     def _decide(self, scheduler_output: SchedulerOutput) -> Decision | None:
@@ -252,6 +258,16 @@ class VSpecScheduler(Scheduler):
             fb = _feedback(scheduler_output, model_runner_output)
             # The adapter's own share of the controller overhead: building fb.
             self.vspec.observe(fb, host_overhead_s=time.perf_counter() - started)
+        elif id(scheduler_output) in self._prefill_steps:
+            # A prefill step's time, for the policy's cost model: what a
+            # prompt costs, and what it costs the drafter while drafting.
+            gamma = self._prefill_steps.pop(id(scheduler_output))
+            scheduled = [r for r in scheduler_output.num_scheduled_tokens if r in self.requests]
+            batch = (dataclasses.replace(self._batch_state(scheduled),
+                                         prefill_tokens=_prefill_tokens(scheduler_output))
+                     if scheduled else None)
+            self.vspec.observe_undecided(
+                batch, _feedback(scheduler_output, model_runner_output), gamma)
         self.vspec.step_processed(busy=self.has_unfinished_requests())
         return outputs
 
@@ -298,13 +314,19 @@ class VSpecAsyncScheduler(VSpecScheduler, AsyncScheduler):
 def _has_prefill(so: SchedulerOutput) -> bool:
     """True when some request in the step processes more than its one new
     token plus its drafts (a new, resumed or chunked prompt)."""
+    return _prefill_tokens(so) > 0
+
+
+def _prefill_tokens(so: SchedulerOutput) -> int:
+    """The prompt tokens a step processes: what it schedules beyond each
+    request's one new token and its drafts."""
     # Every request schedules at least its new token and its drafts
     # (vLLM's Scheduler.schedule keeps only the drafts within the tokens it
     # scheduled), so the totals match exactly when no request does more.
     # Rule: this runs every step, so it costs O(requests with drafts), never
     # a loop over the whole batch.
     spec = so.scheduled_spec_decode_tokens
-    return so.total_num_scheduled_tokens > len(so.num_scheduled_tokens) + sum(
+    return so.total_num_scheduled_tokens - len(so.num_scheduled_tokens) - sum(
         len(s) for s in spec.values())
 
 
