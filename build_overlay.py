@@ -9,7 +9,8 @@
 
 Without CANN the wheel would hold neither vLLM-Ascend's vllm_ascend_C ops
 nor vspec's compiled ops, and installing it replaces stock vLLM-Ascend's:
-the build refuses (exit 2) unless --without-cann asks for that wheel.
+the build refuses (exit 2) unless --without-cann asks for that wheel, whose
+version then ends `.nocann` (<host>+vspec<ours>.nocann).
 
 The work is in overlay/vllm_vspec/tools/ascend_build/: build.py (the wheel: fetch, unpack, patch,
 overlay, kernels, host build, assemble), retarget.py (a new host revision:

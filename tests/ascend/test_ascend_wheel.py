@@ -56,6 +56,11 @@ def dist_info(members: dict[str, bytes], leaf: str) -> str:
     return members[name].decode()
 
 
+def version(pin) -> str:
+    """The version of a wheel built here, without CANN (`.nocann`)."""
+    return f"{pin.version}+vspec{ab.our_version()}.nocann"
+
+
 def requires(meta: str) -> dict[str, str]:
     """Requires-Dist of a METADATA text: normalised name -> requirement."""
     lines = re.findall(r"(?m)^Requires-Dist: (.+)$", meta)
@@ -64,9 +69,35 @@ def requires(meta: str) -> dict[str, str]:
 
 # ------------------------------------------------------------------ contents
 def test_one_wheel_named_as_vllm_ascend_with_a_vspec_local_version(built, pin):
-    assert built[0].name == \
-        f"vllm_ascend-{pin.version}+vspec{ab.our_version()}-py3-none-any.whl"
+    assert built[0].name == f"vllm_ascend-{version(pin)}-py3-none-any.whl"
     assert [p.name for p in built[0].parent.iterdir()] == [built[0].name]
+
+
+def test_the_local_version_says_nocann_without_cann_and_nothing_with_it(built, pin, tmp_path):
+    """Built without CANN (every build here), the local label ends `.nocann`,
+    in the wheel's file name and in the METADATA `pip show` prints; a wheel
+    assembled as CANN builds it (custom kernels enabled) has no such segment.
+    Either version still matches `vllm-ascend==<host>` (PEP 440 ignores the
+    local label there)."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    with zipfile.ZipFile(built[0]) as zf:
+        meta = zf.read(next(n for n in zf.namelist() if n.endswith("/METADATA"))).decode()
+    assert f"+vspec{ab.our_version()}.nocann-" in built[0].name
+    assert f"Version: {version(pin)}\n" in meta
+    assert Version(version(pin)).local.split(".")[-1] == ascend_wheel.NO_CANN_LABEL
+
+    (host_wheel,) = built[1].parent.glob("host-wheel/*.whl")
+    info = {"custom_kernels": {"enabled": True, "reason": "test", "host_libraries": [],
+                               "vspec_libraries": []}, "kernels_statement": "test"}
+    with_cann = ab.assemble(host_wheel, tmp_path, [], pin, info, common.DEFAULT_EPOCH,
+                            tmp_path / "dist")
+    cann_version = f"{pin.version}+vspec{ab.our_version()}"
+    assert with_cann.name == f"vllm_ascend-{cann_version}-py3-none-any.whl"
+    assert "nocann" not in with_cann.name
+    assert all(Version(v) in SpecifierSet(f"=={pin.version}")
+               for v in (version(pin), cann_version))
 
 
 def test_wheel_holds_the_patched_host_and_every_overlay_file(members, pin):
@@ -115,7 +146,7 @@ def test_entry_points_keep_the_hosts_and_add_ours(members):
 def test_metadata_is_vllm_ascend_with_its_run_time_needs_only(members, pin):
     meta = dist_info(members, "METADATA")
     assert "Name: vllm-ascend\n" in meta
-    assert f"Version: {pin.version}+vspec{ab.our_version()}\n" in meta
+    assert f"Version: {version(pin)}\n" in meta
     reqs = requires(meta)
     assert reqs["torch-npu"] == f"torch-npu=={pin.torch_npu}"
     assert reqs["torch"] == f"torch=={pin.torch}"
@@ -272,7 +303,7 @@ def test_the_wheel_replaces_stock_vllm_ascend_and_rolls_back(built, pin, tmp_pat
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
-    ours_dist_info = f"vllm_ascend-{pin.version}+vspec{ab.our_version()}.dist-info"
+    ours_dist_info = f"vllm_ascend-{version(pin)}.dist-info"
 
     pip(python, "install", "--no-deps", "--no-compile", "--quiet", str(stock))
     assert installed(venv) == {"vllm_ascend", f"vllm_ascend-{pin.version}.dist-info"}
@@ -281,7 +312,7 @@ def test_the_wheel_replaces_stock_vllm_ascend_and_rolls_back(built, pin, tmp_pat
     assert f"Successfully uninstalled vllm_ascend-{pin.version}" in out  # replaced, not beside
     assert installed(venv) == {"vllm_ascend", "vllm_vspec", ours_dist_info}
     show = pip(python, "show", "vllm-ascend")
-    assert f"Version: {pin.version}+vspec{ab.our_version()}\n" in show
+    assert f"Version: {version(pin)}\n" in show
     assert "host kernels missing" in show
     (site,) = venv.glob("lib/python*/site-packages")
     assert (site / "vllm_ascend/vspec/proposers.py").is_file()
@@ -439,7 +470,7 @@ def built_030(tmp_path_factory) -> tuple[Path, Path]:
 def test_make_wheel_host_builds_the_0_30_pin_with_its_own_overlay_selection(built_030):
     wheel, tree = built_030
     pin = common.load_pins()[1]["0.30.0rc2"]
-    assert wheel.name == f"vllm_ascend-0.30.0rc2+vspec{ab.our_version()}-py3-none-any.whl"
+    assert wheel.name == f"vllm_ascend-{version(pin)}-py3-none-any.whl"
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
         host = zf.read("vllm_ascend/vspec/host.toml")

@@ -46,7 +46,7 @@ def test_an_older_release_that_holds_is_pinned_but_not_made_the_default(pin, pin
     assert {c.name: c.status for c in report.checks} == \
         {"abi": "ok", "contract": "ok", "compile": "ok", "wheel": "ok"}
     assert report.checks[-1].detail[0].endswith(f"vllm_ascend-0.23.0+vspec{our_version()}"
-                                               "-py3-none-any.whl")
+                                               ".nocann-py3-none-any.whl")  # no CANN here
     assert report.outcome.endswith(f"the default stays {pin.version}, which is newer than 0.23.0")
     default, pins = common.load_pins(pins_file)
     assert default == pin.version
@@ -260,7 +260,7 @@ def test_the_pinned_0_30_0rc2_holds_with_its_own_patches_and_overlay(pins_copy, 
             for c in report.checks} == {"abi": ("ok", []), "contract": ("ok", []),
                                         "compile": ("ok", []), "wheel": ("ok", None)}
     assert report.checks[-1].detail[0].endswith(
-        f"vllm_ascend-0.30.0rc2+vspec{our_version()}-py3-none-any.whl")
+        f"vllm_ascend-0.30.0rc2+vspec{our_version()}.nocann-py3-none-any.whl")
     assert report.outcome == \
         "no-op: 0.30.0rc2 is already pinned, every patch applies and every check passes"
     assert "native_gamma:VSpecNativeEagleProposer" in \

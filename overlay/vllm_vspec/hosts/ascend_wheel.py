@@ -1,7 +1,9 @@
 """What an installed Ascend overlay wheel says about itself.
 
 The wheel (build_overlay.py) is distribution `vllm-ascend`, version
-`<host>+vspec<ours>`, and carries `vspec_build_info.json` in its dist-info:
+`<host>+vspec<ours>` (`<host>+vspec<ours>.nocann` when built without CANN,
+so `pip show` and the wheel's file name say so), and carries
+`vspec_build_info.json` in its dist-info:
 host, patches, and whether the host's and vspec's kernels were compiled. A
 stock vLLM-Ascend, or none, has no such file. `vllm-vspec doctor` and the
 start-up log of every vLLM process (a plugin registration) print the same
@@ -16,6 +18,9 @@ import json
 
 DIST = "vllm-ascend"
 BUILD_INFO = "vspec_build_info.json"
+# The last segment of the local version label of a wheel built without CANN
+# (PEP 440: `0.23.0.post1+vspec0.1.0.nocann`); a wheel with CANN has none.
+NO_CANN_LABEL = "nocann"
 
 
 def build_info() -> dict | None:

@@ -10,7 +10,8 @@ Stages (each prints one progress line):
   kernels  with CANN: csrc/ (vspec's ops) compiled; without: said so
   host     vLLM-Ascend's setup.py builds the patched tree; with CANN it also
            compiles the host's own ops (vllm_ascend_C)
-  assemble ONE wheel, dist/vllm_ascend-<host>+vspec<ours>-<tag>.whl: the same
+  assemble ONE wheel, dist/vllm_ascend-<host>+vspec<ours>-<tag>.whl (without
+           CANN: <host>+vspec<ours>.nocann): the same
            distribution as stock vLLM-Ascend (pip replaces one with the other
            and uninstalls it cleanly), its files plus ours, our entry points,
            dist-info/vspec_build_info.json; platform-tagged when it carries
@@ -36,6 +37,7 @@ import tomllib
 import zipfile
 from pathlib import Path
 
+from vllm_vspec.hosts.ascend_wheel import NO_CANN_LABEL
 from vllm_vspec.tools.ascend_build.common import (DEFAULT_EPOCH, HOST_DIST, OVERLAY_DIRS, ROOT, BuildError, Pin,
                                  Progress, apply_series, copy_overlay, fetch_sdist, host_version,
                                  load_pins, read_series, sha256_of, unpack)
@@ -160,11 +162,13 @@ def merge_entry_points(host_text: str, ours: dict[str, dict[str, str]]) -> str:
                    for g in sorted(groups))
 
 
-def wheel_version(pin: Pin) -> str:
+def wheel_version(pin: Pin, cann: bool) -> str:
     """The host's version with a local label: pip sees the same distribution
     as stock vLLM-Ascend, one release later (PEP 440: 0.23.0.post1+vspec0.1.0
-    sorts after 0.23.0.post1), and `vllm-ascend==0.23.0.post1` still matches."""
-    return f"{pin.version}+vspec{our_version()}"
+    sorts after 0.23.0.post1), and `vllm-ascend==0.23.0.post1` still matches.
+    Built without CANN, the label ends `.nocann` (ascend_wheel.NO_CANN_LABEL)."""
+    label = f"vspec{our_version()}" + ("" if cann else f".{NO_CANN_LABEL}")
+    return f"{pin.version}+{label}"
 
 
 def requirement_name(req: str) -> str:
@@ -262,7 +266,7 @@ def assemble(host_wheel: Path, tree: Path, overlay: list[str], pin: Pin, build_i
     """Repack the host wheel as ours: host files minus its dist-info, the
     overlay files as they are in the tree, our dist-info."""
     dist_name = HOST_DIST.replace("-", "_")
-    version = wheel_version(pin)
+    version = wheel_version(pin, build_info["custom_kernels"]["enabled"])
     files: dict[str, bytes] = {}
     host_meta = host_eps = ""
     tags: list[str] = []
