@@ -1,4 +1,4 @@
-"""The kernels stage of the Ascend wheel build, without CANN (issue 24):
+"""The kernels stage of the Ascend wheel build, without CANN:
 - CANN is found in any of the three layouts vLLM-Ascend 0.23.0.post1's own
   CMakeLists.txt probes (lines 42-50), in its order;
 - with CANN the host's own kernels are always built (COMPILE_CUSTOM_KERNELS=1),

@@ -5,7 +5,7 @@ Spec: under dynamic gamma the draft model keeps its full graphs, one
 wrapper per gamma, unless `ascend_draft_full_graph = false` (the host's own
 `use_cuda_graph` switch; tests/ascend/test_ascend_graphs.py drives the host's own
 capture and replay code); the NPU sampler counts generated tokens from the
-runner's batch (issue 24 item 4); the commit of a verification step comes
+runner's batch; the commit of a verification step comes
 from torch.ops.vspec.commit_accepted and equals vLLM-Ascend 0.23's own
 computation. The proposer tests check vspec's StepGammaProposer over a stand-in host
 written for these tests (test_overlay's _HostProposer), not the host.
@@ -87,7 +87,7 @@ def test_the_commit_op_gives_what_the_hosts_computation_gives(proposers, batch, 
 
 
 # ------------------------------------------------------------------------------
-# Issue 24 item 4: the NPU sampler counts generated tokens from the runner's
+# The NPU sampler counts generated tokens from the runner's
 # input batch, so a lossy rule relaxes past its strict prefix without penalties.
 @pytest.fixture
 def npu_sampler(monkeypatch):
@@ -149,7 +149,7 @@ def test_the_npu_lossy_rule_counts_generated_tokens_from_the_runners_batch(npu_s
 
 
 def test_without_a_runner_the_npu_rule_stays_strict(npu_sampler):
-    # What every step did before issue 24: empty output ids, every request fresh.
+    # Without a runner: empty output ids, every request fresh.
     assert _relaxed_rows(npu_sampler, None, [7, 30], [20, 15]) == [False, False]
 
 

@@ -1,5 +1,5 @@
 """TP > 1: the verify padding is decided on the graph mode the workers run
-(issue 24; vllm_ascend/vspec/worker_graphs.py; nothing here runs on an NPU).
+(vllm_ascend/vspec/worker_graphs.py; nothing here runs on an NPU).
 
 What is real here: vLLM's own `Executor.initialize_from_config` (the CPU
 host's vLLM 0.32; vLLM 0.23's, which the Ascend pin runs, also captures in
