@@ -178,9 +178,16 @@ def read_wheel(path: str | Path) -> Wheel:
 
 
 def _version_key(v: str):
+    """Order of two versions of ours: a build without CANN (its local label
+    ending `.nocann`, ascend_wheel.NO_CANN_LABEL) sorts just below the CANN
+    build of the same version, so upgrading from it to that build is an
+    upgrade."""
     from packaging.version import Version
 
-    return Version(v)
+    from vllm_vspec.hosts.ascend_wheel import NO_CANN_LABEL
+
+    stem = v.removesuffix("." + NO_CANN_LABEL)
+    return Version(stem), stem == v
 
 
 # ------------------------------------------------------------------- planning
@@ -272,7 +279,10 @@ def validate(env: Installed) -> list[str]:
     m = env.manifest
     if m is None:
         return [f"{env.ours} {env.version} has no readable manifest (vllm_vspec.manifests)"]
+    from vllm_vspec.hosts.ascend_wheel import NO_CANN_LABEL
+
     ours = env.version.split(OVERLAY_TAG)[-1] if env.identity == "overlay" else env.version
+    ours = ours.removesuffix("." + NO_CANN_LABEL)     # the build's label, not our version
     if m.get("extension_version") != ours:
         problems.append(f"manifest extension_version {m.get('extension_version')!r} != "
                         f"installed {ours!r}")
