@@ -12,7 +12,7 @@ from vllm_vspec.config import VSpecConfig
 from vllm_vspec.core.controller import GammaController
 from vllm_vspec.core.acceptance_stats import expected_tokens_all
 from vllm_vspec.core.posterior import EVIDENCE_FLOOR, AcceptancePosterior
-from vllm_vspec.core.step_cost import PooledStepCost, features
+from vllm_vspec.core.step_cost import DRAFT_PREFILL, FEATURES, PooledStepCost, features
 from vllm_vspec.core.steps import BatchState, StepFeedback
 
 K = 4
@@ -285,3 +285,27 @@ def test_drafting_is_charged_the_drafters_prefill_of_the_prompts_its_tokens_brin
         runs[report] = gammas[-200:].count(0)
     assert runs[True] >= 180, runs
     assert runs[False] <= 20, runs
+
+
+def test_a_prompt_prefilled_only_while_drafting_is_charged_to_the_target_not_the_drafter():
+    # Every prefill step ran with drafting on, so nothing tells the
+    # drafter's share of a prompt from the target's: the fit keeps it at 0.
+    model = PooledStepCost(window=1000)
+    for i in range(200):
+        g = 1 + i % 4
+        model.observe(features(1, g, g, 0.0, 300.0), 20.0 + g)
+        model.observe(features(1, g, g, 0.0, 300.0, 500.0, 500.0), 20.0 + g + 10.0)
+    theta = model.fit()
+    assert theta[DRAFT_PREFILL] < 0.1 * theta[FEATURES.index("prefill_k")]
+
+
+def test_prefill_steps_at_gamma_0_and_above_tell_the_drafters_share_of_a_prompt():
+    model = PooledStepCost(window=1000)
+    for i in range(400):
+        g = i % 5
+        model.observe(features(1, g, g, 0.0, 300.0), 20.0 + g)
+        # 500 prompt tokens: the target 12 ms, the drafter 4 ms more while drafting
+        model.observe(features(1, g, g, 0.0, 300.0, 500.0, 500.0 * (g > 0)),
+                      20.0 + g + 12.0 + 4.0 * (g > 0))
+    theta = model.fit()
+    assert theta[DRAFT_PREFILL] * 0.5 == pytest.approx(4.0, rel=0.15)

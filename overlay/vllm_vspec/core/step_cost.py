@@ -46,6 +46,13 @@ import numpy as np
 FEATURES = ("step", "requests", "verified", "passes", "pass_requests", "speculating",
             "pass_context_k", "catchup", "context_k", "prefill_k", "draft_prefill_k")
 DRAFT_PREFILL = FEATURES.index("draft_prefill_k")
+# The ridge's weight per feature, in units of `prior_steps`. The drafter's
+# share of a prompt is told from the target's only by prefill steps at
+# gamma 0 and at gamma > 0 both; until such steps say otherwise, a prompt's
+# cost is the target's (a prior worth this many steps holds draft_prefill
+# near 0), so drafting is not charged half of every prompt by default.
+PRIOR_WEIGHT = np.ones(len(FEATURES))
+PRIOR_WEIGHT[DRAFT_PREFILL] = 20.0
 # The fit is redone once this many samples arrived since the last (every
 # sample while the model has fewer than REFIT_EVERY * 4): a step changes
 # the sums by about 1/window, so a fit a few steps old predicts the same.
@@ -145,7 +152,7 @@ class PooledStepCost:
 
     def _information(self) -> np.ndarray:
         scale = np.diag(self.xx) / max(self.weight, 1e-9)
-        return self.xx + np.diag(self.prior_steps * np.maximum(scale, 1e-6))
+        return self.xx + np.diag(self.prior_steps * PRIOR_WEIGHT * np.maximum(scale, 1e-6))
 
     def fit(self) -> np.ndarray:
         """The coefficients (ms per unit of each feature)."""
