@@ -237,8 +237,8 @@ class VSpecConfig:
     take to turn over; a larger batch brings more judgements a step."""
 
     model_cost_window: int = ranged(1024, 2)
-    """`model` policy: decided steps the online step-cost model's fit
-    describes (older steps fade by 1 - 1/window a step)."""
+    """`model` policy: steps the online step-cost model's fit describes
+    (older steps fade by 1 - 1/window a step)."""
 
     model_seed: int = ranged(0, 0)
     """`model` policy: seed of its Thompson draws (the same seed on the same
