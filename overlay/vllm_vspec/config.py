@@ -608,6 +608,13 @@ class VSpecConfig:
                                    "0 unless draft_active_vocab_ids names an ids file")
 
     @property
+    def drafter_skips_gamma0(self) -> bool:
+        """True when a gamma-0 step runs no draft pass (gamma0_mode lazy or
+        sticky, as wiring.resolve resolves auto): the drafter then misses
+        that step's tokens, prompts included."""
+        return self.gamma0_mode in ("lazy", "sticky")
+
+    @property
     def lossless(self) -> bool:
         """True when greedy outputs are token-identical to target-only."""
         return self.acceptance == "strict"

@@ -351,7 +351,7 @@ def test_an_undecided_prefill_step_reaches_a_policy_that_prices_steps_with_its_i
     clock = Clock()
     ctl = fixed(2, clock)
     ctl.policy.observe_cost = listener = CostListener()
-    ctl._prices_steps = True             # as for a policy with observe_cost
+    ctl.prices_steps = True              # as for a policy with observe_cost
     ctl.decide(BatchState(2, BUDGET))
     clock.now = 0.05
     ctl.observe(feedback())
@@ -359,7 +359,7 @@ def test_an_undecided_prefill_step_reaches_a_policy_that_prices_steps_with_its_i
     prefill = BatchState(3, BUDGET, prefill_tokens=400)
     assert ctl.decide_step({"a", "b", "c"}, {"a", "b", "c"}, True, lambda: prefill).reason == "prefill"
     clock.now = 0.12                     # the prefill step took 70 ms
-    ctl.observe_undecided(prefill, feedback(num_reqs=3), 2)
+    ctl.observe_undecided(prefill, feedback(num_reqs=3))
     ctl.step_processed(busy=True)
     assert listener.seen == [(400, 2, 0.07)]
 
@@ -368,13 +368,13 @@ def test_an_undecided_step_is_left_out_while_a_decided_one_is_outstanding():
     clock = Clock()
     ctl = fixed(2, clock)
     ctl.policy.observe_cost = listener = CostListener()
-    ctl._prices_steps = True             # as for a policy with observe_cost
+    ctl.prices_steps = True              # as for a policy with observe_cost
     ctl.step_processed(busy=True)
     prefill = BatchState(3, BUDGET, prefill_tokens=400)
     ctl.decide_step({"a", "b", "c"}, {"a", "b", "c"}, True, lambda: prefill)
     ctl.decide(BatchState(2, BUDGET))    # async: scheduled, its output not yet processed
     clock.now = 0.05
-    ctl.observe_undecided(prefill, feedback(num_reqs=3), 2)
+    ctl.observe_undecided(prefill, feedback(num_reqs=3))
     assert listener.seen == []
 
 
@@ -383,4 +383,4 @@ def test_a_policy_that_does_not_price_steps_keeps_no_record_of_undecided_ones():
     prefill = BatchState(3, BUDGET, prefill_tokens=400)
     for _ in range(3):
         ctl.decide_step({"a"}, {"a"}, True, lambda: prefill)
-    assert not ctl._undecided_at
+    assert not ctl._undecided

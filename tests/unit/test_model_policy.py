@@ -254,9 +254,9 @@ def serve_with_prompts(ctl: GammaController, clock, rates, batch: int, steps: in
             state = BatchState(batch, 8192, 300.0, prefill_tokens=prompt)
             ctl.decide_step(range(batch), range(batch), True, lambda: state)
             if report_prefill:
-                ctl.observe_undecided(state, fb, g)
+                ctl.observe_undecided(state, fb)
             else:
-                ctl._undecided_at.clear()
+                ctl._undecided.clear()
             ctl.step_processed(busy=True)
             last, owed = g, owed + fb.committed
             continue

@@ -238,8 +238,8 @@ def build_plan(args: argparse.Namespace) -> runner.Plan:
     if unknown:
         raise SystemExit(_unknown_variants(unknown, available, args))
     chosen = variants.select(available, names)
-    pairs = named_pairs + [p for p in overhead.pairs(v.name for v in chosen)
-                           if p.label not in {q.label for q in named_pairs}]
+    named = {p.label for p in named_pairs}
+    pairs = named_pairs + [p for p in overhead.pairs(v.name for v in chosen) if p.label not in named]
     if args.paired and not pairs:
         raise SystemExit(f"--paired: --variants {requested} has no overhead pair (a stock "
                          "server and the vspec server standing in for it, e.g. target,fixed-0); "

@@ -162,9 +162,7 @@ def measure(variants: list[Variant], args, pool: list[str], console=None) -> lis
     rounds = []
     for r in range(args.rounds):
         order = variants if r % 2 == 0 else variants[:1] + variants[:0:-1]
-        rows = measure_round(order, args, pool, bar, trace_dir / f"round{r + 1}")
-        rounds.append(sorted(rows, key=lambda row: variants.index(
-            next(v for v in variants if v.label == row.variant))))
+        rounds.append(measure_round(order, args, pool, bar, trace_dir / f"round{r + 1}"))
     bar.close()
     return combine_rounds(rounds)
 
@@ -207,11 +205,12 @@ def measure_round(variants: list[Variant], args, pool: list[str], bar, trace_dir
 
 
 def combine_rounds(rounds: list[list[Row]]) -> list[Row]:
-    """One row per (variant, batch size) over the rounds: the median
-    tokens/s, the median of the per-round speedups (each to the same
-    round's target-only) with the lowest and highest, requests and
-    identical outputs summed, steps per gamma summed, accepted length,
-    acceptance and controller time averaged over the rounds."""
+    """One row per (variant, batch size) over the rounds, in the first
+    round's order: the median tokens/s, the median of the per-round
+    speedups (each to the same round's target-only) with the lowest and
+    highest, requests and identical outputs summed, steps per gamma
+    summed, accepted length, acceptance and controller time averaged over
+    the rounds."""
     groups: dict[tuple[str, int], list[Row]] = {}
     for rows in rounds:
         for row in rows:

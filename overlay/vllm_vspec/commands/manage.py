@@ -184,10 +184,15 @@ def _version_key(v: str):
     upgrade."""
     from packaging.version import Version
 
+    stem = _without_build_label(v)
+    return Version(stem), stem == v
+
+
+def _without_build_label(version: str) -> str:
+    """`version` without the CANN-less build's label (ascend_wheel.NO_CANN_LABEL)."""
     from vllm_vspec.hosts.ascend_wheel import NO_CANN_LABEL
 
-    stem = v.removesuffix("." + NO_CANN_LABEL)
-    return Version(stem), stem == v
+    return version.removesuffix("." + NO_CANN_LABEL)
 
 
 # ------------------------------------------------------------------- planning
@@ -279,10 +284,8 @@ def validate(env: Installed) -> list[str]:
     m = env.manifest
     if m is None:
         return [f"{env.ours} {env.version} has no readable manifest (vllm_vspec.manifests)"]
-    from vllm_vspec.hosts.ascend_wheel import NO_CANN_LABEL
-
     ours = env.version.split(OVERLAY_TAG)[-1] if env.identity == "overlay" else env.version
-    ours = ours.removesuffix("." + NO_CANN_LABEL)     # the build's label, not our version
+    ours = _without_build_label(ours)     # the build's label, not our version
     if m.get("extension_version") != ours:
         problems.append(f"manifest extension_version {m.get('extension_version')!r} != "
                         f"installed {ours!r}")

@@ -117,9 +117,10 @@ class GammaController:
                           self.space.width(opening)))
         self._pending: deque[_Pending] = deque()
         # A policy that prices every step (`observe_cost`) hears of the
-        # undecided prefill steps too: when each outstanding one started.
-        self._prices_steps = hasattr(self.policy, "observe_cost")
-        self._undecided_at: deque[float] = deque()
+        # undecided prefill steps too (observe_undecided): when each
+        # outstanding one started, and the gamma in force (its drafts).
+        self.prices_steps = hasattr(self.policy, "observe_cost")
+        self._undecided: deque[tuple[float, int]] = deque()
         # gamma0_mode sticky (as wiring.resolve resolves it): the requests
         # whose draft KV missed a target-only step; no speculation while one
         # of them remains.
@@ -188,8 +189,8 @@ class GammaController:
                 return Decision(0, bucket_of(len(scheduled)), "sticky", decided=False)
         if (prefill and not self.config.reward_prefill_steps
                 and not (self._sticky and self.gamma == 0)):
-            if self._prices_steps:
-                self._undecided_at.append(self._step_start())
+            if self.prices_steps:
+                self._undecided.append((self._step_start(), self.gamma))
             width = self.width if self.width == 1 or batch().tree_allowed else 1
             return Decision(self.gamma, bucket_of(len(scheduled)), "prefill", width,
                             decided=False)
@@ -235,12 +236,7 @@ class GammaController:
                                "the adapter must call decide() once per scheduled step")
         step = self._pending.popleft()
         batch, decision = step.batch, step.decision
-        # Non-overlapping interval: under async scheduling step n+1 is scheduled
-        # before step n completes.
-        start = step.scheduled_at if self._last_completed_at is None else max(
-            self._last_completed_at, step.scheduled_at)
-        interval = completed_at - start
-        self._last_completed_at = completed_at
+        interval = self._completed(step.scheduled_at, completed_at)
         arm = (decision.gamma, decision.width)
         stable = self._last_observed == arm and interval > 0
         self._last_observed = arm
@@ -268,24 +264,32 @@ class GammaController:
                 "interval_s": round(interval, 6), "stable": stable,
                 "reward": round(reward, 3), "overhead_us": round(overhead * 1e6, 1)})
 
-    def observe_undecided(self, batch: BatchState | None, fb: StepFeedback, gamma: int) -> None:
+    def observe_undecided(self, batch: BatchState | None, fb: StepFeedback) -> None:
         """The oldest outstanding prefill step (decide_step's "prefill")
         was processed now, before `step_processed`: a policy that prices
-        steps (`observe_cost`) learns its time and what it did. `gamma`:
-        the drafts it proposed (the gamma in force). Its interval follows
-        the decided steps' rule; while a decided step is outstanding (async
-        scheduling) the step is left out, its interval not its own."""
-        if not self._undecided_at:
+        steps (`observe_cost`) learns its time and what it did, with the
+        gamma that was in force (the drafts it proposed). Its interval
+        follows the decided steps' rule; while a decided step is
+        outstanding (async scheduling) the step is left out, its interval
+        not its own."""
+        if not self._undecided:
             return
-        scheduled_at = self._undecided_at.popleft()
+        scheduled_at, gamma = self._undecided.popleft()
         if self._pending or batch is None:     # None: no request of the step is left
             return
-        now = self.clock()
-        start = (scheduled_at if self._last_completed_at is None
-                 else max(self._last_completed_at, scheduled_at))
-        self._last_completed_at = now
-        if now > start:
-            self.policy.observe_cost(batch, fb, gamma, now - start)
+        interval = self._completed(scheduled_at, self.clock())
+        if interval > 0:
+            self.policy.observe_cost(batch, fb, gamma, interval)
+
+    def _completed(self, scheduled_at: float, completed_at: float) -> float:
+        """A step scheduled at `scheduled_at` completed at `completed_at`:
+        its interval, which does not overlap the step completed before it
+        (under async scheduling step n+1 is scheduled before step n
+        completes)."""
+        start = scheduled_at if self._last_completed_at is None else max(
+            self._last_completed_at, scheduled_at)
+        self._last_completed_at = completed_at
+        return completed_at - start
 
     def _step_start(self) -> float:
         """When a step scheduled now starts: where the host processed the

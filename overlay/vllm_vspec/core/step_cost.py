@@ -73,27 +73,19 @@ def features(batch, verified, passes, catchup, context, prefill=0.0,
     row per element, e.g. every gamma of a decision at once."""
     args = (batch, verified, passes, catchup, context, prefill, draft_prefill)
     if not any(isinstance(a, np.ndarray) for a in args):   # one step: the common case
-        ctx_k = context / 1000.0
-        return np.array([1.0, batch, verified, passes, passes * batch, passes > 0,
-                         passes * ctx_k, catchup, ctx_k, prefill / 1000.0,
-                         draft_prefill / 1000.0], dtype=float)
-    shape = np.broadcast_shapes(*(np.shape(a) for a in args))
-    batch, verified, passes, catchup, context, prefill, draft_prefill = (
-        np.asarray(a, dtype=float) for a in args)
-    out = np.empty(shape + (len(FEATURES),))
-    ctx_k = context / 1000.0
-    out[..., 0] = 1.0
-    out[..., 1] = batch
-    out[..., 2] = verified
-    out[..., 3] = passes
-    out[..., 4] = passes * batch
-    out[..., 5] = passes > 0
-    out[..., 6] = passes * ctx_k
-    out[..., 7] = catchup
-    out[..., 8] = ctx_k
-    out[..., 9] = prefill / 1000.0
-    out[..., 10] = draft_prefill / 1000.0
+        return np.array(_columns(*args), dtype=float)
+    args = tuple(np.asarray(a, dtype=float) for a in args)
+    out = np.empty(np.broadcast_shapes(*(a.shape for a in args)) + (len(FEATURES),))
+    for i, column in enumerate(_columns(*args)):
+        out[..., i] = column
     return out
+
+
+def _columns(batch, verified, passes, catchup, context, prefill, draft_prefill) -> tuple:
+    """The FEATURES' values, in order (scalars or arrays alike)."""
+    ctx_k = context / 1000.0
+    return (1.0, batch, verified, passes, passes * batch, passes > 0, passes * ctx_k,
+            catchup, ctx_k, prefill / 1000.0, draft_prefill / 1000.0)
 
 
 class PooledStepCost:

@@ -54,7 +54,7 @@ def budget_settings(config: VSpecConfig) -> BudgetSettings:
         probe_interval=config.verify_budget_probe_interval,
         request_smoothing=config.verify_budget_request_smoothing,
         calibration_window=config.verify_budget_calibration_window,
-        gamma0_runs_drafter=config.gamma0_mode not in ("lazy", "sticky"))
+        gamma0_runs_drafter=not config.drafter_skips_gamma0)
 
 
 class BudgetPolicy:

@@ -82,12 +82,11 @@ class ModelPolicy:
         self.thompson = config.model_thompson
         self.rng = random.Random(config.model_seed)
         self.observed_gamma: int | None = None      # the gamma of the step observed last
-        # The drafter skips a gamma-0 step's tokens (prompts included) in
-        # these modes, so drafting costs it the prompts it prefills.
-        self.lazy = config.gamma0_mode in ("lazy", "sticky")
-        # Decayed prompt tokens and committed tokens of every observed step:
-        # prompt tokens a committed token brings along.
-        self.keep = 1.0 - 1.0 / config.model_cost_window
+        # A drafter that skips gamma-0 steps skips their prompts too, so
+        # drafting costs it the prompts it prefills.
+        self.lazy = config.drafter_skips_gamma0
+        # Prompt tokens and committed tokens of every observed step, decayed
+        # as the cost model's sums: prompt tokens a committed token brings along.
         self.prompt_tokens, self.committed = 0.0, 0.0
         self.run = 0                                # observed drafting steps since the last resume
         self.runs = [PRIOR_RUN_STEPS * PRIOR_RUNS, PRIOR_RUNS]   # decayed sum of run lengths, count
@@ -208,8 +207,9 @@ class ModelPolicy:
         self._tally(prompt, fb.committed)
 
     def _tally(self, prompt: int, committed: int) -> None:
-        self.prompt_tokens = self.prompt_tokens * self.keep + prompt
-        self.committed = self.committed * self.keep + committed
+        keep = self.cost.keep
+        self.prompt_tokens = self.prompt_tokens * keep + prompt
+        self.committed = self.committed * keep + committed
 
     def state(self) -> dict:
         """What a restarted server needs not to re-learn (`restore`;

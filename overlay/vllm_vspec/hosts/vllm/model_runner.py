@@ -94,7 +94,7 @@ class VSpecRunner:
         if cfg is None or not hasattr(self, "drafter"):
             return  # stock vLLM (no speculation, vspec off), or not the rank that drafts
         method = self.speculative_config.method
-        self.gamma0_skip = cfg.gamma0_mode in ("lazy", "sticky")
+        self.gamma0_skip = cfg.drafter_skips_gamma0
         # ngram's lazy gamma 0 skips the search and has nothing to catch up on.
         catch_up = cfg.gamma0_mode == "lazy" and method in CATCH_UP_METHODS
         rule = AcceptanceRule.from_config(cfg)

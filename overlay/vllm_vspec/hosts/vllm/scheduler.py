@@ -103,9 +103,9 @@ class VSpecScheduler(Scheduler):
         # id() of the SchedulerOutputs the controller decided and has not
         # yet observed (the steps it does not decide are not reported to it).
         self._decided: set[int] = set()
-        # id of a scheduled prefill step -> the gamma in force (its drafts)
-        self._prefill_steps: dict[int, int] = {}
-        self._prices_steps = self.vspec is not None and hasattr(self.vspec.policy, "observe_cost")
+        # id() of the prefill steps whose time the controller's policy
+        # prices (GammaController.prices_steps) and has not yet heard of.
+        self._prefill_steps: set[int] = set()
         # Draft slots verified per step: gamma, or K padded with invalid
         # drafts to keep the target's full decode graph (vLLM-Ascend only).
         self._verify = VerifyWidth.of(vllm_config, self.vspec_config)
@@ -163,8 +163,8 @@ class VSpecScheduler(Scheduler):
                 self._set_gamma(scheduler_output, decision.gamma, decision.width)
                 if decision.decided:
                     self._decided.add(id(scheduler_output))
-                elif decision.reason == "prefill" and self._prices_steps:
-                    self._prefill_steps[id(scheduler_output)] = decision.gamma
+                elif decision.reason == "prefill" and self.vspec.prices_steps:
+                    self._prefill_steps.add(id(scheduler_output))
         super()._update_after_schedule(scheduler_output)
 
     def _decide(self, scheduler_output: SchedulerOutput) -> Decision | None:
@@ -261,13 +261,12 @@ class VSpecScheduler(Scheduler):
         elif id(scheduler_output) in self._prefill_steps:
             # A prefill step's time, for the policy's cost model: what a
             # prompt costs, and what it costs the drafter while drafting.
-            gamma = self._prefill_steps.pop(id(scheduler_output))
+            self._prefill_steps.discard(id(scheduler_output))
             scheduled = [r for r in scheduler_output.num_scheduled_tokens if r in self.requests]
             batch = (dataclasses.replace(self._batch_state(scheduled),
                                          prefill_tokens=_prefill_tokens(scheduler_output))
                      if scheduled else None)
-            self.vspec.observe_undecided(
-                batch, _feedback(scheduler_output, model_runner_output), gamma)
+            self.vspec.observe_undecided(batch, _feedback(scheduler_output, model_runner_output))
         self.vspec.step_processed(busy=self.has_unfinished_requests())
         return outputs
 
