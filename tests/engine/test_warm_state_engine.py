@@ -1,6 +1,7 @@
 """Warm start in the real engine: a second engine of the same key (host,
 models, method, K) starts from the state file the first one saved at
-shutdown, so it skips the `model` policy's cold sweep, and its greedy
+shutdown, so it skips the `model` policy's cold sweep (it may still probe a
+gamma its restored fit cannot price), and its greedy
 outputs stay token-identical to target-only (draft model, vspec's worker)."""
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ def test_a_restarted_engine_starts_from_the_saved_state_and_stays_exact(tmp_path
 
     second, warm_reasons = serve_once(state, tmp_path / "second.jsonl", prompts)
     assert_same_tokens(second, reference, "model policy, warm start")
-    assert warm_reasons and set(warm_reasons) == {"model"}            # no cold sweep
+    # No cold sweep: every decision is the restored model's own (its
+    # choice, or a probe of a gamma the restored fit cannot price yet).
+    assert warm_reasons and set(warm_reasons) <= {"model", "probe"}
+    assert warm_reasons.count("model") > warm_reasons.count("probe")
     assert [p.name for p in state.iterdir()] == [path.name]
     assert json.loads(path.read_text())["steps_learned"] == len(reasons) + len(warm_reasons)
