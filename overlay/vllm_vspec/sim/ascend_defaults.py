@@ -38,7 +38,10 @@ its row is vspec turned on there. The 0.23 defaults hold K on padded
 steps, as the engine's scheduler does (VSpecScheduler._decide): inside the
 padded range a step drafts K, undecided (the padded verify costs 1 + K
 whatever gamma is, so a gamma below K saves only graphed draft passes),
-and the policy decides only the other steps; one row leaves that rule out.
+unless the model policy's predictions, priced for a padded step and net of
+the fit's error, show a smaller gamma gains (core/padded_gamma.py; never a
+probe); the policy decides only the other steps; one row leaves that rule
+out.
 Beside them, a bound: the per-step oracle (simulator.Oracle: the true rates
 and the 0.23 defaults' true step costs, no learning). The ratios are given
 for several seeds (the luck of one seed moves them by about a percent).
@@ -54,7 +57,8 @@ from typing import Sequence
 from vllm_vspec.config import VSpecConfig
 from vllm_vspec.core.controller import GammaController
 from vllm_vspec.core.latency import LatencyProfile, LinearLatency, load_profile
-from vllm_vspec.core.steps import BatchState, Decision, StepFeedback, bucket_of
+from vllm_vspec.core.padded_gamma import padded_decision
+from vllm_vspec.core.steps import BatchState, Decision, StepFeedback
 from vllm_vspec.sim.simulator import (Oracle, SimClock, SimResult, Workload, bursty,
                                       phase_shift, simulate, steady)
 
@@ -145,15 +149,18 @@ def default_policy(vspec: dict | None = None) -> str:
 
 
 class KWherePadded:
-    """Padded steps draft K, undecided (the verify costs 1 + K whatever the
-    gamma); the controller decides and learns from every other step."""
+    """Padded steps draft K unless the model policy's predictions show a
+    smaller gamma gains (core/padded_gamma.py, as the engine's scheduler
+    applies it), undecided (the verify costs 1 + K whatever the gamma); the
+    controller decides and learns from every other step."""
 
     def __init__(self, controller: GammaController, profile: AscendCosts):
         self.controller, self.profile = controller, profile
 
     def decide(self, batch: BatchState) -> Decision:
         if self.profile.pads(batch.num_reqs):
-            return Decision(self.profile.k, bucket_of(batch.num_reqs), "padded", decided=False)
+            return padded_decision(self.controller, lambda: batch, batch.num_reqs,
+                                   self.profile.k)
         return self.controller.decide(batch)
 
     def observe(self, fb: StepFeedback) -> None:

@@ -41,9 +41,10 @@ from vllm_vspec.hosts.vllm.tree.verify import request_allows_tree
 from vllm_vspec.hosts.vllm.verify_width import VerifyWidth
 from vllm_vspec.hosts.vllm.warm_key import warm_key
 from vllm_vspec.core.controller import GammaController
+from vllm_vspec.core.padded_gamma import padded_decision
 from vllm_vspec.core.refill import RefillGate
 from vllm_vspec.config import VSpecConfigError
-from vllm_vspec.core.steps import BatchState, Decision, StepFeedback, bucket_of, drafted_depth
+from vllm_vspec.core.steps import BatchState, Decision, StepFeedback, drafted_depth
 from vllm_vspec.hosts.wiring import resolve
 
 # Under "vllm.": vLLM configures only its own logger tree, so INFO from any
@@ -170,13 +171,15 @@ class VSpecScheduler(Scheduler):
     def _decide(self, scheduler_output: SchedulerOutput) -> Decision | None:
         """The step's Decision: the controller's, except on a step whose
         drafts the next step verifies padded to 1 + K (verify_width.py): it
-        drafts K and is not the controller's. There the target verifies
-        1 + K whatever the gamma, so a smaller one saves only graphed draft
-        passes and commits fewer tokens, and the step's time says nothing of
-        the gamma it ran."""
+        drafts K unless the model policy's predictions show a smaller gamma
+        gains (core/padded_gamma.py), and is not the controller's. There the
+        target verifies 1 + K whatever the gamma, so a smaller one saves
+        only draft passes and commits fewer tokens, and the step's time
+        says nothing of the gamma it ran."""
         scheduled = scheduler_output.num_scheduled_tokens
         if self._verify.pads and 0 < len(scheduled) <= self._verify.pad_max_reqs:
-            return Decision(self._verify.k, bucket_of(len(scheduled)), "padded", decided=False)
+            return padded_decision(self.vspec, lambda: self._batch_state(scheduled),
+                                   len(scheduled), self._verify.k)
         return self.vspec.decide_step(scheduled, self.requests, _has_prefill(scheduler_output),
                                       lambda: self._batch_state(scheduled))
 
