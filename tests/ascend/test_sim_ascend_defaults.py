@@ -7,10 +7,12 @@ costs" carries the table).
 What it shows, on every workload of ascend_defaults.workloads() and seeds
 0-2 (draft graph factor 4, target graph factor 1.5; one seed at target
 factor 1.0):
-- with K drafted on every padded step (the 0.23 default, as the scheduler
-  does it), the default policy, and the `online` policy of the named extra
-  row, are never behind stock on any workload or seed: inside the padding
-  range they are stock step for step, past it they gain;
+- with K drafted on padded steps unless the model policy's predictions show
+  a gain (the 0.23 default, as the scheduler does it: core/padded_gamma.py;
+  these workloads never show one), the default policy, and the `online`
+  policy of the named extra row, are never behind stock on any workload or
+  seed: inside the padding range they are stock step for step, past it they
+  gain;
 - without that rule the 0.23 defaults lose at most 1.5% (the policy's
   learning on loads whose best arm is K) and gain where a smaller gamma pays;
 - vspec turned on under 0.30's defaults (eager draft, a step below K loses
