@@ -33,6 +33,15 @@ def test_prefill_and_first_decode_step_are_not_samples():
     assert [(s["kind"], s["n"], s["ctx"]) for s in got] == [("target", 2, 24), ("target", 2, 26)]
 
 
+def test_with_prefill_a_batchs_first_step_is_a_prefill_sample_of_its_prompt_tokens():
+    run = EngineRun("step", Path("t"), Path("d"), gamma=1, k=4)
+    steps = [{"a": 1, "b": 1}, {"a": 2, "b": 2}, {"a": 3, "b": 3}]
+    got = list(decode_samples(run, _fake_steps(steps), Shape(batch=2, prompt_len=10), 1,
+                              prefill=True))
+    assert [(s["kind"], s.get("engine"), s["gamma"], s.get("tokens")) for s in got] == [
+        ("prefill", "step", 1, 20), ("step", None, 1, None)]
+
+
 def test_a_step_that_did_not_advance_the_whole_batch_is_skipped():
     run = EngineRun("step", Path("t"), Path("d"), gamma=2)
     steps = [{"a": 1, "b": 1}, {"a": 3, "b": 2}, {"a": 6}, {"a": 9, "b": 5}]

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from vllm_vspec.cli import main as cli_main
-from vllm_vspec.core.latency import (LatencyProfile, LinearLatency, ProfileError, fit_profile,
-                                load_profile, nnls, profile_from_dict, save_profile)
+from vllm_vspec.core.latency import (LatencyProfile, LinearLatency, PrefillCost, ProfileError,
+                                     fit_prefill, fit_profile, load_profile, nnls,
+                                     profile_from_dict, save_profile)
 
 REPO = Path(__file__).resolve().parents[2]
 TRUE = LatencyProfile(target=LinearLatency(0.0002, 0.25, 40.0),
@@ -33,6 +34,8 @@ def valid() -> dict:
     (lambda d: d.__setitem__("schema", "something-else"), "schema"),
     (lambda d: d.__setitem__("colour", "red"), "colour"),
     (lambda d: d.__setitem__("source", "guessed"), "source"),
+    (lambda d: d.__setitem__("prefill", {"target": 0.1}), "prefill"),
+    (lambda d: d.__setitem__("prefill", {"target": 0.1, "draft": -0.1}), "prefill.draft"),
 ])
 def test_schema_errors_name_the_key(edit, key):
     raw = valid()
@@ -46,6 +49,15 @@ def test_schema_errors_name_the_key(edit, key):
 def test_profile_round_trips_through_json(tmp_path):
     save_profile(TRUE, tmp_path / "p.json")
     assert load_profile(tmp_path / "p.json") == TRUE
+
+
+def test_prompt_prices_round_trip_and_a_profile_without_them_prices_prompts_at_beta(tmp_path):
+    priced = LatencyProfile(target=TRUE.target, draft=TRUE.draft, prefill=PrefillCost(0.4, 0.05))
+    save_profile(priced, tmp_path / "p.json")
+    assert load_profile(tmp_path / "p.json") == priced
+    assert priced.prompt_ms(100, drafter=False) == pytest.approx(40.0)
+    assert priced.prompt_ms(100, drafter=True) == pytest.approx(45.0)
+    assert TRUE.prompt_ms(100, drafter=True) == pytest.approx(100 * (0.25 + 0.02))
 
 
 def test_step_time_sums_drafts_and_verification():
@@ -116,6 +128,32 @@ def test_fit_recovers_known_coefficients_from_forward_samples():
     samples = [{"kind": kind, "ctx": ctx, "n": n, "ms": getattr(TRUE, kind)(ctx, n)}
                for kind in ("target", "draft") for ctx in (100, 5000, 40000) for n in (1, 8, 64)]
     np.testing.assert_allclose(coeffs(fit_profile(samples)), coeffs(TRUE), rtol=1e-6)
+
+
+def test_prompt_prices_are_recovered_from_prefill_steps_on_top_of_the_decode_model():
+    true = LatencyProfile(target=TRUE.target, draft=TRUE.draft, prefill=PrefillCost(0.4, 0.05))
+    samples = [{"kind": "prefill", "engine": "step" if g else "target", "gamma": g, "batch": b,
+                "tokens": b * 180,
+                "ms": true.split_step_ms(b, g, b, b * 180) + true.prompt_ms(b * 180, g > 0)}
+               for g in (0, 1, 3) for b in (1, 8, 32)]
+    got = fit_prefill(samples, TRUE)
+    assert (got.target, got.draft) == pytest.approx((0.4, 0.05))
+
+
+def test_the_drafters_prompt_price_comes_from_the_draft_model_alone_where_it_ran_alone():
+    samples = [{"kind": "prefill", "engine": engine, "gamma": 0, "batch": b, "tokens": b * 180,
+                "ms": getattr(TRUE, engine)(b * 180, b) + fixed + price * b * 180}
+               for engine, fixed, price in (("target", 20.0, 0.4), ("draft", 3.0, 0.02))
+               for b in (1, 8, 32)]
+    got = fit_prefill(samples, TRUE)
+    assert (got.target, got.draft) == pytest.approx((0.4, 0.02))
+
+
+def test_prompt_prices_need_prefill_steps_with_and_without_a_drafter():
+    target_only = [{"kind": "prefill", "engine": "target", "gamma": 0, "batch": 1,
+                    "tokens": 180, "ms": 90.0}]
+    with pytest.raises(ProfileError, match="drafter alone"):
+        fit_prefill(target_only, TRUE)
 
 
 def test_fit_with_noisy_samples_predicts_step_times_closely():

@@ -173,6 +173,26 @@ def test_the_cost_fit_recovers_a_host_whose_drafting_steps_pay_a_fixed_cost():
     assert fitted.speculate.delta == pytest.approx(3.0, rel=0.05)
 
 
+def test_the_cost_fit_prices_prompt_tokens_on_top_of_the_decode_steps():
+    from vllm_vspec.core.latency import LatencyProfile, LinearLatency, PrefillCost
+    from vllm_vspec.replay import costs
+    true = LatencyProfile(target=LinearLatency(0.002, 0.0, 20.0), draft=LinearLatency(0.001, 0.0, 0.7),
+                          speculate=LinearLatency(0.0, 0.1, 3.0), prefill=PrefillCost(0.4, 0.02))
+    samples = []
+    for b in (1, 8, 32):
+        ctx, prompt = 200 * b, 180 * b
+        samples += [{"kind": "step", "gamma": g, "batch": b, "ctx": ctx,
+                     "ms": true.step_ms(g, b, ctx)} for g in range(5)]
+        samples += [{"kind": "prefill", "engine": "step" if g else "target", "gamma": g,
+                     "batch": b, "ctx": prompt, "tokens": prompt,
+                     "ms": true.split_step_ms(b, g, b, prompt) + true.prompt_ms(prompt, g > 0)}
+                    for g in (0, 2)]
+    fitted = costs.fit(samples, "t", "", "")
+    assert (fitted.prefill.target, fitted.prefill.draft) == pytest.approx((0.4, 0.02), rel=0.02)
+    for row in costs.residuals(fitted, samples):
+        assert row["error"] == pytest.approx(0.0, abs=0.01), row
+
+
 def test_a_randomised_policy_is_scored_as_the_mean_over_its_seeds():
     rec = made_up()
     shape = [sc.shapes(6, 12)["c8"]]

@@ -11,7 +11,8 @@ import pytest
 from vllm_vspec.sim import simulator as sim
 from vllm_vspec.cli import main as cli_main
 from vllm_vspec.core.controller import GammaController
-from vllm_vspec.core.latency import LatencyProfile, LinearLatency, load_profile
+from vllm_vspec.config import VSpecConfig
+from vllm_vspec.core.latency import LatencyProfile, LinearLatency, PrefillCost, load_profile
 from vllm_vspec.core.policies.online import OnlinePolicy
 from vllm_vspec.core.policies.profile import ProfilePolicy
 
@@ -124,6 +125,48 @@ def test_a_lazy_gamma_0_stretch_is_caught_up_in_one_pass_when_drafting_resumes()
                 - _seconds(_Schedule(10, 2), "lazy", profile=profile))
     assert gap(DRAFT_PER_TOKEN) == pytest.approx(0.0)
     assert gap(DRAFT_PER_PASS) == pytest.approx(9 / 1000)
+
+
+def _prefill_seconds(policy, mode, drafter=True, draft_price=0.2):
+    """4 requests of 16-token prompts admitted by the first step, 40 tokens
+    each, with prompt tokens priced (0.5 ms a token for the target)."""
+    profile = LatencyProfile(target=DRAFT_PER_TOKEN.target, draft=DRAFT_PER_TOKEN.draft,
+                             prefill=PrefillCost(0.5, draft_price))
+    wl = sim.Workload("w", 4, 16, (40, 40), sim.Cycle(((1, 4),)), sim.Cycle(((1, (0.5,)),)))
+    return sim.simulate(wl, profile, policy, sim.SimClock(), name="x", max_gamma=2, noise=0.0,
+                        gamma0_mode=mode, drafter=drafter, prefill=True).seconds
+
+
+def test_a_lazy_drafter_that_never_drafts_never_prefills_a_prompt():
+    never = _Schedule(10**6, 0)
+    assert _prefill_seconds(never, "lazy") == pytest.approx(
+        _prefill_seconds(_Schedule(10**6, 0), "lazy", drafter=False))
+    # Sync gamma 0 runs the drafter every step: its pass over each step's
+    # 4 new tokens (1 ms a token) and over the 4 x 16 prompt tokens.
+    assert _prefill_seconds(_Schedule(10**6, 0), "sync") - _prefill_seconds(never, "lazy") == (
+        pytest.approx((40 * 4 + 64 * 0.2) / 1000))
+
+
+@pytest.mark.parametrize("zeros", [0, 1, 5])
+def test_the_drafter_pays_for_every_prompt_once_whether_at_admission_or_at_its_catch_up(zeros):
+    # The same schedule (gamma 0 for `zeros` steps, then 2) with and without
+    # a price on the drafter's prompt tokens: the prompts cost it 4 x 16 x 0.2 ms.
+    gap = (_prefill_seconds(_Schedule(zeros, 2), "lazy")
+           - _prefill_seconds(_Schedule(zeros, 2), "lazy", draft_price=0.0))
+    assert gap == pytest.approx(64 * 0.2 / 1000)
+
+
+def test_a_controller_that_prices_steps_hears_the_prefill_steps_it_did_not_decide():
+    clock = sim.SimClock()
+    controller = GammaController(VSpecConfig.from_dict({"policy": "model"}, 2), 2, clock=clock)
+    wl = sim.Workload("w", 12, 16, (20, 20), sim.Cycle(((1, 4),)), sim.Cycle(((1, (0.5,)),)))
+    profile = LatencyProfile(target=DRAFT_PER_TOKEN.target, draft=DRAFT_PER_TOKEN.draft,
+                             prefill=PrefillCost(0.5, 0.2))
+    result = sim.simulate(wl, profile, controller, clock, name="model", max_gamma=2, noise=0.0,
+                          gamma0_mode="lazy", prefill=True)
+    cost = controller.policy.cost
+    assert cost.samples + cost.skipped == result.steps
+    assert controller.policy.prompt_tokens > 0
 
 
 def test_static_table_follows_vllm_semantics():

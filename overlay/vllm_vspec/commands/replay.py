@@ -63,6 +63,9 @@ def add_parser(subparsers) -> None:
     c.add_argument("--instances", type=int, default=3,
                    help="times each engine is built, in interleaved rounds (instances of one "
                         "engine can differ by a third at batch 1 on a small host)")
+    c.add_argument("--prefill-only", action="store_true",
+                   help="time only the engines' prefill steps (what prompt tokens cost) and refit "
+                        "with the decode samples already saved beside the recording")
     c.set_defaults(func=run_costs)
 
     s = sub.add_parser("score", help="score every policy on every workload over a recording",
@@ -152,19 +155,32 @@ def run_costs(args: argparse.Namespace) -> int:
     batches = int_list("--batch-sizes", args.batch_sizes, 1)
     if args.decode_steps < 2:
         raise UserError(f"--decode-steps={args.decode_steps} is not allowed: an integer >= 2")
+    kept: list[dict] = []
+    kept_note = ""
+    if args.prefill_only:
+        saved = costs.costs_paths(args.recording)[1]
+        if not saved.is_file():
+            raise UserError(f"--prefill-only: {saved} not found (run `vllm-vspec replay costs "
+                            f"--recording {args.recording}` without it first)")
+        doc = json.loads(saved.read_text())
+        kept = [s for s in doc["samples"] if s["kind"] != "prefill"]
+        kept_note = doc.get("note", "").split("; prefill steps")[0]
     h = rec.header
     prompt_len = round(sum(r.prompt_len for r in rec.requests) / len(rec.requests))
     started = time.time()
     drafter = Path(h["drafter"]) if h.get("drafter") else None
     if args.instances < 1:
         raise UserError(f"--instances={args.instances} is not allowed: an integer >= 1")
-    samples = costs.measure(h["method"], Path(h["target"]), drafter, rec.k, batches, prompt_len,
-                            args.decode_steps, args.instances)
+    samples = kept + costs.measure(h["method"], Path(h["target"]), drafter, rec.k, batches,
+                                   prompt_len, 0 if args.prefill_only else args.decode_steps,
+                                   args.instances)
     device = host_description()
     note = (f"measured by `vllm-vspec replay costs` on "
             f"{time.strftime('%Y-%m-%d', time.gmtime(started))}: {h['method']} K={rec.k}, "
             f"target {h['target']}, batches {args.batch_sizes}, prompts of {prompt_len} tokens, "
             f"float32, eager")
+    if kept_note:
+        note = f"{kept_note}; prefill steps {note.removeprefix('measured by ')}"
     profile = costs.fit(samples, name=f"replay-{h['method']}", device=device, note=note)
     rows = costs.residuals(profile, samples)
     prof_path, samples_path = costs.save(profile, samples, rows, args.recording,

@@ -18,6 +18,14 @@ drafted position, and overprice long drafts exactly where they pay
 (batch 1). Other fixed per-step host costs are folded into the target's
 delta (paid once per step) and the draft's (once per drafted position).
 
+Prompt tokens are priced apart (`prefill`, ms per prompt token for each
+model), on top of the step they join: a decode step's query tokens (a few
+per request) cost the same whatever their number on a small host (beta
+fits 0), but a step that prefills thousands of prompt tokens does not.
+A drafter prefills a prompt only while it drafts (a lazy gamma 0 skips
+it, and catches it up when it next drafts for that request). A profile
+without `prefill` prices prompt tokens at each model's beta.
+
 Profile file (JSON), schema "vllm-vspec/latency-profile", version 1:
 
     {"schema": "vllm-vspec/latency-profile", "version": 1,
@@ -26,12 +34,15 @@ Profile file (JSON), schema "vllm-vspec/latency-profile", version 1:
      "target": {"alpha": >=0, "beta": >=0, "delta": >=0},
      "draft":  {"alpha": >=0, "beta": >=0, "delta": >=0},
      "speculate": {"alpha": >=0, "beta": >=0, "delta": >=0},   # optional: zeros
+     "prefill": {"target": >=0, "draft": >=0},   # optional: ms per prompt token
      "derivation": [str, ...]}             # optional: how the numbers came about
 
 Samples file (JSON), what `vllm-vspec profile fit` (commands/fit_profile.py) reads: a list, or
 {"samples": [...]} with optional "name"/"device", of
     {"kind": "step", "gamma": k, "batch": B, "ctx": tokens, "ms": t}
     {"kind": "target" | "draft", "ctx": tokens, "n": tokens, "ms": t}
+(`vllm-vspec replay costs` adds {"kind": "prefill", ...} samples, fitted
+apart by `fit_prefill`.)
 """
 
 from __future__ import annotations
@@ -74,6 +85,14 @@ class LinearLatency:
 
 
 @dataclass(frozen=True)
+class PrefillCost:
+    """Milliseconds per prompt token of the target's pass and the drafter's."""
+
+    target: float
+    draft: float
+
+
+@dataclass(frozen=True)
 class LatencyProfile:
     target: LinearLatency
     draft: LinearLatency
@@ -83,6 +102,19 @@ class LatencyProfile:
     note: str = ""
     derivation: tuple[str, ...] = field(default=())
     speculate: LinearLatency = LinearLatency(0.0, 0.0, 0.0)
+    prefill: PrefillCost | None = None      # None: prompt tokens at each model's beta
+
+    def prompt_ms(self, tokens: float, drafter: bool) -> float:
+        """What `tokens` prompt tokens add to the step that prefills them:
+        the target's pass over them, and the drafter's when `drafter`
+        (it drafts for them)."""
+        t, d = ((self.target.beta, self.draft.beta) if self.prefill is None
+                else (self.prefill.target, self.prefill.draft))
+        return tokens * (t + (d if drafter else 0.0))
+
+    def draft_prompt_ms(self, tokens: float) -> float:
+        """The drafter's pass over `tokens` prompt tokens (a catch-up's)."""
+        return tokens * (self.draft.beta if self.prefill is None else self.prefill.draft)
 
     def step_ms(self, gamma: int, batch: int, ctx: float, width: int = 1) -> float:
         """Predicted step time at gamma with `batch` requests and `ctx` batch
@@ -111,6 +143,8 @@ class LatencyProfile:
              "target": coefficients(self.target), "draft": coefficients(self.draft)}
         if any(coefficients(self.speculate).values()):
             d["speculate"] = coefficients(self.speculate)
+        if self.prefill is not None:
+            d["prefill"] = {"target": self.prefill.target, "draft": self.prefill.draft}
         if self.derivation:
             d["derivation"] = list(self.derivation)
         return d
@@ -122,7 +156,7 @@ def coefficients(m: LinearLatency) -> dict:
 
 # ------------------------------------------------------------------ schema
 _TOP_KEYS = {"schema", "version", "name", "device", "source", "note",
-             "target", "draft", "speculate", "derivation"}
+             "target", "draft", "speculate", "prefill", "derivation"}
 
 
 def profile_from_dict(raw: Any, where: str = "profile") -> LatencyProfile:
@@ -150,8 +184,9 @@ def profile_from_dict(raw: Any, where: str = "profile") -> LatencyProfile:
     models = {m: _linear_from(raw.get(m), m, where) for m in MODELS}
     speculate = (_linear_from(raw["speculate"], "speculate", where) if "speculate" in raw
                  else LinearLatency(0.0, 0.0, 0.0))
+    prefill = _prefill_from(raw["prefill"], where) if "prefill" in raw else None
     return LatencyProfile(target=models["target"], draft=models["draft"], speculate=speculate,
-                          name=raw.get("name", ""), device=raw.get("device", ""),
+                          prefill=prefill, name=raw.get("name", ""), device=raw.get("device", ""),
                           source=source, note=raw.get("note", ""),
                           derivation=tuple(derivation))
 
@@ -170,6 +205,18 @@ def _linear_from(raw: Any, model: str, where: str) -> LinearLatency:
             raise ProfileError(f"{model}.{key}", v, "a finite number >= 0 (milliseconds)", where)
         values.append(float(v))
     return LinearLatency(*values)
+
+
+def _prefill_from(raw: Any, where: str) -> PrefillCost:
+    if not isinstance(raw, Mapping) or set(raw) != set(MODELS):
+        raise ProfileError("prefill", raw, "an object with target and draft (ms per prompt "
+                           "token)", where)
+    for key in MODELS:
+        v = raw[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise ProfileError(f"prefill.{key}", v, "a finite number >= 0 (ms per prompt token)",
+                               where)
+    return PrefillCost(float(raw["target"]), float(raw["draft"]))
 
 
 def load_profile(path: str | Path) -> LatencyProfile:
@@ -286,3 +333,45 @@ def profile_predict(profile: LatencyProfile, sample: Mapping[str, Any]) -> float
     coeffs: Sequence[float] = [*coefficients(profile.target).values(), *coefficients(profile.draft).values(),
                                *coefficients(profile.speculate).values()]
     return float(np.dot(design_row(sample, speculate=True), coeffs))
+
+
+def fit_prefill(samples: Iterable[Mapping[str, Any]], profile: LatencyProfile) -> PrefillCost:
+    """Per-prompt-token prices from prefill samples ({"kind": "prefill",
+    "engine": "target" | "draft" | "step", "gamma": g, "batch": B,
+    "tokens": prompt tokens, "ms": t}: a step that prefilled B prompts),
+    each the slope of a straight line through what its engine's steps cost
+    beyond what `profile` charges them as decode steps of B requests over a
+    context of the prompts (the intercept takes the engine's fixed cost a
+    step). The target's price from a target-only engine (beyond its pass);
+    the drafter's from the draft model alone where it ran alone ("draft",
+    beyond its pass), else from what a drafting engine ("step", gamma g)
+    costs beyond the target's price, its pass and the g draft passes.
+    Each price at least 0."""
+    rows = [s for s in samples if s.get("kind") == "prefill"]
+    by = {e: [s for s in rows if s.get("engine") == e] for e in ("target", "draft")}
+    by["step"] = [s for s in rows if s.get("engine") == "step" and int(s["gamma"]) > 0]
+    if not by["target"] or not (by["draft"] or by["step"]):
+        raise ProfileError("samples", len(rows), "prefill samples of a target-only engine and "
+                           "of the drafter alone or a drafting engine", "prefill fit")
+
+    def slope(points: list[tuple[float, float]]) -> float:
+        t = np.array([p[0] for p in points])
+        y = np.array([p[1] for p in points])
+        if np.ptp(t) == 0:
+            return max(float(y.mean() / t.mean()), 0.0)
+        return max(float(np.polyfit(t, y, 1)[0]), 0.0)
+
+    def tokens(s: Mapping[str, Any]) -> float:
+        return float(s["tokens"])
+
+    target = slope([(tokens(s), float(s["ms"]) - profile.target(tokens(s), int(s["batch"])))
+                    for s in by["target"]])
+    if by["draft"]:
+        return PrefillCost(target, slope([(tokens(s), float(s["ms"])
+                                           - profile.draft(tokens(s), int(s["batch"])))
+                                          for s in by["draft"]]))
+
+    def beyond(s: Mapping[str, Any]) -> float:
+        g, b = int(s["gamma"]), int(s["batch"])
+        return float(s["ms"]) - profile.split_step_ms(b, g, b, tokens(s)) - target * tokens(s)
+    return PrefillCost(target, slope([(tokens(s), beyond(s)) for s in by["step"]]))

@@ -3,8 +3,8 @@ host's in-process engines, fitted to the latency model the simulator
 prices steps with (core/latency.py), residuals printed.
 
 What is measured (tools/profile_collect.py, one engine at a time, every
-decode step timed alone): a target-only engine and the recording's method
-at gamma 1..K (stock vLLM, fixed K = gamma) at each batch size, with
+decode step timed alone): a target-only engine and vspec's engine serving
+the recording's method at K with gamma fixed at 0..K, at each batch size, with
 prompts of the recording's mean length, each engine built several times
 in interleaved rounds; each cell's fastest instance median is what is
 fitted (cell_medians). The fit is
@@ -12,8 +12,16 @@ T_step(g) = sum_{i<g} T_draft(ctx + i*B, B) + T_spec(ctx, B) + T_target(ctx,
 B*(g+1)) with T(ctx, n) = alpha*ctx + beta*n + delta per model and T_spec
 the fixed cost of a step that drafts at all (core/latency.py),
 non-negative least squares in relative error. A gamma-0 step of a lazy vspec engine costs
-T_target(ctx, B), its catch-up T_draft(ctx, tokens skipped); a prefill
-adds its prompt tokens to the step's target pass (score.py).
+T_target(ctx, B), its catch-up T_draft(ctx, tokens skipped).
+
+Prompt tokens are priced apart (core/latency.py `prefill`): each engine's
+first step of a batch prefills its B prompts, and what it costs beyond a
+decode step of B requests is the target's price per prompt token (the
+target-only engine) and the drafter's (the draft model's alone, where it
+runs alone; else what a drafting engine's prefill costs beyond the
+target's). The simulator charges the drafter's price only while
+it drafts; a lazy gamma 0 leaves the prompt to the next drafting step's
+catch-up (sim/simulator.py).
 
 The profile and its samples are written beside the recording
 (`<recording>.costs.json`, `<recording>.costs.samples.json`), so a user's
@@ -26,10 +34,12 @@ import json
 import os
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
-from vllm_vspec.core.latency import LatencyProfile, fit_profile, profile_predict, save_profile
+from vllm_vspec.core.latency import (LatencyProfile, fit_prefill, fit_profile, profile_predict,
+                                     save_profile)
 
 
 def costs_paths(recording_path: str | Path) -> tuple[Path, Path]:
@@ -42,22 +52,31 @@ def costs_paths(recording_path: str | Path) -> tuple[Path, Path]:
 def measure(method: str, target: Path, drafter: Path | None, k: int, batches: Sequence[int],
             prompt_len: int, decode_steps: int = 12, instances: int = 3,
             kv_cache_memory_bytes: int = 1 << 30, log=print) -> list[dict]:
-    """Samples of a target-only engine and of `method` at gamma 1..k, one
-    engine at a time, each built `instances` times in interleaved rounds
+    """Samples of a target-only engine and of vspec's engine serving
+    `method` at K = k with its gamma fixed at 0..k (what replay's fixed-gamma
+    contenders stand for, lazy gamma 0 included), one engine at a time, each built `instances` times in interleaved rounds
     (forward, then backward order): on a small shared host one engine
     instance can time a third slower than the next at batch 1, so what is
-    fitted is each cell's fastest instance (cell_medians)."""
+    fitted is each cell's fastest instance (cell_medians). Every engine's
+    prefill steps are samples too, and a draft model's alone (its prefill
+    steps only). `decode_steps` 0: prefill samples only."""
     from vllm_vspec.tools import profile_collect as pc
 
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     runs = [pc.EngineRun("target", target)] + [
-        pc.EngineRun("step", target, drafter, g, method) for g in range(1, k + 1)]
+        pc.EngineRun("step", target, drafter, g, method, k=k) for g in range(k + 1)]
+    # The draft model alone, for its prefill steps: what it costs a prompt
+    # token, measured apart from the target's far larger price.
+    alone = pc.EngineRun("draft", drafter) if method == "draft_model" else None
+    if decode_steps == 0 and alone:         # prefill prices only: the two engines that tell them
+        runs = runs[:1]
     shapes = [pc.Shape(b, prompt_len) for b in batches]
     samples: list[dict] = []
     for r in range(instances):
-        for run in (runs if r % 2 == 0 else runs[::-1]):
+        for run in ((runs if r % 2 == 0 else runs[::-1]) + ([alone] if alone else [])):
             t0 = time.monotonic()
-            got = pc.collect_engine(run, shapes, decode_steps, kv_cache_memory_bytes, r, True)
+            got = pc.collect_engine(run, shapes, 0 if run is alone else decode_steps,
+                                    kv_cache_memory_bytes, r, True, prefill=True)
             samples += [{**s, "instance": r} for s in got]
             log(f"[{r + 1}/{instances}] {run.kind}" + (f" {method} gamma {run.gamma}" if run.gamma else "")
                 + f": batches {','.join(map(str, batches))} x {decode_steps} steps, "
@@ -66,8 +85,10 @@ def measure(method: str, target: Path, drafter: Path | None, k: int, batches: Se
 
 
 def _cell(sample: dict) -> tuple:
-    """A sample's cell: (engine kind, gamma, batch size)."""
-    return sample["kind"], sample.get("gamma", 0), sample.get("batch", sample.get("n"))
+    """A sample's cell: (kind, gamma, batch size); a prefill sample's kind
+    names its engine."""
+    kind = sample["kind"] + (f"/{sample['engine']}" if "engine" in sample else "")
+    return kind, sample.get("gamma", 0), sample.get("batch", sample.get("n"))
 
 
 def _instance_medians(samples: Sequence[dict]) -> dict[tuple, list[dict]]:
@@ -92,7 +113,24 @@ def cell_medians(samples: Sequence[dict]) -> list[dict]:
 
 
 def fit(samples: Sequence[dict], name: str, device: str, note: str) -> LatencyProfile:
-    return fit_profile(cell_medians(samples), speculate=True, name=name, device=device, note=note)
+    """The decode steps' latency model, then the prompt tokens' prices on
+    top of it (when the samples have prefill steps)."""
+    cells = cell_medians(samples)
+    decode = [c for c in cells if c["kind"] != "prefill"]
+    profile = fit_profile(decode, speculate=True, name=name, device=device, note=note)
+    if len(decode) == len(cells):
+        return profile
+    return replace(profile, prefill=fit_prefill(cells, profile))
+
+
+def predict(profile: LatencyProfile, sample: dict) -> float:
+    """What the profile says a decode or prefill sample cost (ms)."""
+    if sample["kind"] != "prefill":
+        return profile_predict(profile, sample)
+    g, b, t = int(sample["gamma"]), int(sample["batch"]), float(sample["tokens"])
+    if sample.get("engine") == "draft":                 # the draft model alone
+        return profile.draft(t, b) + profile.draft_prompt_ms(t)
+    return profile.split_step_ms(b, g, b, t) + profile.prompt_ms(t, drafter=g > 0)
 
 
 def residuals(profile: LatencyProfile, samples: Sequence[dict]) -> list[dict]:
@@ -105,7 +143,7 @@ def residuals(profile: LatencyProfile, samples: Sequence[dict]) -> list[dict]:
     rows = []
     for key, instances in _instance_medians(samples).items():
         cell = min(instances, key=lambda r: r["ms"])
-        pred = profile_predict(profile, cell)
+        pred = predict(profile, cell)
         rows.append({"kind": key[0], "gamma": key[1], "batch": key[2], "samples": counts[key],
                      "measured_ms": round(cell["ms"], 3), "predicted_ms": round(pred, 3),
                      "error": round(pred / cell["ms"] - 1, 4) if cell["ms"] else 0.0,
@@ -114,10 +152,10 @@ def residuals(profile: LatencyProfile, samples: Sequence[dict]) -> list[dict]:
 
 
 def residual_text(rows: Sequence[dict]) -> str:
-    lines = [f"{'engine':<10}{'gamma':>6}{'batch':>6}{'n':>4}{'measured ms':>13}"
+    lines = [f"{'engine':<15}{'gamma':>6}{'batch':>6}{'n':>4}{'measured ms':>13}"
              f"{'fitted ms':>11}{'error':>8}   instances (median ms)"]
     for r in rows:
-        lines.append(f"{r['kind']:<10}{r['gamma']:>6}{r['batch']:>6}{r['samples']:>4}"
+        lines.append(f"{r['kind']:<15}{r['gamma']:>6}{r['batch']:>6}{r['samples']:>4}"
                      f"{r['measured_ms']:>13.2f}{r['predicted_ms']:>11.2f}{r['error']:>+8.1%}   "
                      + " ".join(f"{x:.1f}" for x in r.get("instances_ms", [])))
     errors = sorted(abs(r["error"]) for r in rows)

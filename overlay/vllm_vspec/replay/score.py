@@ -184,10 +184,11 @@ class _Seen:
 
 
 class _Oracle:
-    """What both oracles share: the true cost of a step at gamma g, a lazy
-    gamma 0's catch-up included (the tokens committed since drafting
-    stopped, caught up by the next drafting step; a gamma-0 step adds its
-    tokens to that debt)."""
+    """What both oracles share: the true cost of a step at gamma g, its
+    prompts' prefill and a lazy gamma 0's catch-up included (the tokens
+    committed and the prompts admitted since drafting stopped, caught up by
+    the next drafting step; a gamma-0 step adds its own to that debt, and
+    is charged it as if drafting resumed)."""
 
     name = "oracle"
 
@@ -195,15 +196,20 @@ class _Oracle:
                  gamma0_mode: str, seen: _Seen):
         self.acc, self.profile, self.k, self.mode, self.seen = acc, profile, k, gamma0_mode, seen
         self.lag = 0            # tokens the drafter has not seen (lazy gamma 0)
+        self.prompt_lag = 0     # ... of them, prompt tokens
+        self.prompt = 0         # prompt tokens of the step decided last
         self.last = None
 
     def cost_ms(self, g: int, b: int, ctx: float) -> float:
         ms = gamma_step_ms(self.profile, g, b, ctx, self.mode)
-        if self.mode == "lazy":
-            if g and self.lag:
-                ms += self.profile.draft(ctx, self.lag)
-            elif not g:
-                ms += self.profile.draft.beta * b          # the debt this step adds
+        lazy = self.mode == "lazy"
+        ms += self.profile.prompt_ms(self.prompt, drafter=g > 0 or not lazy)
+        if lazy:
+            if g and (self.lag or self.prompt_lag):
+                ms += (self.profile.draft(ctx, self.lag)
+                       + self.profile.draft_prompt_ms(self.prompt_lag))
+            elif not g:                                    # the debt this step adds
+                ms += self.profile.draft.beta * b + self.profile.draft_prompt_ms(self.prompt)
         return ms
 
     def value(self, g: int, b: int, ctx: float) -> float:
@@ -212,12 +218,17 @@ class _Oracle:
     def decide(self, batch: BatchState) -> Decision:
         hi = max(0, feasible_max_gamma(batch, self.k))
         b, ctx = batch.num_reqs, batch.num_reqs * batch.mean_context_len
+        # A request that has committed nothing is admitted by this step.
+        new = self.seen.idx[self.seen.done == 0]
+        self.prompt = int(self.acc.prompt_len[new].sum())
         self.last = max(range(hi + 1), key=lambda g: self.value(g, b, ctx))
         return Decision(self.last, bucket_of(b), self.name)
 
     def observe(self, fb: StepFeedback) -> None:
         """An oracle learns nothing; it keeps the drafter's debt."""
-        self.lag = self.lag + fb.committed if self.last == 0 and self.mode == "lazy" else 0
+        skipped = self.last == 0 and self.mode == "lazy"
+        self.lag = self.lag + fb.committed if skipped else 0
+        self.prompt_lag = self.prompt_lag + self.prompt if skipped else 0
 
 
 class InformedOracle(_Oracle):

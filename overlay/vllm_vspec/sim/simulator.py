@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Mapping, Protocol, Sequence
 
@@ -411,8 +411,13 @@ def simulate(workload: Workload, profile: LatencyProfile, policy: StepPolicy, cl
     over the workload's rates, drawn from `seed`); `on_batch(idx, done,
     pending)`: the step's requests, their generated tokens and pending draft
     lengths, before the policy decides (what an oracle may know).
-    `prefill`: a request's prompt tokens join the target's pass (and the
-    drafter's) of the step that admits it, at each model's per-token cost.
+    `prefill`: a request's prompt tokens join the target's pass of the step
+    that admits it, and the drafter's when that step drafts (or gamma0_mode
+    is sync), at each model's price a prompt token (LatencyProfile.prompt_ms);
+    a lazy gamma-0 step leaves the prompt to the catch-up of the next step
+    that drafts for the request. A controller that prices every step
+    (GammaController.prices_steps) observes the prefill steps it did not
+    decide, as the engine's scheduler reports them (observe_undecided).
     `admission`: per-request verify lengths (Admission; None: every
     request verifies all its pending drafts)."""
     rng = np.random.default_rng(seed)
@@ -428,6 +433,7 @@ def simulate(workload: Workload, profile: LatencyProfile, policy: StepPolicy, cl
     pending_w = np.ones(n, dtype=np.int64)         # their tree width
     drafted_width = 1                              # the width the last step drafted with
     lag = np.zeros(n, dtype=np.int64)              # lazy gamma 0: tokens the draft KV misses
+    prompt_lag = np.zeros(n, dtype=np.int64)       # ... of them, prompt tokens
     started: list[int] = []                        # admitted, unfinished, in arrival order
     next_req = progress = schedule = steps = 0
     gamma_steps: dict[str, int] = {}
@@ -488,21 +494,29 @@ def simulate(workload: Workload, profile: LatencyProfile, policy: StepPolicy, cl
                                    decision.width)
         if drafter:
             ms += sync_gamma0_ms(profile, gamma, b, ctx, gamma0_mode)
-        if prefill and admitted:
-            prompt_tokens = float(prompt_len[admitted].sum())
-            ms += prompt_tokens * (profile.target.beta + (profile.draft.beta if drafter else 0.0))
-        if drafter and gamma > 0 and lag[idx].any():
-            ms += profile.draft(ctx, int(lag[idx].sum()))   # the catch-up pass
-            lag[idx] = 0
+        prompt_tokens = int(prompt_len[admitted].sum()) if prefill and admitted else 0
+        if prompt_tokens:
+            drafts_prompt = drafter and (gamma > 0 or gamma0_mode != "lazy")
+            ms += profile.prompt_ms(prompt_tokens, drafts_prompt)
+            if drafter and not drafts_prompt:
+                prompt_lag[admitted] = prompt_len[admitted]
+        if drafter and gamma > 0 and (lag[idx].any() or prompt_lag[idx].any()):
+            # The catch-up pass: the decode tokens and prompts it missed.
+            ms += (profile.draft(ctx, int(lag[idx].sum()))
+                   + profile.draft_prompt_ms(int(prompt_lag[idx].sum())))
+            lag[idx] = prompt_lag[idx] = 0
         ms *= math.exp(noise * noise_rng.standard_normal()) if noise else 1.0
         clock.now += ms / 1000.0
         has = verify > 0
         if admission is not None:
             admission.verified(verify, accepted, decision.decided)
+        fb = StepFeedback(drafted=tuple(verify[has].tolist()),
+                          accepted=tuple(accepted[has].tolist()),
+                          committed=int(committed.sum()), width=drafted_width)
         if decision.decided:
-            policy.observe(StepFeedback(
-                drafted=tuple(verify[has].tolist()), accepted=tuple(accepted[has].tolist()),
-                committed=int(committed.sum()), width=drafted_width))
+            policy.observe(fb)
+        elif prompt_tokens and isinstance(policy, GammaController):
+            policy.observe_undecided(replace(state, prefill_tokens=prompt_tokens), fb)
         done[idx] += committed
         if gamma == 0 and gamma0_mode == "lazy":
             lag[idx] += committed
