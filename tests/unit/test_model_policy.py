@@ -13,7 +13,7 @@ from vllm_vspec.core.controller import GammaController
 from vllm_vspec.core.acceptance_stats import expected_tokens_all
 from vllm_vspec.core.posterior import EVIDENCE_FLOOR, AcceptancePosterior
 from vllm_vspec.core.step_cost import DRAFT_PREFILL, FEATURES, PooledStepCost, features
-from vllm_vspec.core.steps import BatchState, StepFeedback
+from vllm_vspec.core.steps import BatchState, StepFeedback, StepOutcome
 
 K = 4
 
@@ -235,24 +235,48 @@ def test_a_batch_whose_costs_the_fit_cannot_price_is_probed_then_chosen_right():
     assert gammas[-50:].count(best) >= 45, (best, gammas)
 
 
+def test_a_gamma_the_pooled_fit_misprices_at_one_batch_size_is_priced_at_what_it_measured():
+    # Batch 16 and up pays 15% more a drafting step than a linear fit of
+    # batches 1-8 can say: fitted on the gamma it runs there, the pooled
+    # model would price gamma 0 at batch 32 30% too high and never run it
+    # again. Each (batch bucket, gamma) cell is tried while it could be
+    # best and then priced at what its own steps measured: gamma 0 wins.
+    def host(b, g):
+        return step_ms(b, g) * (1.15 if b >= 16 and g > 0 else 1.0)
+    rates = (0.85, 0.3, 0.2, 0.1)
+    e = expected_tokens_all(list(rates), K)
+    assert max(range(K + 1), key=lambda g: e[g] / host(32, g)) == 0
+    assert max(range(K + 1), key=lambda g: e[g] / step_ms(32, g)) == 1
+    ctl, clock = controller()
+    rng = random.Random(0)
+    for b in (1, 4, 8):
+        drive(ctl, clock, rates, b, 100, rng, ms=host)
+    gammas = drive(ctl, clock, rates, 32, 300, rng, ms=host)
+    assert gammas[-100:].count(0) >= 90, gammas[-100:]
+
+
 def serve_with_prompts(ctl: GammaController, clock, rates, batch: int, steps: int,
                        rng: random.Random, report_prefill: bool, prompt=600, out_len=64,
                        target_ms_per_prompt_token=0.02, draft_ms_per_prompt_token=0.05):
     """Steady serving at `batch`: a request that finished (every `out_len`
     committed tokens) is replaced by one whose `prompt` tokens the next
     step prefills, an undecided step that also runs the drafter over the
-    prompt while drafting is on. Returns the decided gammas."""
+    prompt while drafting is on (at gamma 0 the drafter catches the prompt
+    up at its next drafting step). Returns the decided gammas."""
     base = lambda g: 20.0 + 1.5 * batch + 0.5 * g * batch + 3.0 * (g > 0)  # noqa: E731
-    gammas, last, owed = [], ctl.gamma, 0
+    gammas, last, owed, debt = [], ctl.gamma, 0, 0
     for _ in range(steps):
         if owed >= out_len:
             owed -= out_len
-            g = ctl.gamma
-            clock[0] += (base(g) + prompt * (target_ms_per_prompt_token
-                                             + draft_ms_per_prompt_token * (g > 0))) / 1000.0
-            fb = feedback(rng, rates, batch, last)
             state = BatchState(batch, 8192, 300.0, prefill_tokens=prompt)
-            ctl.decide_step(range(batch), range(batch), True, lambda: state)
+            g = ctl.decide_step(range(batch), range(batch), True, lambda: state).gamma
+            # A lazy drafter prefills the prompt while drafting; at gamma 0
+            # it catches it up when it next drafts.
+            debt += prompt
+            clock[0] += (base(g) + prompt * target_ms_per_prompt_token
+                         + debt * draft_ms_per_prompt_token * (g > 0)) / 1000.0
+            debt *= g == 0
+            fb = feedback(rng, rates, batch, last)
             if report_prefill:
                 ctl.observe_undecided(state, fb)
             else:
@@ -261,7 +285,8 @@ def serve_with_prompts(ctl: GammaController, clock, rates, batch: int, steps: in
             last, owed = g, owed + fb.committed
             continue
         d = ctl.decide(BatchState(batch, 8192, 300.0))
-        clock[0] += base(d.gamma) / 1000.0
+        clock[0] += (base(d.gamma) + debt * draft_ms_per_prompt_token * (d.gamma > 0)) / 1000.0
+        debt *= d.gamma == 0
         fb = feedback(rng, rates, batch, last)
         ctl.observe(fb)
         ctl.step_processed(busy=True)
@@ -297,6 +322,40 @@ def test_a_prompt_prefilled_only_while_drafting_is_charged_to_the_target_not_the
         model.observe(features(1, g, g, 0.0, 300.0, 500.0, 500.0), 20.0 + g + 10.0)
     theta = model.fit()
     assert theta[DRAFT_PREFILL] < 0.1 * theta[FEATURES.index("prefill_k")]
+
+
+def test_a_prompt_a_lazy_drafter_skipped_is_charged_to_the_step_that_catches_it_up():
+    # Every prompt is prefilled at gamma 0 (the drafter skips it; the
+    # target pays 0.024 ms a token); the next drafting step runs the
+    # drafter over it: 0.008 ms a token, on top of the 1 ms any catch-up
+    # after gamma 0 pays. The model prices the drafter's share from those.
+    ctl, clock = controller(gamma0_mode="lazy")
+    policy = ctl.policy
+    outcome = lambda g, ms: StepOutcome(  # noqa: E731
+        StepFeedback((g,), (0,), 1), BatchState(1, 8192, 300.0), g, 1, ms / 1000.0, 0.0, True)
+    rng = random.Random(0)
+    for i in range(400):
+        g, prompt = 1 + i % 4, rng.randrange(200, 800)
+        if i % 2:
+            policy.observe_cost(BatchState(1, 8192, 300.0, prefill_tokens=prompt),
+                                StepFeedback((), (), 1), 0, (20.0 + 0.024 * prompt) / 1000.0)
+        else:
+            policy.observe(outcome(0, 20.0))
+            prompt = 0
+        policy.observe(outcome(g, 20.0 + g + 1.0 + 0.008 * prompt))
+        policy.observe(outcome(g, 20.0 + g))
+    assert policy.cost.fit()[DRAFT_PREFILL] == pytest.approx(8.0, rel=0.15)
+
+
+def test_at_batch_1_where_drafting_pays_whatever_a_prompt_costs_the_drafter_no_prefill_step_skips_it():
+    rates = (0.8, 0.7, 0.6, 0.5)
+    ctl, clock = controller(gamma0_mode="lazy")
+    skipped = []
+    original = ctl.decide_step
+    ctl.decide_step = lambda *a: skipped.append(original(*a)) or skipped[-1]
+    serve_with_prompts(ctl, clock, rates, 1, 600, random.Random(1), True, prompt=200, out_len=32)
+    prefill = [d for d in skipped if d.reason == "prefill"]
+    assert prefill and all(d.gamma > 0 for d in prefill[2:]), [d.gamma for d in prefill]
 
 
 def test_prefill_steps_at_gamma_0_and_above_tell_the_drafters_share_of_a_prompt():

@@ -178,7 +178,7 @@ class GammaController:
           that arm (linear where the batch rules a tree out,
           `BatchState.tree_allowed`), unless `reward_prefill_steps` (or
           after a sticky gamma 0: a new cohort's prefill must not skip the
-          drafter).
+          drafter); a policy with `prefill_gamma` may run it at gamma 0.
 
         The width of every Decision is the one place a step's tree is
         allowed: the host's runner drafts what it is handed."""
@@ -189,10 +189,13 @@ class GammaController:
                 return Decision(0, bucket_of(len(scheduled)), "sticky", decided=False)
         if (prefill and not self.config.reward_prefill_steps
                 and not (self._sticky and self.gamma == 0)):
+            gamma, width = self.gamma, self.width
+            if width == 1 and hasattr(self.policy, "prefill_gamma"):
+                gamma = self.policy.prefill_gamma(batch(), gamma)
             if self.prices_steps:
-                self._undecided.append((self._step_start(), self.gamma))
-            width = self.width if self.width == 1 or batch().tree_allowed else 1
-            return Decision(self.gamma, bucket_of(len(scheduled)), "prefill", width,
+                self._undecided.append((self._step_start(), gamma))
+            width = width if width == 1 or batch().tree_allowed else 1
+            return Decision(gamma, bucket_of(len(scheduled)), "prefill", width,
                             decided=False)
         if not scheduled:
             return None

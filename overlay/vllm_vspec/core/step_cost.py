@@ -46,6 +46,7 @@ import numpy as np
 FEATURES = ("step", "requests", "verified", "passes", "pass_requests", "speculating",
             "pass_context_k", "catchup", "context_k", "prefill_k", "draft_prefill_k")
 DRAFT_PREFILL = FEATURES.index("draft_prefill_k")
+PREFILL = FEATURES.index("prefill_k")
 # The ridge's weight per feature, in units of `prior_steps`. The drafter's
 # share of a prompt is told from the target's only by prefill steps at
 # gamma 0 and at gamma > 0 both; until such steps say otherwise, a prompt's
@@ -175,12 +176,36 @@ class PooledStepCost:
         burst of mispredictions while the batch moved does not linger."""
         if self.samples < MIN_SAMPLES:
             return np.full(np.shape(x)[:-1], np.inf)
-        theta = self.fit()
         if self._inv is None:
+            self.fit()
             self._inv = np.linalg.inv(self._information())
+        return np.sqrt(np.maximum(self._residual_var()
+                                  * np.einsum("...i,ij,...j->...", x, self._inv, x), 0.0))
+
+    def _residual_var(self) -> float:
+        """The fit's residual variance a step, at least NOISE_FLOOR of the mean step squared."""
+        theta = self.fit()
         rss = self.yy - 2.0 * theta @ self.xy + theta @ self.xx @ theta
-        var = max(rss / max(self.weight, 1.0), (NOISE_FLOOR * self.mean_ms()) ** 2)
-        return np.sqrt(np.maximum(var * np.einsum("...i,ij,...j->...", x, self._inv, x), 0.0))
+        return max(rss / max(self.weight, 1.0), (NOISE_FLOOR * self.mean_ms()) ** 2)
+
+    def data_spread(self, i: int) -> float:
+        """Standard error of coefficient `i` from the steps alone (its own
+        prior left out, the others' kept): infinite while no step varied
+        feature `i` apart from the rest (e.g. the drafter's prompt tokens
+        while every prompt was prefilled with the drafter on)."""
+        if self.samples < MIN_SAMPLES:
+            return math.inf
+        a = self._information()
+        rest = [j for j in range(len(a)) if j != i]
+        own = self.xx[i, i] - a[i, rest] @ np.linalg.solve(a[np.ix_(rest, rest)], a[rest, i])
+        scale = max(self.xx[i, i], 1e-12)
+        if own <= 1e-6 * scale:
+            return math.inf
+        return math.sqrt(self._residual_var() / own)
+
+    def relative_error(self) -> float:
+        """The fit's relative residual a step (decayed root mean square)."""
+        return math.sqrt(self.sq_rel / max(self.weight, 1.0))
 
     def mean_ms(self) -> float:
         """The mean of the steps folded in (decayed alike)."""
@@ -192,7 +217,7 @@ class PooledStepCost:
     def snapshot(self) -> dict:
         mean = self.fit() if self.samples else np.zeros(len(FEATURES))
         return {"samples": self.samples, "skipped": self.skipped,
-                "relative_error": round(math.sqrt(self.sq_rel / max(self.weight, 1.0)), 4),
+                "relative_error": round(self.relative_error(), 4),
                 "coefficients_ms": dict(zip(FEATURES, (round(float(v), 6) for v in mean)))}
 
     def state(self) -> dict:

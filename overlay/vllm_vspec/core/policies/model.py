@@ -22,7 +22,16 @@ pay it). Exploration is Thompson sampling over acceptance: each decision
 draws the acceptance rates from their posteriors, so a gamma is tried as
 often as the evidence leaves it possibly best, and exploration stops as
 the arms separate; costs are the fit's means (a step's time scatters with
-the host, which more steps average out). Where the fit cannot price a
+the host, which more steps average out). But a linear fit pooled over
+batch sizes cannot be exact everywhere, and where two gammas differ by a
+few percent its error decides; worse, refitted to the gamma it runs, the
+fit can misprice a gamma it no longer runs for good. So every cell
+(batch bucket, gamma) scales the fit by its own factor, with a prior
+(log-normal, sd CELL_SPREAD) and a posterior from the cell's steady
+decided steps (their time over the fit's predictions for them): a cell
+no steady step ran lately is run once if it could be the best choice
+(priced two prior sds lower, it would be), and a cell's price becomes what
+its steps measured. Where the fit cannot price a
 gamma at all (its standard error above PROBE_SPREAD of its prediction:
 a batch size far from those that drafted, where what a draft pass costs
 per request rests on the prior), that gamma is run while it could be the
@@ -47,6 +56,7 @@ Linear drafts only (a tree space is refused at construction).
 
 from __future__ import annotations
 
+import math
 import random
 
 import numpy as np
@@ -55,7 +65,9 @@ from vllm_vspec.config import VSpecConfig
 from vllm_vspec.core.arms import Arm, GammaArms
 from vllm_vspec.core.acceptance_stats import expected_tokens_all
 from vllm_vspec.core.posterior import AcceptancePosterior
-from vllm_vspec.core.step_cost import DRAFT_PREFILL, PooledStepCost, features
+from vllm_vspec.core.step_cost import (DRAFT_PREFILL, MIN_SAMPLES, NOISE_FLOOR, PREFILL,
+                                      PooledStepCost, features)
+from vllm_vspec.core.steps import bucket_of
 
 # A resume's catch-up is spread over the mean length of past drafting runs
 # (decided steps at gamma > 0 between two gamma-0 steps), each older run
@@ -63,6 +75,11 @@ from vllm_vspec.core.step_cost import DRAFT_PREFILL, PooledStepCost, features
 # worth PRIOR_RUNS runs.
 PRIOR_RUN_STEPS, PRIOR_RUNS = 8.0, 2.0
 RUN_KEEP = 0.9
+# How far a cell's (batch bucket, gamma) true step time may stand from the
+# pooled fit before any of its steps ran: the prior sd of the log of their
+# ratio. Its steps' scatter is the fit's relative error, at least
+# step_cost.NOISE_FLOOR.
+CELL_SPREAD = 0.1
 # A gamma whose predicted step time has a standard error above this share
 # of the prediction (or of the mean step fitted, if smaller) is run before
 # the model chooses (decide's "probe").
@@ -88,10 +105,18 @@ class ModelPolicy:
         # Prompt tokens and committed tokens of every observed step, decayed
         # as the cost model's sums: prompt tokens a committed token brings along.
         self.prompt_tokens, self.committed = 0.0, 0.0
+        # Prompt tokens of prefill steps run at gamma 0 by a lazy drafter:
+        # the next step that drafts catches them up (its draft prefill).
+        self.owed_prompt = 0
+        self._prompt_known: tuple | None = None    # (batch, fit) where the drafter's share was known
         self.run = 0                                # observed drafting steps since the last resume
         self.runs = [PRIOR_RUN_STEPS * PRIOR_RUNS, PRIOR_RUNS]   # decayed sum of run lengths, count
         self.swept = 0
         self._priced: tuple | None = None     # (batch, gammas, fit) found priced last
+        # (bucket, gamma) -> [decayed sum of the features of its steady
+        # decided steps, of their ms, weight, observation count when last decayed]
+        self.cells: dict[tuple[int, int], list] = {}
+        self.observed = 0
         # Batch 1: acceptance conditioned on whether the request's last known
         # step accepted every draft it verified (runs of matches persist),
         # and the outcomes of the last two observed steps (None: unknown).
@@ -103,10 +128,12 @@ class ModelPolicy:
         return self.space.arm(self.k, 1)
 
     def values(self, batch, arms, draw: bool, resuming: bool = False,
-               shave: np.ndarray | float = 0.0) -> dict[int, float]:
+               shave: np.ndarray | float = 0.0, prompt_shift: float = 0.0) -> dict[int, float]:
         """Predicted committed tokens per millisecond of each gamma of `arms`;
         `resuming`: the step in force is gamma 0, so drafting now pays the
-        catch-up; `shave`: ms taken off each gamma's predicted step time."""
+        catch-up; `shave`: ms taken off each gamma's predicted step time;
+        `prompt_shift`: ms per 1000 prompt tokens added to the drafter's
+        fitted price of a prompt."""
         b = max(batch.num_reqs, 1)
         ctx = b * batch.mean_context_len
         hi = max(self.space.gamma(a) for a in arms)
@@ -123,10 +150,51 @@ class ModelPolicy:
         # Drafting also pays the drafter's prefill of the prompts that come
         # with the tokens a step commits (steps that admit them are not
         # decided; observe_cost prices them).
-        admit = (theta[DRAFT_PREFILL] / 1000.0 * b * np.asarray(e)[g.astype(int)]
+        admit = ((theta[DRAFT_PREFILL] + prompt_shift) / 1000.0 * b * np.asarray(e)[g.astype(int)]
                  * self.prompt_tokens / max(self.committed, 1.0) * (g > 0) * self.lazy)
-        cost = np.maximum(x @ theta + admit - shave, 1e-6)
+        scale = np.array([self._cell_scale(bucket_of(b), k, theta) for k in gammas])
+        cost = np.maximum((x @ theta) * scale + admit - shave, 1e-6)
         return {a: b * e[k] / c for a, k, c in zip(arms, gammas, cost.tolist())}
+
+    def _cell_scale(self, bucket: int, gamma: int, theta: np.ndarray) -> float:
+        """The factor on the fit's price of (bucket, gamma): the posterior
+        mean of the log of (its steady steps' time / the fit's prediction
+        of them)."""
+        cell = self.cells.get((bucket, gamma))
+        noise = max(self.cost.relative_error(), NOISE_FLOOR) ** 2
+        precision, mean = 1.0 / CELL_SPREAD ** 2, 0.0
+        if cell is not None:
+            xs, ms, w, _ = self._decayed(cell)
+            predicted = float(xs @ theta)
+            if predicted > 0 and ms > 0 and w > 0:
+                evidence = w / noise
+                mean = math.log(ms / predicted) * evidence / (precision + evidence)
+                precision += evidence
+        return math.exp(mean)
+
+    def _untried(self, batch, arms, resuming: bool) -> Arm | None:
+        """A gamma whose cell (this batch bucket) no steady step has run
+        lately (weight below one half) that could be the best choice (it
+        is, its price CELL_SPREAD two sds lower); the most valuable such
+        gamma, None when there is none."""
+        bucket = bucket_of(max(batch.num_reqs, 1))
+        untried = [a for a in arms if self._weight(bucket, self.space.gamma(a)) < 0.5]
+        if not untried:
+            return None
+        v = self.values(batch, arms, False, resuming)
+        best = max(v.values())
+        hopeful = [a for a in untried if v[a] * math.exp(2.0 * CELL_SPREAD) > best]
+        return max(hopeful, key=lambda a: v[a]) if hopeful else None
+
+    def _weight(self, bucket: int, gamma: int) -> float:
+        cell = self.cells.get((bucket, gamma))
+        return 0.0 if cell is None else self._decayed(cell)[2]
+
+    def _decayed(self, cell: list) -> list:
+        """A cell's sums decayed to now, as the fit's are (one `keep` a step observed)."""
+        f = self.cost.keep ** (self.observed - cell[3])
+        cell[:] = [cell[0] * f, cell[1] * f, cell[2] * f, self.observed]
+        return cell
 
     def decide(self, batch, bucket: int, lo: int, hi: int,
                previous: Arm | None) -> tuple[Arm, str]:
@@ -138,6 +206,8 @@ class ModelPolicy:
         resuming = previous is not None and self.space.gamma(previous) == 0
         if self.thompson:
             probe = self._probe(batch, arms, resuming)
+            if probe is None:
+                probe = self._untried(batch, arms, resuming)
             if probe is not None:
                 return probe, "probe"
         v = self.values(batch, arms, self.thompson, resuming)
@@ -186,8 +256,15 @@ class ModelPolicy:
             self.outcomes = []
         self._tally(0, fb.committed)
         catchup = b if outcome.gamma and self.observed_gamma == 0 else 0
-        x = features(b, sum(fb.drafted), outcome.gamma, catchup, b * outcome.batch.mean_context_len)
-        self.cost.observe(x, outcome.interval_s * 1000.0)
+        owed = self._caught_up(outcome.gamma, 0)
+        x = features(b, sum(fb.drafted), outcome.gamma, catchup, b * outcome.batch.mean_context_len,
+                     0.0, owed)
+        ms = outcome.interval_s * 1000.0
+        self.observed += 1
+        if self.cost.observe(x, ms) and not catchup and not owed:
+            cell = self._decayed(self.cells.setdefault((bucket_of(b), outcome.gamma),
+                                                       [0.0, 0.0, 0.0, self.observed]))
+            cell[0], cell[1], cell[2] = cell[0] + x, cell[1] + ms, cell[2] + 1.0
         if outcome.gamma:
             self.run += 1
         elif self.run:
@@ -201,10 +278,53 @@ class ModelPolicy:
         drafter while drafting is on."""
         b = max(batch.num_reqs, 1)
         prompt = batch.prefill_tokens
-        self.cost.observe(features(b, sum(fb.drafted), gamma, 0, b * batch.mean_context_len,
-                                   prompt, prompt if gamma and self.lazy else 0),
+        self.observed += 1
+        catchup = b if gamma and self.observed_gamma == 0 else 0
+        # A lazy drafter prefills the prompt while drafting, else owes it.
+        drafted_prompt = self._caught_up(gamma, prompt)
+        self.cost.observe(features(b, sum(fb.drafted), gamma, catchup, b * batch.mean_context_len,
+                                   prompt, drafted_prompt),
                           interval_s * 1000.0)
         self._tally(prompt, fb.committed)
+        self.observed_gamma = gamma
+
+    def _caught_up(self, gamma: int, prompt: int) -> int:
+        """The prompt tokens a lazy drafter runs over in a step at `gamma`
+        that prefills `prompt` tokens: those it owes and these, while it
+        drafts; none at gamma 0 (it owes these from now on)."""
+        if not self.lazy:
+            return 0
+        if gamma == 0:
+            self.owed_prompt += prompt
+            return 0
+        owed, self.owed_prompt = self.owed_prompt + prompt, 0
+        return owed
+
+    def prefill_gamma(self, batch, gamma: int) -> int:
+        """The gamma of a prefill step, which the policy does not decide
+        (`gamma`: the one in force): 0 while what a prompt costs the drafter
+        is not known from the steps (its standard error without its prior)
+        and could change the choice (priced two standard errors higher, but
+        not above the target's price, a smaller gamma would be best), so
+        that a prompt's cost without the drafter is measured (a lazy drafter
+        catches the prompt up when it next drafts; the step's requests
+        verify nothing next step); else `gamma`."""
+        if not (gamma and self.lazy and self.prompt_tokens and self.swept):
+            return gamma
+        b = max(batch.num_reqs, 1)
+        key = (b, self.cost.fits)
+        if key == self._prompt_known or self.cost.samples < MIN_SAMPLES:
+            return gamma
+        theta = self.cost.fit()
+        room = max(theta[PREFILL] - theta[DRAFT_PREFILL], 0.0)
+        shift = min(2.0 * self.cost.data_spread(DRAFT_PREFILL), room)
+        arms = list(self.space.arms(batch, 0, self.k))
+        now = self.values(batch, arms, False)
+        worst = self.values(batch, arms, False, prompt_shift=shift)
+        if self.space.gamma(max(worst, key=worst.get)) < self.space.gamma(max(now, key=now.get)):
+            return 0
+        self._prompt_known = key
+        return gamma
 
     def _tally(self, prompt: int, committed: int) -> None:
         keep = self.cost.keep
@@ -216,18 +336,23 @@ class ModelPolicy:
         core/warm_state.py keeps it in a file), JSON-able: the acceptance
         posteriors' exact counts (pooled, and batch 1's by the last outcome:
         `full` when every draft was accepted, else `partial`; each with its
-        `mean` for a reader) and the cost model's sums (with its fitted
-        `coefficients_ms`). The last outcomes and the gamma observed last
+        `mean` for a reader), the cost model's sums (with its fitted
+        `coefficients_ms`) and each cell's sums ([bucket, gamma, features,
+        ms, weight]). The last outcomes and the gamma observed last
         describe this server's requests and steps, and are not kept."""
         def counts(post: AcceptancePosterior) -> dict:
             return {"success": list(post.success), "failure": list(post.failure),
                     "mean": [round(x, 4) for x in post.mean()]}
         # Fitted before the sums are copied: the state carries the fit in use.
         coefficients = self.cost.snapshot()["coefficients_ms"]
+        cells = [[bucket, gamma, xs.tolist(), ms, w]
+                 for (bucket, gamma), cell in sorted(self.cells.items())
+                 for xs, ms, w, _ in [self._decayed(cell)]]
         return {"acceptance": counts(self.acceptance),
                 "by_outcome": {"full": counts(self.by_outcome[True]),
                                "partial": counts(self.by_outcome[False])},
-                "cost": {**self.cost.state(), "coefficients_ms": coefficients}}
+                "cost": {**self.cost.state(), "coefficients_ms": coefficients},
+                "cells": cells}
 
     def restore(self, state: dict) -> None:
         """Go on from `state()`'s output (read-only fields ignored; a state
@@ -238,4 +363,8 @@ class ModelPolicy:
         for name, outcome in (("full", True), ("partial", False)):
             if name in outcomes:
                 self.by_outcome[outcome].restore(outcomes[name])
+        self.cells = {(int(bucket), int(gamma)): [np.array(xs, dtype=float), float(ms), float(w),
+                                                  self.observed]
+                      for bucket, gamma, xs, ms, w in state.get("cells", [])
+                      if len(xs) == len(self.cost.xy)}
         self.swept = 1 << 30
