@@ -217,8 +217,9 @@ class ModelPolicy:
         """The gamma the fit cannot price (standard error above PROBE_SPREAD
         of its prediction, or of the mean step fitted if smaller: a wildly
         high extrapolation must not read as precise) that could be the best
-        choice (it is, two standard errors cheaper); the least priced such
-        gamma, None when there is none."""
+        choice (it is, two standard errors cheaper); the smallest such gamma
+        (the cheapest step to run, and a step at one gamma prices every
+        draft pass), None when there is none."""
         b = max(batch.num_reqs, 1)
         self.cost.fit()
         # Nothing to probe stays so until the fit or the batch size changes.
@@ -237,7 +238,7 @@ class ModelPolicy:
         best = max(self.values(batch, arms, False, resuming).values())
         hopeful = self.values(batch, arms, False, resuming, shave=2.0 * spread)
         unsure = [i for i, a in enumerate(arms) if rel[i] > PROBE_SPREAD and hopeful[a] > best]
-        return arms[max(unsure, key=lambda i: rel[i])] if unsure else None
+        return arms[min(unsure, key=lambda i: self.space.gamma(arms[i]))] if unsure else None
 
     def observe(self, outcome) -> None:
         fb = outcome.feedback
