@@ -133,6 +133,16 @@ def test_the_native_proposer_drafts_the_hosts_per_step_k(overlay):
         assert proposer.max_num_speculative_tokens == 4  # the configured K stays
 
 
+def test_arguments_passed_by_position_are_read_by_the_hosts_names(overlay):
+    # The host's _propose takes its step's K first; vLLM-Ascend's own unit
+    # tests pass it by position, the runner by keyword: the same step.
+    _, native = overlay
+    proposer = _make(native.VSpecNativeEagleProposer, k=4)
+    step = _step(2, batch=3)
+    draft = proposer._propose(*step.values())
+    assert draft.tolist() == [[0, 1]] * 3 and proposer.draft_passes == [2]
+
+
 def test_gamma_zero_still_runs_the_first_draft_pass_and_drafts_nothing(overlay):
     """The host skips every draft pass at K = 0, which would leave the draft
     model's KV cache without the step's tokens; ours runs the first one."""

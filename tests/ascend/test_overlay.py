@@ -308,6 +308,15 @@ def test_a_step_returns_k_columns_its_gamma_drafts_then_invalid_ones(proposers):
         assert proposer.draft_passes == [2]  # the drafter still drafts gamma tokens
 
 
+def test_a_steps_gamma_is_read_from_its_scheduler_output_passed_by_position(proposers):
+    # NPUModelRunner passes _propose's arguments by keyword, vLLM-Ascend's
+    # own unit tests by position: the same step either way.
+    proposer = _make(proposers, k=4)
+    step = _step(gamma=2, batch=3)
+    assert proposer._propose(*step.values()).tolist() == [[0, 1, -1, -1]] * 3
+    assert proposer.draft_passes == [2]
+
+
 def test_gamma_zero_runs_the_first_draft_pass_and_returns_only_invalid_drafts(proposers):
     proposer = _make(proposers, k=4)
     assert proposer._propose(**_step(gamma=0)).tolist() == [[-1] * 4] * 2

@@ -18,6 +18,7 @@ every draft pass (dummy and capture passes included).
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable, Mapping
 
 import torch
@@ -94,6 +95,16 @@ class AscendDrafting:
             for observer in self.observers:
                 observer.end(None if draft is None else draft[:, :gamma])
         return draft
+
+
+def by_name(host: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The arguments of a call of the host method `host` (bound) as keywords,
+    bound by the host's own signature: NPUModelRunner passes every argument
+    by keyword, vLLM-Ascend's own unit tests pass some by position. A call
+    the signature refuses raises the TypeError the host would."""
+    if not args:
+        return kwargs
+    return dict(inspect.signature(host).bind(*args, **kwargs).arguments)
 
 
 def discard_mask(indices: torch.Tensor, count: int, batch: int, device: Any) -> torch.Tensor:

@@ -53,7 +53,7 @@ from vllm.logger import init_logger
 
 from vllm_ascend.spec_decode.draft_proposer import AscendDraftModelProposer
 from vllm_ascend.spec_decode.eagle_proposer import AscendEagleProposer
-from vllm_ascend.vspec.drafting import VSpecAscendProposer
+from vllm_ascend.vspec.drafting import VSpecAscendProposer, by_name
 from vllm_ascend.vspec.gamma import valid_gamma
 from vllm_ascend.vspec.proposers import run_draft_eagerly
 from vllm_ascend.vspec.routing import vspec_settings
@@ -89,14 +89,15 @@ class NativeGammaProposer(VSpecAscendProposer):
     # Extends AscendSpecDecodeBaseProposer._propose: the host drafts the K it
     # is passed, as one drafter step of vspec's drafter options
     # (drafting.AscendDrafting.propose); gamma 0 still runs the first draft
-    # pass. NPUModelRunner passes every argument by keyword
-    # (model_runner_v1.py:2098-2114).
+    # pass. Arguments are read by the host signature's names (by_name):
+    # NPUModelRunner passes them by keyword, callers may pass them by position.
     def _propose(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        host = super()._propose
+        kwargs = by_name(host, args, kwargs)
         gamma = valid_gamma(kwargs["num_speculative_tokens"], self.max_num_speculative_tokens)
         self.drafting.new_pass()
         draft = self.drafting.propose(
-            lambda: super(NativeGammaProposer, self)._propose(
-                *args, **{**kwargs, "num_speculative_tokens": max(gamma, 1)}), kwargs, gamma)
+            lambda: host(**{**kwargs, "num_speculative_tokens": max(gamma, 1)}), kwargs, gamma)
         return draft[:, :gamma]
 
 

@@ -61,7 +61,7 @@ from vllm_ascend.compilation.acl_graph import ACLGraphWrapper
 from vllm_ascend.spec_decode.draft_proposer import AscendDraftModelProposer
 from vllm_ascend.spec_decode.eagle_proposer import AscendEagleProposer
 from vllm_ascend.vspec import graph_budget, graph_params
-from vllm_ascend.vspec.drafting import VSpecAscendProposer
+from vllm_ascend.vspec.drafting import VSpecAscendProposer, by_name
 from vllm_ascend.vspec.gamma import step_gamma
 from vllm_ascend.vspec.routing import vspec_settings
 from vllm_vspec.config import VSpecConfig
@@ -199,8 +199,12 @@ class StepGammaProposer(VSpecAscendProposer):
     # Extends AscendSpecDecodeBaseProposer._propose: drafts the scheduler's
     # gamma for this step instead of the configured K, as one drafter step
     # of vspec's drafter options (drafting.AscendDrafting.propose).
-    # NPUModelRunner.propose_draft_token_ids passes every argument by keyword.
+    # Arguments are read by the host signature's names (by_name):
+    # NPUModelRunner.propose_draft_token_ids passes them by keyword, callers
+    # may pass them by position.
     def _propose(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        host = super()._propose
+        kwargs = by_name(host, args, kwargs)
         if not self._vspec_checked_graphs:
             self._vspec_checked_graphs = True
             _warn_if_padding_keeps_no_graph(self.vllm_config)
@@ -213,8 +217,7 @@ class StepGammaProposer(VSpecAscendProposer):
         plan = self._vspec_graph_plan
         drafted = max(gamma, 1) if plan is None else plan.drafted(max(gamma, 1))
         with self._drafting(drafted):
-            draft = self.drafting.propose(
-                lambda: super(StepGammaProposer, self)._propose(*args, **kwargs), kwargs, gamma)
+            draft = self.drafting.propose(lambda: host(**kwargs), kwargs, gamma)
         return pad_drafts(draft, gamma, self.max_num_speculative_tokens)
 
     # Extends AscendSpecDecodeBaseProposer.dummy_run: graph capture runs once
