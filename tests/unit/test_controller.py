@@ -262,6 +262,28 @@ def test_trace_has_a_header_and_one_line_per_observed_step(tmp_path):
     assert records[1]["reason"] == "fixed" and records[1]["interval_s"] == 1.0
 
 
+def test_a_model_trace_explains_each_decision_and_keeps_prefill_steps_on_lines_of_their_own(
+        tmp_path):
+    path, clock = tmp_path / "trace.jsonl", Clock()
+    ctl = controller(clock, policy="model", min_gamma=0, trace_path=str(path))
+    for i in range(6):
+        state = BatchState(2, BUDGET, 300.0, prefill_tokens=100 * (i % 2))
+        d = ctl.decide_step(["a", "b"], {"a", "b"}, bool(i % 2), lambda: state)
+        clock.now += 0.02
+        if d.decided:
+            ctl.observe(feedback(drafted=d.gamma))
+        else:
+            ctl.observe_undecided(state, feedback())
+        ctl.step_processed(busy=True)
+    ctl.close()
+    from vllm_vspec.core.trace import read_prefill_steps
+    _, records = read_trace(path)
+    prefill = read_prefill_steps(path)
+    assert len(records) == 3 and len(prefill) == 3
+    assert [p["prefill_tokens"] for p in prefill] == [100, 100, 100]
+    assert all(set(r["predicted"]) == {"0", "1", "2", "3", "4"} for r in records)
+
+
 def test_reading_a_foreign_file_as_a_trace_fails_naming_the_line(tmp_path):
     path = tmp_path / "x.jsonl"
     path.write_text('{"schema": "vllm-vspec/trace", "version": 1}\n{"step": 1}\n')

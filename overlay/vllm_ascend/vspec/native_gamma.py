@@ -92,12 +92,12 @@ class NativeGammaProposer(VSpecAscendProposer):
     # pass. Arguments are read by the host signature's names (by_name):
     # NPUModelRunner passes them by keyword, callers may pass them by position.
     def _propose(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        host = super()._propose
-        kwargs = by_name(host, args, kwargs)
+        kwargs = by_name(super()._propose, args, kwargs)
         gamma = valid_gamma(kwargs["num_speculative_tokens"], self.max_num_speculative_tokens)
         self.drafting.new_pass()
         draft = self.drafting.propose(
-            lambda: host(**{**kwargs, "num_speculative_tokens": max(gamma, 1)}), kwargs, gamma)
+            lambda: super(NativeGammaProposer, self)._propose(
+                **{**kwargs, "num_speculative_tokens": max(gamma, 1)}), kwargs, gamma)
         return draft[:, :gamma]
 
 

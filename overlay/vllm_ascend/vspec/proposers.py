@@ -203,8 +203,7 @@ class StepGammaProposer(VSpecAscendProposer):
     # NPUModelRunner.propose_draft_token_ids passes them by keyword, callers
     # may pass them by position.
     def _propose(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        host = super()._propose
-        kwargs = by_name(host, args, kwargs)
+        kwargs = by_name(super()._propose, args, kwargs)
         if not self._vspec_checked_graphs:
             self._vspec_checked_graphs = True
             _warn_if_padding_keeps_no_graph(self.vllm_config)
@@ -217,7 +216,8 @@ class StepGammaProposer(VSpecAscendProposer):
         plan = self._vspec_graph_plan
         drafted = max(gamma, 1) if plan is None else plan.drafted(max(gamma, 1))
         with self._drafting(drafted):
-            draft = self.drafting.propose(lambda: host(**kwargs), kwargs, gamma)
+            draft = self.drafting.propose(
+                lambda: super(StepGammaProposer, self)._propose(**kwargs), kwargs, gamma)
         return pad_drafts(draft, gamma, self.max_num_speculative_tokens)
 
     # Extends AscendSpecDecodeBaseProposer.dummy_run: graph capture runs once

@@ -88,6 +88,7 @@ class _Pending:
     decision: Decision
     scheduled_at: float            # clock(): where the step's interval may start
     overhead_s: float              # decide() and the adapter's share, wall clock
+    predicted: dict | None = None  # the policy's explanation, for the trace
 
 
 class GammaController:
@@ -224,8 +225,11 @@ class GammaController:
             decision = Decision(space.gamma(arm), bucket, reason, space.width(arm))
         self._stat(bucket, decision.gamma, decision.width).decided += 1
         self._last_decision = decision
-        self._pending.append(_Pending(batch, decision, scheduled_at,
-                                      host_overhead_s + time.perf_counter() - started))
+        overhead = host_overhead_s + time.perf_counter() - started
+        # The trace's explanation is the opt-in trace's cost, not counted.
+        predicted = (self.policy.explain(batch, lo, hi) if self._trace is not None
+                     and hasattr(self.policy, "explain") and hi >= lo else None)
+        self._pending.append(_Pending(batch, decision, scheduled_at, overhead, predicted))
         return decision
 
     def observe(self, fb: StepFeedback, host_overhead_s: float = 0.0) -> None:
@@ -265,7 +269,8 @@ class GammaController:
                 "width": decision.width, "reason": decision.reason, "drafted": list(fb.drafted),
                 "accepted": list(fb.accepted), "committed": fb.committed,
                 "interval_s": round(interval, 6), "stable": stable,
-                "reward": round(reward, 3), "overhead_us": round(overhead * 1e6, 1)})
+                "reward": round(reward, 3), "overhead_us": round(overhead * 1e6, 1),
+                **({"predicted": step.predicted} if step.predicted is not None else {})})
 
     def observe_undecided(self, batch: BatchState | None, fb: StepFeedback) -> None:
         """The oldest outstanding prefill step (decide_step's "prefill")
@@ -283,6 +288,10 @@ class GammaController:
         interval = self._completed(scheduled_at, self.clock())
         if interval > 0:
             self.policy.observe_cost(batch, fb, gamma, interval)
+        if self._trace is not None:
+            self._trace.write({"prefill_step": self._steps, "num_reqs": batch.num_reqs,
+                               "prefill_tokens": batch.prefill_tokens, "gamma": gamma,
+                               "committed": fb.committed, "interval_s": round(interval, 6)})
 
     def _completed(self, scheduled_at: float, completed_at: float) -> float:
         """A step scheduled at `scheduled_at` completed at `completed_at`:

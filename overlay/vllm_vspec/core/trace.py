@@ -18,8 +18,18 @@ the header's `min_width`/`max_width`): read it as 1. `drafted`/`accepted`
 are per request (drafts verified in this step, proposed one step earlier,
 so with the previous step's width; for a tree: its depth and the accepted
 path's length). `overhead_us` is the controller's cost of the step
-(decide + observe + the adapter's bookkeeping, wall clock). The simulator replays these files (`vllm-vspec sim
+(decide + observe + the adapter's bookkeeping, wall clock). A policy that
+explains its choice (`explain`, the `model` policy) adds `predicted`: per
+gamma, the committed tokens per ms it predicted. The simulator replays these files (`vllm-vspec sim
 --trace FILE`), so the format is versioned and read back by `read_trace`.
+
+A policy that prices every step (`model`) also hears the prefill steps it
+does not decide; each is a line of its own, told apart by its key
+`prefill_step` (the decided steps observed before it), which `read_trace`
+leaves out and `read_prefill_steps` returns:
+
+    {"prefill_step": 12, "num_reqs": 32, "prefill_tokens": 183, "gamma": 1,
+     "committed": 47, "interval_s": 0.0912}
 """
 
 from __future__ import annotations
@@ -71,6 +81,8 @@ def read_trace(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         if not line.strip():
             continue
         rec = _parse(path, no, line)
+        if "prefill_step" in rec:
+            continue
         for key in STEP_KEYS:
             if key not in rec:
                 raise TraceError(f"{path}:{no}: missing key {key!r}")
@@ -79,6 +91,13 @@ def read_trace(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
                              f"accepted {len(rec['accepted'])}; they must pair up")
         records.append(rec)
     return header, records
+
+
+def read_prefill_steps(path: str | Path) -> list[dict[str, Any]]:
+    """The undecided prefill steps of a trace file (read_trace checks the header)."""
+    read_trace(path)
+    return [rec for rec in (json.loads(line) for line in Path(path).read_text().splitlines()[1:]
+                            if line.strip()) if "prefill_step" in rec]
 
 
 def overhead_share(records: list[dict[str, Any]]) -> float | None:

@@ -213,6 +213,16 @@ class ModelPolicy:
         v = self.values(batch, arms, self.thompson, resuming)
         return max(arms, key=lambda a: (v[a], -self.space.gamma(a))), "model"
 
+    def explain(self, batch, lo: int, hi: int) -> dict:
+        """For the trace: per gamma, the committed tokens per ms the model
+        predicts (acceptance and costs at their means), and its cell factor."""
+        arms = list(self.space.arms(batch, lo, hi))
+        theta = self.cost.fit()
+        bucket = bucket_of(max(batch.num_reqs, 1))
+        return {str(self.space.gamma(a)): [round(v, 4), round(self._cell_scale(
+                    bucket, self.space.gamma(a), theta), 3)]
+                for a, v in self.values(batch, arms, False).items()}
+
     def _probe(self, batch, arms, resuming: bool) -> Arm | None:
         """The gamma the fit cannot price (standard error above PROBE_SPREAD
         of its prediction, or of the mean step fitted if smaller: a wildly
