@@ -272,7 +272,9 @@ class ModelPolicy:
                      0.0, owed)
         ms = outcome.interval_s * 1000.0
         self.observed += 1
-        if self.cost.observe(x, ms) and not catchup and not owed:
+        # A cell prices a steady step (the drafts it verifies are of its own
+        # gamma): one after a change verifies another gamma's drafts.
+        if self.cost.observe(x, ms) and outcome.stable and not catchup and not owed:
             cell = self._decayed(self.cells.setdefault((bucket_of(b), outcome.gamma),
                                                        [0.0, 0.0, 0.0, self.observed]))
             cell[0], cell[1], cell[2] = cell[0] + x, cell[1] + ms, cell[2] + 1.0
