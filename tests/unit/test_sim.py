@@ -150,10 +150,13 @@ def test_a_lazy_drafter_that_never_drafts_never_prefills_a_prompt():
 @pytest.mark.parametrize("zeros", [0, 1, 5])
 def test_the_drafter_pays_for_every_prompt_once_whether_at_admission_or_at_its_catch_up(zeros):
     # The same schedule (gamma 0 for `zeros` steps, then 2) with and without
-    # a price on the drafter's prompt tokens: the prompts cost it 4 x 16 x 0.2 ms.
+    # a price on the drafter's prompt tokens: the prompts cost it 4 x 16 x
+    # 0.2 ms, and its catch-up runs at that price over the 4 tokens each
+    # gamma-0 step committed too (a catch-up is a pass of many tokens a
+    # request, as a prefill is).
     gap = (_prefill_seconds(_Schedule(zeros, 2), "lazy")
            - _prefill_seconds(_Schedule(zeros, 2), "lazy", draft_price=0.0))
-    assert gap == pytest.approx(64 * 0.2 / 1000)
+    assert gap == pytest.approx((64 + 4 * zeros) * 0.2 / 1000)
 
 
 def test_a_controller_that_prices_steps_hears_the_prefill_steps_it_did_not_decide():

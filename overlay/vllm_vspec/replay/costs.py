@@ -12,7 +12,9 @@ T_step(g) = sum_{i<g} T_draft(ctx + i*B, B) + T_spec(ctx, B) + T_target(ctx,
 B*(g+1)) with T(ctx, n) = alpha*ctx + beta*n + delta per model and T_spec
 the fixed cost of a step that drafts at all (core/latency.py),
 non-negative least squares in relative error. A gamma-0 step of a lazy vspec engine costs
-T_target(ctx, B), its catch-up T_draft(ctx, tokens skipped).
+T_target(ctx, B); its catch-up, one draft pass (T_draft(ctx, 0)) plus the
+drafter's price a prompt token over the tokens skipped (a pass of many
+tokens a request, as a prefill is).
 
 Prompt tokens are priced apart (core/latency.py `prefill`): each engine's
 first step of a batch prefills its B prompts, and what it costs beyond a

@@ -206,10 +206,10 @@ class _Oracle:
         ms += self.profile.prompt_ms(self.prompt, drafter=g > 0 or not lazy)
         if lazy:
             if g and (self.lag or self.prompt_lag):
-                ms += (self.profile.draft(ctx, self.lag)
-                       + self.profile.draft_prompt_ms(self.prompt_lag))
+                ms += (self.profile.draft(ctx, 0)
+                       + self.profile.draft_prompt_ms(self.lag + self.prompt_lag))
             elif not g:                                    # the debt this step adds
-                ms += self.profile.draft.beta * b + self.profile.draft_prompt_ms(self.prompt)
+                ms += self.profile.draft_prompt_ms(b + self.prompt)
         return ms
 
     def value(self, g: int, b: int, ctx: float) -> float:

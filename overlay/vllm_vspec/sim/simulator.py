@@ -501,9 +501,10 @@ def simulate(workload: Workload, profile: LatencyProfile, policy: StepPolicy, cl
             if drafter and not drafts_prompt:
                 prompt_lag[admitted] = prompt_len[admitted]
         if drafter and gamma > 0 and (lag[idx].any() or prompt_lag[idx].any()):
-            # The catch-up pass: the decode tokens and prompts it missed.
-            ms += (profile.draft(ctx, int(lag[idx].sum()))
-                   + profile.draft_prompt_ms(int(prompt_lag[idx].sum())))
+            # The catch-up: one drafter pass over the decode tokens and
+            # prompts it missed, many tokens a request as in a prefill.
+            ms += (profile.draft(ctx, 0)
+                   + profile.draft_prompt_ms(int(lag[idx].sum() + prompt_lag[idx].sum())))
             lag[idx] = prompt_lag[idx] = 0
         ms *= math.exp(noise * noise_rng.standard_normal()) if noise else 1.0
         clock.now += ms / 1000.0
