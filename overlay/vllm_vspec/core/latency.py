@@ -108,9 +108,8 @@ class LatencyProfile:
         """What `tokens` prompt tokens add to the step that prefills them:
         the target's pass over them, and the drafter's when `drafter`
         (it drafts for them)."""
-        t, d = ((self.target.beta, self.draft.beta) if self.prefill is None
-                else (self.prefill.target, self.prefill.draft))
-        return tokens * (t + (d if drafter else 0.0))
+        target = self.target.beta if self.prefill is None else self.prefill.target
+        return tokens * target + (self.draft_prompt_ms(tokens) if drafter else 0.0)
 
     def draft_prompt_ms(self, tokens: float) -> float:
         """The drafter's pass over `tokens` prompt tokens (a catch-up's)."""
@@ -198,25 +197,22 @@ def _linear_from(raw: Any, model: str, where: str) -> LinearLatency:
         if key not in COEFFS:
             raise ProfileError(f"{model}.{key}", raw[key], "unknown key; known keys: "
                                + ", ".join(COEFFS), where)
-    values = []
-    for key in COEFFS:
-        v = raw.get(key)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-            raise ProfileError(f"{model}.{key}", v, "a finite number >= 0 (milliseconds)", where)
-        values.append(float(v))
-    return LinearLatency(*values)
+    return LinearLatency(*(_nonnegative(raw.get(key), f"{model}.{key}", "milliseconds", where)
+                           for key in COEFFS))
+
+
+def _nonnegative(v: Any, key: str, unit: str, where: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        raise ProfileError(key, v, f"a finite number >= 0 ({unit})", where)
+    return float(v)
 
 
 def _prefill_from(raw: Any, where: str) -> PrefillCost:
     if not isinstance(raw, Mapping) or set(raw) != set(MODELS):
         raise ProfileError("prefill", raw, "an object with target and draft (ms per prompt "
                            "token)", where)
-    for key in MODELS:
-        v = raw[key]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-            raise ProfileError(f"prefill.{key}", v, "a finite number >= 0 (ms per prompt token)",
-                               where)
-    return PrefillCost(float(raw["target"]), float(raw["draft"]))
+    return PrefillCost(*(_nonnegative(raw[key], f"prefill.{key}", "ms per prompt token", where)
+                         for key in MODELS))
 
 
 def load_profile(path: str | Path) -> LatencyProfile:

@@ -69,6 +69,17 @@ class DecisionTrace:
 
 def read_trace(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """(header, step records) of a trace file; TraceError on a foreign file."""
+    header, records, _ = _read(path)
+    return header, records
+
+
+def read_prefill_steps(path: str | Path) -> list[dict[str, Any]]:
+    """The undecided prefill steps of a trace file (checked as read_trace does)."""
+    return _read(path)[2]
+
+
+def _read(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
+    """(header, decided step records, prefill step records) of a trace file."""
     lines = Path(path).read_text().splitlines()
     if not lines:
         raise TraceError(f"{path}: empty file, expected a {SCHEMA} header line")
@@ -76,12 +87,13 @@ def read_trace(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     if header.get("schema") != SCHEMA or header.get("version") != VERSION:
         raise TraceError(f"{path}:1: schema={header.get('schema')!r} "
                          f"version={header.get('version')!r}, expected {SCHEMA!r} {VERSION}")
-    records = []
+    records, prefill = [], []
     for no, line in enumerate(lines[1:], start=2):
         if not line.strip():
             continue
         rec = _parse(path, no, line)
         if "prefill_step" in rec:
+            prefill.append(rec)
             continue
         for key in STEP_KEYS:
             if key not in rec:
@@ -90,14 +102,7 @@ def read_trace(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
             raise TraceError(f"{path}:{no}: drafted has {len(rec['drafted'])} entries, "
                              f"accepted {len(rec['accepted'])}; they must pair up")
         records.append(rec)
-    return header, records
-
-
-def read_prefill_steps(path: str | Path) -> list[dict[str, Any]]:
-    """The undecided prefill steps of a trace file (read_trace checks the header)."""
-    read_trace(path)
-    return [rec for rec in (json.loads(line) for line in Path(path).read_text().splitlines()[1:]
-                            if line.strip()) if "prefill_step" in rec]
+    return header, records, prefill
 
 
 def overhead_share(records: list[dict[str, Any]]) -> float | None:

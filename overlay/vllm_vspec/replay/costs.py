@@ -56,7 +56,8 @@ def measure(method: str, target: Path, drafter: Path | None, k: int, batches: Se
             kv_cache_memory_bytes: int = 1 << 30, log=print) -> list[dict]:
     """Samples of a target-only engine and of vspec's engine serving
     `method` at K = k with its gamma fixed at 0..k (what replay's fixed-gamma
-    contenders stand for, lazy gamma 0 included), one engine at a time, each built `instances` times in interleaved rounds
+    contenders stand for, lazy gamma 0 included), one engine at a time,
+    each built `instances` times in interleaved rounds
     (forward, then backward order): on a small shared host one engine
     instance can time a third slower than the next at batch 1, so what is
     fitted is each cell's fastest instance (cell_medians). Every engine's

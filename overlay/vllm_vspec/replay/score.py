@@ -195,8 +195,7 @@ class _Oracle:
     def __init__(self, acc: RecordedAcceptance, profile: LatencyProfile, k: int,
                  gamma0_mode: str, seen: _Seen):
         self.acc, self.profile, self.k, self.mode, self.seen = acc, profile, k, gamma0_mode, seen
-        self.lag = 0            # tokens the drafter has not seen (lazy gamma 0)
-        self.prompt_lag = 0     # ... of them, prompt tokens
+        self.lag = 0            # tokens the drafter has not seen (lazy gamma 0), prompts included
         self.prompt = 0         # prompt tokens of the step decided last
         self.last = None
 
@@ -205,9 +204,8 @@ class _Oracle:
         lazy = self.mode == "lazy"
         ms += self.profile.prompt_ms(self.prompt, drafter=g > 0 or not lazy)
         if lazy:
-            if g and (self.lag or self.prompt_lag):
-                ms += (self.profile.draft(ctx, 0)
-                       + self.profile.draft_prompt_ms(self.lag + self.prompt_lag))
+            if g and self.lag:
+                ms += self.profile.draft(ctx, 0) + self.profile.draft_prompt_ms(self.lag)
             elif not g:                                    # the debt this step adds
                 ms += self.profile.draft_prompt_ms(b + self.prompt)
         return ms
@@ -227,8 +225,7 @@ class _Oracle:
     def observe(self, fb: StepFeedback) -> None:
         """An oracle learns nothing; it keeps the drafter's debt."""
         skipped = self.last == 0 and self.mode == "lazy"
-        self.lag = self.lag + fb.committed if skipped else 0
-        self.prompt_lag = self.prompt_lag + self.prompt if skipped else 0
+        self.lag = self.lag + fb.committed + self.prompt if skipped else 0
 
 
 class InformedOracle(_Oracle):

@@ -433,7 +433,6 @@ def simulate(workload: Workload, profile: LatencyProfile, policy: StepPolicy, cl
     pending_w = np.ones(n, dtype=np.int64)         # their tree width
     drafted_width = 1                              # the width the last step drafted with
     lag = np.zeros(n, dtype=np.int64)              # lazy gamma 0: tokens the draft KV misses
-    prompt_lag = np.zeros(n, dtype=np.int64)       # ... of them, prompt tokens
     started: list[int] = []                        # admitted, unfinished, in arrival order
     next_req = progress = schedule = steps = 0
     gamma_steps: dict[str, int] = {}
@@ -499,13 +498,12 @@ def simulate(workload: Workload, profile: LatencyProfile, policy: StepPolicy, cl
             drafts_prompt = drafter and (gamma > 0 or gamma0_mode != "lazy")
             ms += profile.prompt_ms(prompt_tokens, drafts_prompt)
             if drafter and not drafts_prompt:
-                prompt_lag[admitted] = prompt_len[admitted]
-        if drafter and gamma > 0 and (lag[idx].any() or prompt_lag[idx].any()):
+                lag[admitted] += prompt_len[admitted]
+        if drafter and gamma > 0 and lag[idx].any():
             # The catch-up: one drafter pass over the decode tokens and
             # prompts it missed, many tokens a request as in a prefill.
-            ms += (profile.draft(ctx, 0)
-                   + profile.draft_prompt_ms(int(lag[idx].sum() + prompt_lag[idx].sum())))
-            lag[idx] = prompt_lag[idx] = 0
+            ms += profile.draft(ctx, 0) + profile.draft_prompt_ms(int(lag[idx].sum()))
+            lag[idx] = 0
         ms *= math.exp(noise * noise_rng.standard_normal()) if noise else 1.0
         clock.now += ms / 1000.0
         has = verify > 0
