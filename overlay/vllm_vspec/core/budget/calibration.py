@@ -86,6 +86,20 @@ class _Reliability:
         return sum(abs(p - h) for p, h in zip(self.pred, self.hit)) / total if total else 0.0
 
 
+def judged_slots(rows: Sequence[Sequence[float]], verified: Sequence[int],
+                 accepted: Sequence[int]) -> list[tuple[int, float, float]]:
+    """The slots one step judged, as (position, q, outcome): per request,
+    the accepted ones (outcome 1) and the first rejected one (outcome 0);
+    unverified slots and those after a rejection are not judged."""
+    judged: list[tuple[int, float, float]] = []
+    for probs, d, a in zip(rows, verified, accepted):
+        d = min(d, len(probs))
+        a = min(a, d)
+        judged += [(j, min(max(probs[j], 0.0), 1.0), 1.0 if j < a else 0.0)
+                   for j in range(min(a + 1, d))]
+    return judged
+
+
 class ConfidenceCalibrator:
     """Binned, per-position calibration of draft probabilities; see the module docstring."""
 
@@ -123,12 +137,7 @@ class ConfidenceCalibrator:
         slots, how many of them were verified and how many of those were
         accepted. Every prediction is scored before any outcome of the step
         is folded in; the counts decay once per step, by the judged slots."""
-        judged: list[tuple[int, float, float]] = []        # (position, q, outcome)
-        for probs, d, a in zip(rows, verified, accepted):
-            d = min(d, len(probs))
-            a = min(a, d)
-            judged += [(j, min(max(probs[j], 0.0), 1.0), 1.0 if j < a else 0.0)
-                       for j in range(min(a + 1, d))]
+        judged = judged_slots(rows, verified, accepted)
         if not judged:
             return
         predictions = [self.predict(j, q) for j, q, _ in judged]
@@ -139,14 +148,28 @@ class ConfidenceCalibrator:
             for row in counts:
                 for i in range(self.bins):
                     row[i] *= factor
-        pooled = self.num_positions
         for (j, q, outcome), p in zip(judged, predictions):
             self._calibrated.add(p, outcome)
             self._raw.add(q, outcome)
+        self._fold(judged)
+
+    def _fold(self, judged: Sequence[tuple[int, float, float]]) -> None:
+        """Count each judged slot in its position's bin and the pooled one."""
+        pooled = self.num_positions
+        for j, q, outcome in judged:
             b = self._bin(q)
             for row in (min(j, self.num_positions - 1), pooled):
                 self._hit[row][b] += outcome
                 self._n[row][b] += 1.0
+
+    def relearn(self, judged: Sequence[tuple[int, float, float]]) -> None:
+        """Forget every count and keep only `judged` ((position, q,
+        outcome) slots, as judged_slots gives them): the map then stands on
+        that evidence and the prior alone. The error report is kept."""
+        for counts in (self._hit, self._n):
+            for row in counts:
+                row[:] = [0.0] * self.bins
+        self._fold(judged)
 
     def report(self) -> CalibrationReport:
         return CalibrationReport(self._calibrated.total(), self._calibrated.brier(),

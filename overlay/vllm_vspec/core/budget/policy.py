@@ -31,7 +31,17 @@ max_depth..0, `cold_start_steps` steps each, admitting in turn all and the
 best half of the drafted slots, so that verified tokens and draft passes
 vary independently and the model becomes ready. Probe: after
 `probe_interval` steps in a row at depth 0 (nothing drafted, so nothing is
-learned) one step drafts depth 1.
+learned) one step drafts depth 1, and the next step verifies every draft
+that probe proposed, whatever the calibration predicts (a probe whose
+drafts go unverified teaches nothing, and depth 0 would last for good).
+Recalibration: the calibration's window counts judged slots, and at depth
+0 only the probes judge any (B slots every `probe_interval` steps), so
+counts from before the drafter changed would outweigh the probes for
+thousands of steps. From the probes' judged slots since drafting stopped
+the policy sums (outcome - prediction) and its variance sum p(1 - p),
+restarting both whenever the sum is not positive; once the sum exceeds
+`recalibrate_z` standard deviations the calibration forgets its counts
+and keeps those probe slots (ConfidenceCalibrator.relearn).
 
 Strict acceptance stays lossless: only prefixes are ever verified.
 """
@@ -43,7 +53,7 @@ from typing import Callable, Hashable, Mapping, Sequence
 
 from vllm_vspec.core.budget.admission import (admit, admitted_counts, best_budget, ranked,
                                               survival)
-from vllm_vspec.core.budget.calibration import ConfidenceCalibrator
+from vllm_vspec.core.budget.calibration import ConfidenceCalibrator, judged_slots
 from vllm_vspec.core.budget.cost_model import StepCostModel
 from vllm_vspec.core.steps import bucket_of, draft_budget
 
@@ -71,6 +81,9 @@ class BudgetSettings:
     """Steps per draft depth of the cold-start sweep."""
     probe_interval: int = 64
     """Steps in a row at depth 0 before one step drafts depth 1 to re-measure."""
+    recalibrate_z: float = 3.0
+    """Standard deviations by which the probes' accepted slots must exceed the
+    calibration's prediction before it relearns from the probes alone."""
     request_smoothing: float = 0.3
     """Weight of a step's calibrated acceptance in a request's smoothed one (depth choice)."""
     gamma0_runs_drafter: bool = True
@@ -84,6 +97,9 @@ class BudgetSettings:
                 raise ValueError(f"verify budget setting {key}={value!r} is not allowed: "
                                  f"unknown key; known keys: {', '.join(known)}")
         out = cls(**raw)
+        if not out.recalibrate_z > 0.0:
+            raise ValueError(f"verify budget setting recalibrate_z={out.recalibrate_z!r} "
+                             "is not allowed: need a number > 0")
         if not 0.0 < out.request_smoothing <= 1.0:
             raise ValueError(f"verify budget setting request_smoothing={out.request_smoothing!r} "
                              "is not allowed: need a weight in (0, 1]")
@@ -169,6 +185,11 @@ class VerifyBudgetPolicy:
         self._smoothed: dict[Hashable, list[float]] = {}   # request -> smoothed acceptance
         self._cold_steps = 0
         self._zero_run = 0
+        self._probe_drafted = False     # the last plan was a probe: these rows hold its drafts
+        self._verifying_probe = False   # the plan being observed verifies a probe's drafts
+        self._probe_slots: list[tuple[int, float, float]] = []   # probes' judged slots
+        self._probe_excess = 0.0        # sum of (outcome - prediction) over them
+        self._probe_variance = 0.0      # sum of p(1 - p) over them
 
     def passes(self, depth: int) -> int:
         return 1 if depth == 0 and self.settings.gamma0_runs_drafter else depth
@@ -177,6 +198,7 @@ class VerifyBudgetPolicy:
              ) -> BudgetPlan:
         b = len(rows)
         bucket = bucket_of(b)
+        self._verifying_probe, self._probe_drafted = self._probe_drafted, False
         hi = self.max_depth if max_num_batched_tokens is None else max(0, min(
             self.max_depth, draft_budget(b, max_num_batched_tokens)))
         acceptance = [self.calibration.row(r.probs) for r in rows]
@@ -187,14 +209,18 @@ class VerifyBudgetPolicy:
             return self._cold(rows, scores, bucket, hi)
         fixed = lambda d: model(b, self.passes(d))                 # noqa: E731
         depth, admitted, _ = choose(scores, predicted, hi, fixed, model.per_token_ms)
-        n = sum(admitted)
         reason = "budget"
+        if self._verifying_probe:
+            admitted, reason = [len(r.probs) for r in rows], "probe-verify"
+        n = sum(admitted)
         if depth == 0:
             self._zero_run += 1
             if self._zero_run >= self.settings.probe_interval and hi >= 1:
                 depth, reason, self._zero_run = 1, "probe", 0
+                self._probe_drafted = True
         else:
             self._zero_run = 0
+            self._forget_probes()
         return BudgetPlan(tuple(admitted), depth, bucket, reason,
                           b + sum(sum(row[:k]) for row, k in zip(scores, admitted)),
                           fixed(depth) + model.per_token_ms * n)
@@ -237,8 +263,30 @@ class VerifyBudgetPolicy:
             raise ValueError(f"VerifyBudgetPolicy.observe: {len(rows)} rows, "
                              f"{len(plan.admitted)} admitted, {len(accepted)} accepted: "
                              "need one of each per request of the planned step")
-        self.calibration.update([r.probs for r in rows], plan.admitted, accepted)
+        probs = [r.probs for r in rows]
+        relearn = self._verifying_probe and self._weigh_probe(probs, plan.admitted, accepted)
+        self.calibration.update(probs, plan.admitted, accepted)
+        if relearn:
+            self.calibration.relearn(self._probe_slots)
+            self._forget_probes()
         self.cost.observe(plan.bucket, len(rows) + plan.budget, self.passes(plan.depth), step_ms)
+
+    def _weigh_probe(self, probs, verified, accepted) -> bool:
+        """Add a probe's judged slots to the probe evidence, scored by the
+        calibration before it learns them; True when the evidence now
+        exceeds the prediction by `recalibrate_z` standard deviations."""
+        judged = judged_slots(probs, verified, accepted)
+        predicted = [self.calibration.predict(j, q) for j, q, _ in judged]
+        self._probe_slots += judged
+        self._probe_excess += sum(o - p for (_, _, o), p in zip(judged, predicted))
+        self._probe_variance += sum(p * (1.0 - p) for p in predicted)
+        if self._probe_excess <= 0.0:
+            self._forget_probes()
+            return False
+        return self._probe_excess > self.settings.recalibrate_z * self._probe_variance ** 0.5
+
+    def _forget_probes(self) -> None:
+        self._probe_slots, self._probe_excess, self._probe_variance = [], 0.0, 0.0
 
     def snapshot(self) -> dict:
         return {"cost_model": self.cost.snapshot(),
