@@ -283,7 +283,7 @@ def test_a_plan_admits_the_top_budget_of_its_own_calibrated_survival(probs):
     scores = [survival(WARM.calibration.row(r.probs)) for r in rows]
     assert list(plan.admitted) == admit(scores, plan.budget)
     assert all(k <= len(r.probs) for k, r in zip(plan.admitted, rows))
-    assert 0 <= plan.depth <= 4 and plan.reason in ("budget", "probe")
+    assert 0 <= plan.depth <= 4 and plan.reason in ("budget", "probe", "probe-verify")
 
 
 def test_when_verifying_does_not_pay_the_plan_is_a_target_only_step():
