@@ -255,6 +255,28 @@ def test_a_gamma_the_pooled_fit_misprices_at_one_batch_size_is_priced_at_what_it
     assert gammas[-100:].count(0) >= 90, gammas[-100:]
 
 
+def test_a_price_measured_in_a_slow_spell_is_re_checked_and_not_kept_for_good():
+    # The host of the test above, but its first batch-32 steps at gamma 0
+    # run 30% slow (a busy spell): priced at those steps, gamma 0 loses to
+    # gamma 1, and a cell priced for good would never be run again. Its
+    # evidence ages, it is re-run while it could be best, and it wins.
+    def host(b, g):
+        return step_ms(b, g) * (1.15 if b >= 16 and g > 0 else 1.0)
+    rates = (0.85, 0.3, 0.2, 0.1)
+    ctl, clock = controller()
+    rng = random.Random(0)
+    for b in (1, 4, 8):
+        drive(ctl, clock, rates, b, 100, rng, ms=host)
+    spell = [40]
+
+    def slow(b, g):
+        spell[0] -= 1
+        return host(b, g) * (1.3 if spell[0] >= 0 and g == 0 else 1.0)
+    gammas = drive(ctl, clock, rates, 32, 1000, rng, ms=slow)
+    assert gammas[:100].count(0) < 20, gammas[:100]       # the spell's price holds a while
+    assert gammas[-300:].count(0) >= 280, gammas[-300:]
+
+
 def serve_with_prompts(ctl: GammaController, clock, rates, batch: int, steps: int,
                        rng: random.Random, report_prefill: bool, prompt=600, out_len=64,
                        target_ms_per_prompt_token=0.02, draft_ms_per_prompt_token=0.05):

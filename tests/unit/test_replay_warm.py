@@ -56,3 +56,28 @@ def test_after_another_workload_the_model_policy_goes_on_from_what_it_learnt_the
     cold, after = scored_after(None), scored_after("c1")
     assert after["model"].tokens == cold["model"].tokens
     assert after["model"].gamma_steps != cold["model"].gamma_steps
+
+
+def test_a_slow_start_stretches_only_the_first_steps_of_each_contender():
+    shape = [sc.shapes(6, 12)["c8"]]
+    plain = {r.policy: r for r in sc.score(made_up(), PROFILE, "", shape, policies=())}
+    slow = {r.policy: r for r in sc.score(made_up(), PROFILE, "", shape, policies=(),
+                                          slow_start=(2.0, 3))}
+    for name in ("target", "fixed-2"):
+        # A fixed gamma decides the same steps; its first three take twice as long.
+        assert slow[name].gamma_steps == plain[name].gamma_steps, name
+        first3 = plain[name].timeline[2][0]                   # (timeline rounded to 0.1 ms)
+        assert slow[name].seconds == pytest.approx(plain[name].seconds + first3, abs=1e-4), name
+        assert slow[name].seconds > plain[name].seconds * 1.01, name
+
+
+@pytest.mark.parametrize("value", ["1.3", "0:10", "1.3:-1", "x:10"])
+def test_a_bad_slow_start_is_refused_naming_the_option(tmp_path, capsys, value):
+    from vllm_vspec.cli import main
+    from vllm_vspec.core.latency import save_profile
+
+    made_up().save(tmp_path / "r.json.gz")
+    save_profile(PROFILE, tmp_path / "r.costs.json")
+    assert main(["replay", "score", "--recording", str(tmp_path / "r.json.gz"),
+                 "--slow-start", value, "--output-dir", str(tmp_path / "o")]) == 2
+    assert f"--slow-start={value!r} is not allowed" in capsys.readouterr().err

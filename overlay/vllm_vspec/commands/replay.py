@@ -98,6 +98,10 @@ def add_parser(subparsers) -> None:
                         "whose load changed (e.g. --after c1 --workloads c32: what it learnt at "
                         "batch 1 meets batch 32); unset: every contender starts on the scored "
                         "workload")
+    s.add_argument("--slow-start", default=None, metavar="FACTOR:STEPS",
+                   help="each contender's first STEPS steps take FACTOR times their price (a host "
+                        "busy at first: does a policy un-learn prices measured then?), e.g. 1.3:150 "
+                        "(default: none, every step at its price)")
     s.add_argument("--output-dir", type=Path, default=Path("results/replay"),
                    help="directory for replay.json and replay.png")
     s.set_defaults(func=run_score)
@@ -190,6 +194,21 @@ def run_costs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _slow_start(text: str | None) -> tuple[float, int]:
+    """`--slow-start FACTOR:STEPS` as (factor, steps); (1.0, 0) when not given."""
+    if text is None:
+        return 1.0, 0
+    try:
+        factor, steps = text.split(":")
+        out = float(factor), int(steps)
+    except ValueError:
+        out = (0.0, -1)
+    if not (out[0] > 0 and out[1] >= 0):
+        raise UserError(f"--slow-start={text!r} is not allowed: FACTOR:STEPS, a factor > 0 and a "
+                        f"whole number of steps >= 0 (e.g. 1.3:150)")
+    return out
+
+
 def run_score(args: argparse.Namespace) -> int:
     from vllm_vspec.config import POLICIES
     from vllm_vspec.core.latency import load_profile
@@ -226,6 +245,7 @@ def run_score(args: argparse.Namespace) -> int:
         raise UserError(f"--policy-seeds={args.policy_seeds} is not allowed: an integer >= 1")
     if args.noise < 0:
         raise UserError(f"--noise={args.noise} is not allowed: a sigma >= 0")
+    slow_start = _slow_start(args.slow_start)
     skipped = sc.unscorable(rec, policies)
     t0 = time.monotonic()
     tty = sys.stderr.isatty()       # a progress line only where it redraws in place
@@ -233,6 +253,7 @@ def run_score(args: argparse.Namespace) -> int:
                        vspec=vspec, gamma0_mode=args.gamma0_mode, noise=args.noise, seed=args.seed,
                        policy_seeds=args.policy_seeds, warm=args.warm,
                        after=all_shapes[args.after] if args.after else None,
+                       slow_start=slow_start,
                        progress=(lambda what: print(f"\r  scoring {what:<24}", end="",
                                                     file=sys.stderr, flush=True)) if tty else None)
     if tty:
@@ -242,7 +263,8 @@ def run_score(args: argparse.Namespace) -> int:
     print(f"replay of {args.recording} ({h['method']} K={rec.k}, {len(rec.requests)} requests), "
           f"costs {costs}, noise {args.noise}, seed {args.seed}"
           f"{', warm (second pass)' if args.warm else ''}"
-          f"{f', after {args.after}' if args.after else ''}: {seconds:.1f} s\n")
+          f"{f', after {args.after}' if args.after else ''}"
+          f"{f', slow start {args.slow_start}' if args.slow_start else ''}: {seconds:.1f} s\n")
     for name, why in skipped.items():
         print(f"{name}: not scored: {why}\n")
     print(sc.table_text(results))
@@ -251,6 +273,7 @@ def run_score(args: argparse.Namespace) -> int:
             "k": rec.k, "noise": args.noise, "seed": args.seed, "gamma0_mode": args.gamma0_mode,
             "policies": policies, "workloads": names, "vspec": vspec,
             "policy_seeds": args.policy_seeds, "warm": args.warm, "after": args.after,
+            "slow_start": list(slow_start) if args.slow_start else None,
             "not_scorable": skipped}
     (args.output_dir / "replay.json").write_text(json.dumps(sc.to_json(results, meta), indent=1) + "\n")
     sc.plot(results, args.output_dir / "replay.png")

@@ -305,6 +305,7 @@ def score(recording: Recording, profile: LatencyProfile, profile_path: str,
           vspec: Mapping | None = None, gamma0_mode: str = "lazy", noise: float = 0.0,
           seed: int = 0, max_num_batched_tokens: int = 8192, policy_seeds: int = 1,
           warm: bool = False, after: Shape | None = None,
+          slow_start: tuple[float, int] = (1.0, 0),
           progress: Callable[[str], None] | None = None) -> list[SimResult]:
     """Every contender on every workload (see the module docstring); a
     RANDOMISED policy is run with `policy_seeds` seeds, its result carrying
@@ -314,7 +315,9 @@ def score(recording: Recording, profile: LatencyProfile, profile_path: str,
     or one started from a warm-start state). `after`: each contender first
     serves that workload, untimed, and is scored on the next (a server
     that served, say, concurrency 1 before its load rose). Policies the
-    recording cannot score (`unscorable`) are left out."""
+    recording cannot score (`unscorable`) are left out. `slow_start`
+    (factor, steps): each contender's first `steps` steps (of its first
+    pass) take `factor` times their price."""
     vspec = vspec or {}
     policies = [p for p in policies if p not in unscorable(recording, policies)]
     results = []
@@ -327,14 +330,15 @@ def score(recording: Recording, profile: LatencyProfile, profile_path: str,
             if progress:
                 progress(f"{shape.name} {name}")
             policy = factory(clock, seen)
-            for wl_now, acc_now in before + [(wl, acc)] * (2 if warm else 1):
+            for i, (wl_now, acc_now) in enumerate(before + [(wl, acc)] * (2 if warm else 1)):
                 result = simulate(wl_now, profile, policy, clock, name=name,
                                   max_gamma=recording.k,
                                   max_num_batched_tokens=max_num_batched_tokens,
                                   seed=seed, noise=noise, gamma0_mode=gamma0_mode,
                                   drafter=name != TARGET, acceptance=acc_now, on_batch=seen,
                                   prefill=True,
-                                  admission=admission_of(policy, acc_now, max_num_batched_tokens))
+                                  admission=admission_of(policy, acc_now, max_num_batched_tokens),
+                                  slow_start=slow_start if i == 0 else (1.0, 0))
             return result
         for name, factory in contenders(recording, profile, profile_path, wl, acc, policies,
                                         vspec, gamma0_mode):

@@ -405,7 +405,8 @@ def simulate(workload: Workload, profile: LatencyProfile, policy: StepPolicy, cl
              on_rates: Callable[[tuple], None] | None = None,
              acceptance: Acceptance | None = None,
              on_batch: Callable[[np.ndarray, np.ndarray, np.ndarray], None] | None = None,
-             prefill: bool = False, admission: Admission | None = None) -> SimResult:
+             prefill: bool = False, admission: Admission | None = None,
+             slow_start: tuple[float, int] = (1.0, 0)) -> SimResult:
     """`drafter=False`: no draft model (target-only serving; only gamma 0).
     `acceptance`: where acceptance comes from (default: BernoulliAcceptance
     over the workload's rates, drawn from `seed`); `on_batch(idx, done,
@@ -419,7 +420,9 @@ def simulate(workload: Workload, profile: LatencyProfile, policy: StepPolicy, cl
     (GammaController.prices_steps) observes the prefill steps it did not
     decide, as the engine's scheduler reports them (observe_undecided).
     `admission`: per-request verify lengths (Admission; None: every
-    request verifies all its pending drafts)."""
+    request verifies all its pending drafts). `slow_start` (factor, steps):
+    the first `steps` steps take `factor` times their price (a host busy
+    at first, as a server's first requests often find it)."""
     rng = np.random.default_rng(seed)
     start = clock.now                              # a clock may carry an earlier run's time
     width = max(max_gamma, 1)                      # draft positions (depths) per request
@@ -505,6 +508,7 @@ def simulate(workload: Workload, profile: LatencyProfile, policy: StepPolicy, cl
             ms += profile.draft(ctx, 0) + profile.draft_prompt_ms(int(lag[idx].sum()))
             lag[idx] = 0
         ms *= math.exp(noise * noise_rng.standard_normal()) if noise else 1.0
+        ms *= slow_start[0] if steps < slow_start[1] else 1.0
         clock.now += ms / 1000.0
         has = verify > 0
         if admission is not None:

@@ -28,10 +28,15 @@ few percent its error decides; worse, refitted to the gamma it runs, the
 fit can misprice a gamma it no longer runs for good. So every cell
 (batch bucket, gamma) scales the fit by its own factor, with a prior
 (log-normal, sd CELL_SPREAD) and a posterior from the cell's steady
-decided steps (their time over the fit's predictions for them): a cell
-no steady step ran lately is run once if it could be the best choice
-(priced two prior sds lower, it would be), and a cell's price becomes what
-its steps measured. Where the fit cannot price a
+decided steps (their time over the fit's predictions for them), and a
+cell's price becomes what its steps measured. A host's speed drifts (a
+busy spell, another process), so the factor is a random walk (sd
+CELL_DRIFT a step observed): its steps' evidence loses precision with
+their age, and a cell left unrun drifts back to the fit's price, with the
+prior's spread. A cell whose evidence is worth less than RECHECK_STEPS
+fresh steps is run again if it could be the best choice (priced two sds lower, it
+would be): a price measured in a slow spell is not kept for good, and a
+cell never run is tried. Where the fit cannot price a
 gamma at all (its standard error above PROBE_SPREAD of its prediction:
 a batch size far from those that drafted, where what a draft pass costs
 per request rests on the prior), that gamma is run while it could be the
@@ -80,6 +85,16 @@ RUN_KEEP = 0.9
 # ratio. Its steps' scatter is the fit's relative error, at least
 # step_cost.NOISE_FLOOR.
 CELL_SPREAD = 0.1
+# How far a cell's log ratio drifts a step observed (the sd of a random
+# walk's step): evidence `a` steps old weighs as if its variance grew by
+# a * CELL_DRIFT**2.
+CELL_DRIFT = 0.005
+# A cell whose steps' aged evidence is worth less than this many fresh
+# steady steps is unsure: run again while it could be the best choice.
+# (A cell that ran for long is unsure again after about
+# noise / (CELL_DRIFT**2 * RECHECK_STEPS) steps unrun, the noise being
+# a step's log variance: 200 steps at a 5% scatter.)
+RECHECK_STEPS = 0.5
 # A gamma whose predicted step time has a standard error above this share
 # of the prediction (or of the mean step fitted, if smaller) is run before
 # the model chooses (decide's "probe").
@@ -116,6 +131,7 @@ class ModelPolicy:
         # (bucket, gamma) -> [decayed sum of the features of its steady
         # decided steps, of their ms, weight, observation count when last decayed]
         self.cells: dict[tuple[int, int], list] = {}
+        self.cell_steady: dict[tuple[int, int], int] = {}   # observation count at its last steady step
         self.observed = 0
         # Batch 1: acceptance conditioned on whether the request's last known
         # step accepted every draft it verified (runs of matches persist),
@@ -157,38 +173,58 @@ class ModelPolicy:
         return {a: b * e[k] / c for a, k, c in zip(arms, gammas, cost.tolist())}
 
     def _cell_scale(self, bucket: int, gamma: int, theta: np.ndarray) -> float:
-        """The factor on the fit's price of (bucket, gamma): the posterior
-        mean of the log of (its steady steps' time / the fit's prediction
-        of them)."""
-        cell = self.cells.get((bucket, gamma))
-        noise = max(self.cost.relative_error(), NOISE_FLOOR) ** 2
+        """The factor on the fit's price of (bucket, gamma)."""
+        return math.exp(self._cell_posterior(bucket, gamma, theta)[0])
+
+    def _cell_posterior(self, bucket: int, gamma: int, theta: np.ndarray) -> tuple[float, float]:
+        """Mean and sd of the log of the cell's factor: the prior (0,
+        CELL_SPREAD) updated by the log of (its steady steps' time / the
+        fit's prediction of them), their evidence aged by the drift since
+        the cell's last steady step."""
         precision, mean = 1.0 / CELL_SPREAD ** 2, 0.0
+        cell = self.cells.get((bucket, gamma))
         if cell is not None:
             xs, ms, w, _ = self._decayed(cell)
             predicted = float(xs @ theta)
-            if predicted > 0 and ms > 0 and w > 0:
-                evidence = w / noise
+            evidence = self._aged((bucket, gamma), w / self._noise())
+            if predicted > 0 and ms > 0 and evidence > 0:
                 mean = math.log(ms / predicted) * evidence / (precision + evidence)
                 precision += evidence
-        return math.exp(mean)
+        return mean, precision ** -0.5
 
-    def _untried(self, batch, arms, resuming: bool) -> Arm | None:
-        """A gamma whose cell (this batch bucket) no steady step has run
-        lately (weight below one half) that could be the best choice (it
-        is, its price CELL_SPREAD two sds lower); the most valuable such
-        gamma, None when there is none."""
+    def _noise(self) -> float:
+        """A steady step's variance about its cell's price (log scale)."""
+        return max(self.cost.relative_error(), NOISE_FLOOR) ** 2
+
+    def _aged(self, key: tuple[int, int], evidence: float) -> float:
+        """`evidence` (a precision) as it stands now: its steps' log ratio
+        drifted CELL_DRIFT a step observed since the cell's last steady step."""
+        age = self.observed - self.cell_steady.get(key, self.observed)
+        return evidence / (1.0 + evidence * age * CELL_DRIFT ** 2)
+
+    def _unsure(self, batch, arms, resuming: bool) -> Arm | None:
+        """A gamma whose cell (this batch bucket) is unsure (its steps' aged
+        evidence worth less than RECHECK_STEPS fresh ones: never run, or not
+        lately) and could be the best choice (it is, priced two posterior
+        sds lower); the most valuable such gamma, None when there is none."""
         bucket = bucket_of(max(batch.num_reqs, 1))
-        untried = [a for a in arms if self._weight(bucket, self.space.gamma(a)) < 0.5]
-        if not untried:
+        noise = self._noise()
+        unsure = [a for a in arms if self._aged_weight(bucket, self.space.gamma(a), noise)
+                  < RECHECK_STEPS]
+        if not unsure:
             return None
+        theta = self.cost.fit()
         v = self.values(batch, arms, False, resuming)
         best = max(v.values())
-        hopeful = [a for a in untried if v[a] * math.exp(2.0 * CELL_SPREAD) > best]
+        hopeful = [a for a in unsure if v[a] * math.exp(2.0 * self._cell_posterior(
+            bucket, self.space.gamma(a), theta)[1]) > best]
         return max(hopeful, key=lambda a: v[a]) if hopeful else None
 
-    def _weight(self, bucket: int, gamma: int) -> float:
+    def _aged_weight(self, bucket: int, gamma: int, noise: float) -> float:
+        """A cell's steps' evidence now, in fresh steady steps."""
         cell = self.cells.get((bucket, gamma))
-        return 0.0 if cell is None else self._decayed(cell)[2]
+        return 0.0 if cell is None else self._aged((bucket, gamma),
+                                                    self._decayed(cell)[2] / noise) * noise
 
     def _decayed(self, cell: list) -> list:
         """A cell's sums decayed to now, as the fit's are (one `keep` a step observed)."""
@@ -207,7 +243,7 @@ class ModelPolicy:
         if self.thompson:
             probe = self._probe(batch, arms, resuming)
             if probe is None:
-                probe = self._untried(batch, arms, resuming)
+                probe = self._unsure(batch, arms, resuming)
             if probe is not None:
                 return probe, "probe"
         v = self.values(batch, arms, self.thompson, resuming)
@@ -275,9 +311,14 @@ class ModelPolicy:
         # A cell prices a steady step (the drafts it verifies are of its own
         # gamma): one after a change verifies another gamma's drafts.
         if self.cost.observe(x, ms) and outcome.stable and not catchup and not owed:
-            cell = self._decayed(self.cells.setdefault((bucket_of(b), outcome.gamma),
-                                                       [0.0, 0.0, 0.0, self.observed]))
+            key = (bucket_of(b), outcome.gamma)
+            cell = self._decayed(self.cells.setdefault(key, [0.0, 0.0, 0.0, self.observed]))
+            # Older steps weigh what their aged evidence is worth now.
+            if cell[2] > 0:
+                f = self._aged(key, cell[2] / self._noise()) * self._noise() / cell[2]
+                cell[0], cell[1], cell[2] = cell[0] * f, cell[1] * f, cell[2] * f
             cell[0], cell[1], cell[2] = cell[0] + x, cell[1] + ms, cell[2] + 1.0
+            self.cell_steady[key] = self.observed
         if outcome.gamma:
             self.run += 1
         elif self.run:
