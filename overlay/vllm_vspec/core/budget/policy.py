@@ -41,7 +41,8 @@ thousands of steps. From the probes' judged slots since drafting stopped
 the policy sums (outcome - prediction) and its variance sum p(1 - p),
 restarting both whenever the sum is not positive; once the sum exceeds
 `recalibrate_z` standard deviations the calibration forgets its counts
-and keeps those probe slots (ConfidenceCalibrator.relearn).
+and keeps those probe slots (ConfidenceCalibrator.relearn), and the
+requests' smoothed acceptance, made from the old map, starts afresh.
 
 Strict acceptance stays lossless: only prefixes are ever verified.
 """
@@ -269,6 +270,7 @@ class VerifyBudgetPolicy:
         if relearn:
             self.calibration.relearn(self._probe_slots)
             self._forget_probes()
+            self._smoothed = {}
         self.cost.observe(plan.bucket, len(rows) + plan.budget, self.passes(plan.depth), step_ms)
 
     def _weigh_probe(self, probs, verified, accepted) -> bool:
