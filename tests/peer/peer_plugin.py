@@ -11,6 +11,15 @@ look them up) to VSpecScheduler subclasses that add only the variant's
 settings, put where `--additional-config '{"vspec": ...}'` puts them, and a
 step counter. vLLM's own classes and modules are left alone.
 
+A variant's settings reach only a scheduler built with a speculative config
+(see peer_classes): a test that builds none runs the same code under every
+vspec variant. So each test runs under stock and under the process's first
+vspec variant (its lead); under the process's other vspec variants it runs
+again only if its lead run built a scheduler with a speculative config or
+did not pass or skip. Otherwise the lead's outcome stands for them, its
+message saying so (`shared_entry`), and the variant's probe counts them
+("shared").
+
 Outcomes (peer_common.outcome_entry) go to --peer-report as JSON: {test id:
 {variant: {outcome, message}}} (the test id without the variant's parameter),
 with what each vspec variant's schedulers did ("probes": steps, steps with
@@ -76,14 +85,33 @@ def excluded_reason(test_id: str, excluded: dict[str, str]) -> str | None:
                 None)
 
 
-def peer_classes(name: str, settings: dict, probe: dict):
+# Lead outcomes that stand for the process's other vspec variants when the
+# lead built no scheduler with a speculative config: a failure or an error
+# may have stopped the test before it built one, so those run again.
+SHARED_OUTCOMES = ("passed", "skipped")
+
+
+def shared_entry(lead: str, lead_entry: dict | None, lead_built_spec: bool) -> dict | None:
+    """The entry a vspec variant takes from its process's lead variant for a
+    test, or None when the test must run under the variant itself: the lead
+    has not run it, built a scheduler with a speculative config (where the
+    variant's own settings apply), or neither passed nor skipped it."""
+    if lead_entry is None or lead_built_spec or lead_entry["outcome"] not in SHARED_OUTCOMES:
+        return None
+    return {"outcome": lead_entry["outcome"],
+            "message": f"as {lead}: no scheduler with a speculative config, so no vspec "
+                       f"setting applies; {lead}'s run stands for this variant"}
+
+
+def peer_classes(name: str, settings: dict, probe: dict, on_spec=lambda: None):
     """VSpecScheduler and VSpecAsyncScheduler given `settings` as vspec's
     additional_config. The async one also subclasses the sync one, so that
     `isinstance(AsyncScheduler(...), Scheduler)` holds after rebinding as it
     does in vLLM. `probe` counts the steps they schedule, and among those the
     ones whose draft length is below num_speculative_tokens (K): that the
     rebinding took effect and the controller acted, read off the host's
-    SchedulerOutput rather than vspec's internals."""
+    SchedulerOutput rather than vspec's internals. `on_spec()` is called for
+    every scheduler built with a speculative config."""
     from vllm_vspec.hosts.vllm.scheduler import VSpecAsyncScheduler, VSpecScheduler
 
     class WithSettings:
@@ -92,6 +120,7 @@ def peer_classes(name: str, settings: dict, probe: dict):
             # them otherwise, as the server does); tests without one run the
             # subclass with no settings, i.e. as an engine with no vspec keys.
             if vllm_config.speculative_config is not None:
+                on_spec()
                 vllm_config.additional_config = {**(vllm_config.additional_config or {}),
                                                  "vspec": dict(settings)}
             super().__init__(vllm_config, *args, **kwargs)
@@ -120,14 +149,53 @@ class PeerRun:
         self.ids: dict[str, tuple[str, str]] = {}  # nodeid -> (test id, variant)
         self.results: dict[str, dict[str, dict]] = {}
         self.classes: dict[str, tuple] = {}
-        # variant -> {"steps": scheduled, "below_k": of those, gamma below K}
+        # variant -> {"steps": scheduled, "below_k": of those, gamma below K,
+        # "shared": tests whose lead run stood for the variant's}
         self.probes: dict[str, dict] = {}
+        self.lead = next((n for n, s in self.variants.items() if s is not None), None)
+        self.lead_spec: dict[str, bool] = {}  # test id -> its lead run built a spec scheduler
+        self.spec_built = False  # the running test built a scheduler with a speculative config
+        self.sharing: dict[str, dict] = {}  # node id -> the lead's entry it takes
+        # The fetched test modules (imported at collection), where the
+        # scheduler names are rebound.
+        self.modules: tuple[int, list] | None = None
 
     def scheduler_classes(self, name: str) -> tuple:
         if name not in self.classes:
-            self.probes[name] = {"steps": 0, "below_k": 0}
-            self.classes[name] = peer_classes(name, self.variants[name], self.probes[name])
+            self.classes[name] = peer_classes(name, self.variants[name], self.probe(name),
+                                              self.built_spec)
         return self.classes[name]
+
+    def probe(self, name: str) -> dict:
+        return self.probes.setdefault(name, {"steps": 0, "below_k": 0, "shared": 0})
+
+    def built_spec(self) -> None:
+        self.spec_built = True
+
+    def test_modules(self) -> list:
+        """The fetched test modules, read again only when a module was
+        imported since (collection imports nearly all of them)."""
+        if self.modules is None or self.modules[0] != len(sys.modules):
+            self.modules = (len(sys.modules), [
+                m for m in list(sys.modules.values())
+                if getattr(m, "__name__", "").startswith(PEER_PACKAGE)])
+        return self.modules[1]
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item) -> None:
+        """A vspec variant other than the lead takes the lead's outcome where
+        `shared_entry` gives one: the test is skipped before its fixtures
+        and the entry recorded in its place."""
+        test_id, variant = self.ids[item.nodeid]
+        self.spec_built = False
+        if self.variants[variant] is None or variant == self.lead:
+            return
+        lead_entry = self.results.get(test_id, {}).get(self.lead)
+        entry = shared_entry(self.lead, lead_entry, self.lead_spec.get(test_id, True))
+        if entry is not None:
+            self.sharing[item.nodeid] = entry
+            self.probe(variant)["shared"] += 1
+            pytest.skip(entry["message"])
 
     def pytest_generate_tests(self, metafunc) -> None:
         if not metafunc.module.__name__.startswith(PEER_PACKAGE):
@@ -156,9 +224,11 @@ class PeerRun:
             return
         test_id, variant = key
         slot = self.results.setdefault(test_id, {})
-        entry = outcome_entry(report)
+        entry = self.sharing.get(report.nodeid) or outcome_entry(report)
         if entry is not None:
             slot[variant] = entry
+        if variant == self.lead:
+            self.lead_spec[test_id] = self.lead_spec.get(test_id, False) or self.spec_built
 
     def pytest_sessionfinish(self) -> None:
         self.report_path.write_text(json.dumps(
@@ -195,9 +265,7 @@ def _peer_scheduler(request, monkeypatch):
     from vllm.v1.core.sched.scheduler import Scheduler
 
     sync, async_ = run.scheduler_classes(variant)
-    for module in list(sys.modules.values()):
-        if not getattr(module, "__name__", "").startswith(PEER_PACKAGE):
-            continue
+    for module in run.test_modules():
         for name, stock, ours in (("Scheduler", Scheduler, sync),
                                   ("AsyncScheduler", AsyncScheduler, async_)):
             if vars(module).get(name) is stock:

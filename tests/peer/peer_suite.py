@@ -105,12 +105,15 @@ def render(cmp: Comparison, variants: list[str], probes: dict[str, dict]) -> str
     shown = [o for o in OUTCOMES if any(cmp.counts[v].get(o) for v in variants)]
     expected = Counter(d.variant for d in cmp.expected)
     unexpected = Counter(d.variant for d in cmp.unexpected)
+    # "as lead": tests without a scheduler with a speculative config, whose
+    # run under the process's first vspec variant stands for this one's
+    # (peer_plugin.shared_entry).
     head = ["variant", *shown, "differ: listed", "differ: NOT listed", "vspec steps",
-            "gamma<K"]
+            "gamma<K", "as lead"]
     rows = [[v, *(str(cmp.counts[v].get(o, 0)) for o in shown),
-             *(["-"] * 4 if v == STOCK else
-               [str(expected[v]), str(unexpected[v]), str(probes.get(v, {}).get("steps", 0)),
-                str(probes.get(v, {}).get("below_k", 0))])]
+             *(["-"] * 5 if v == STOCK else
+               [str(expected[v]), str(unexpected[v]),
+                *(str(probes.get(v, {}).get(k, 0)) for k in ("steps", "below_k", "shared"))])]
             for v in variants]
     lines = table(head, rows)
     if cmp.expected:

@@ -20,7 +20,7 @@ import peer_fetch
 import peer_suite
 import pytest
 from conftest import run_command
-from peer_plugin import base_id, excluded_reason, variant_token
+from peer_plugin import base_id, excluded_reason, shared_entry, variant_token
 
 VARIANTS = ["stock", "online", "cycle"]
 STEPPED = {"online": {"steps": 5, "below_k": 1}, "cycle": {"steps": 5, "below_k": 4}}
@@ -168,6 +168,24 @@ def test_read_report_refuses_a_crash_or_a_missing_report_naming_the_log(tmp_path
 def test_base_id_removes_the_variant_wherever_pytest_put_it(nodeid, expected):
     assert variant_token("online-0") == "peer=online-0"
     assert base_id(nodeid, "online-0") == expected
+
+
+@pytest.mark.parametrize("lead_entry, built_spec", [
+    (None, False),                                          # the lead has not run it
+    ({"outcome": "passed", "message": ""}, True),           # the variant's settings apply
+    ({"outcome": "failed", "message": "boom"}, False),      # may have failed before building one
+    ({"outcome": "error", "message": "setup"}, False),
+])
+def test_a_variant_runs_a_test_itself_unless_its_lead_passed_it_without_a_spec_scheduler(
+        lead_entry, built_spec):
+    assert shared_entry("fixed", lead_entry, built_spec) is None
+
+
+@pytest.mark.parametrize("outcome", ["passed", "skipped"])
+def test_a_test_without_a_spec_scheduler_takes_its_leads_outcome_naming_the_lead(outcome):
+    entry = shared_entry("fixed", {"outcome": outcome, "message": "x"}, False)
+    assert entry["outcome"] == outcome
+    assert entry["message"].startswith("as fixed: no scheduler with a speculative config")
 
 
 def test_exclusion_patterns_match_whole_test_ids():
