@@ -132,6 +132,7 @@ class ModelPolicy:
         # decided steps, of their ms, weight, observation count when last decayed]
         self.cells: dict[tuple[int, int], list] = {}
         self.cell_steady: dict[tuple[int, int], int] = {}   # observation count at its last steady step
+        self._memo: dict = {}         # prices and cell posteriors of the current step and fit
         self.observed = 0
         # Batch 1: acceptance conditioned on whether the request's last known
         # step accepted every draft it verified (runs of matches persist),
@@ -151,26 +152,37 @@ class ModelPolicy:
         `prompt_shift`: ms per 1000 prompt tokens added to the drafter's
         fitted price of a prompt."""
         b = max(batch.num_reqs, 1)
-        ctx = b * batch.mean_context_len
-        hi = max(self.space.gamma(a) for a in arms)
+        gammas = [self.space.gamma(a) for a in arms]
+        base, admit = self._prices(batch, tuple(gammas), resuming)
         post = self.acceptance
         if b == 1 and self.outcomes and self.outcomes[-1] is not None:
             post = self.by_outcome[self.outcomes[-1]]
         rates = post.sample(self.rng) if draw else post.mean()
-        e = expected_tokens_all(rates, hi)
+        e = np.asarray(expected_tokens_all(rates, max(gammas)))[gammas]
+        cost = np.maximum(base + (self.cost.fit()[DRAFT_PREFILL] + prompt_shift) * admit * e - shave,
+                          1e-6)
+        return {a: b * t / c for a, t, c in zip(arms, e.tolist(), cost.tolist())}
+
+    def _prices(self, batch, gammas: tuple, resuming: bool) -> tuple[np.ndarray, np.ndarray]:
+        """Per gamma: the predicted step time in ms but the drafter's prefill
+        of the prompts that come with the tokens the step commits, and that
+        prefill per committed token and ms of the drafter's price of 1000
+        prompt tokens. Memoised until the next observed step or refit."""
         theta = self.cost.fit()
-        gammas = [self.space.gamma(a) for a in arms]
-        g = np.array(gammas, dtype=float)
-        dwell = max(self.runs[0] / self.runs[1], 1.0)
-        x = features(b, b * g, g, b * (g > 0) * resuming / dwell, ctx)
-        # Drafting also pays the drafter's prefill of the prompts that come
-        # with the tokens a step commits (steps that admit them are not
-        # decided; observe_cost prices them).
-        admit = ((theta[DRAFT_PREFILL] + prompt_shift) / 1000.0 * b * np.asarray(e)[g.astype(int)]
-                 * self.prompt_tokens / max(self.committed, 1.0) * (g > 0) * self.lazy)
-        scale = np.array([self._cell_scale(bucket_of(b), k, theta) for k in gammas])
-        cost = np.maximum((x @ theta) * scale + admit - shave, 1e-6)
-        return {a: b * e[k] / c for a, k, c in zip(arms, gammas, cost.tolist())}
+        b = max(batch.num_reqs, 1)
+        key = (b, batch.mean_context_len, gammas, resuming, self.observed, self.cost.fits)
+        if self._memo.get("prices", (None,))[0] != key:
+            g = np.array(gammas, dtype=float)
+            dwell = max(self.runs[0] / self.runs[1], 1.0)
+            x = features(b, b * g, g, b * (g > 0) * resuming / dwell, b * batch.mean_context_len)
+            scale = np.array([self._cell_scale(bucket_of(b), k, theta) for k in gammas])
+            # Drafting also pays the drafter's prefill of the prompts that come
+            # with the tokens a step commits (steps that admit them are not
+            # decided; observe_cost prices them).
+            admit = (b / 1000.0 * self.prompt_tokens / max(self.committed, 1.0)
+                     * (g > 0) * self.lazy)
+            self._memo["prices"] = (key, ((x @ theta) * scale, admit))
+        return self._memo["prices"][1]
 
     def _cell_scale(self, bucket: int, gamma: int, theta: np.ndarray) -> float:
         """The factor on the fit's price of (bucket, gamma)."""
@@ -180,7 +192,12 @@ class ModelPolicy:
         """Mean and sd of the log of the cell's factor: the prior (0,
         CELL_SPREAD) updated by the log of (its steady steps' time / the
         fit's prediction of them), their evidence aged by the drift since
-        the cell's last steady step."""
+        the cell's last steady step. Memoised until the next observed step
+        or refit."""
+        key = (bucket, gamma, self.observed, self.cost.fits)
+        known = self._memo.get(key)
+        if known is not None:
+            return known
         precision, mean = 1.0 / CELL_SPREAD ** 2, 0.0
         cell = self.cells.get((bucket, gamma))
         if cell is not None:
@@ -190,7 +207,10 @@ class ModelPolicy:
             if predicted > 0 and ms > 0 and evidence > 0:
                 mean = math.log(ms / predicted) * evidence / (precision + evidence)
                 precision += evidence
-        return mean, precision ** -0.5
+        if len(self._memo) > 64:
+            self._memo = {k: v for k, v in self._memo.items() if k == "prices"}
+        self._memo[key] = out = (mean, precision ** -0.5)
+        return out
 
     def _noise(self) -> float:
         """A steady step's variance about its cell's price (log scale)."""
