@@ -215,9 +215,13 @@ def run_trees(env: ascend_env.HostEnv, files: list[str], keyword: str | None,
             src = env.trees[tree]
             report, log = workdir / f"ascend-peer-{tree}.json", workdir / f"ascend-peer-{tree}.log"
             report.unlink(missing_ok=True)
+            # --tb=line: the report keeps a failure's crash line only
+            # (peer_common.message); a traceback with source lines makes
+            # pytest parse the source file of every frame, a large part of
+            # a tree's run when some 50 tests fail in both trees.
             cmd = [str(env.python), "-m", "pytest", "-p", "ascend_peer_plugin",
                    "-p", "no:cacheprovider", "-c", os.devnull, "--rootdir", str(src),
-                   "-q", "--tb=short", "-o", "console_output_style=classic",
+                   "-q", "--tb=line", "-o", "console_output_style=classic",
                    "--continue-on-collection-errors",
                    "--ascend-peer-report", str(report), "--ascend-peer-tree", tree,
                    *(["--ascend-torchvision-standin"] if host_cfg.get("torchvision_standin") else []),

@@ -167,6 +167,7 @@ class AscendPeerRun:
         self.route_proposers = route_proposers
         self._pairs: list[tuple[type, type]] | None = None
         self._read: set[str] = set()  # sys.modules keys host_bindings has read
+        self._walked = 0  # len(sys.modules) at host_bindings' last walk
         self._bindings: list[tuple[object, str, type, type]] = []
         self.results: dict[str, dict] = {}
         self.routing: dict[str, Counter] = {}
@@ -196,8 +197,13 @@ class AscendPeerRun:
         test module binds to a host proposer class that routing replaces.
         A module is read once, when first seen (its names are bound at
         import; each test's rebinding is undone after it), not every loaded
-        module again at every test of the overlaid run's 1,699."""
+        module again at every test of the overlaid run's 1,699; and
+        sys.modules is walked again only when its size changed since the
+        last walk (modules are added as they are imported)."""
         pairs = self.proposer_pairs()
+        if len(sys.modules) == self._walked:
+            return self._bindings
+        self._walked = len(sys.modules)
         for key, module in list(sys.modules.items()):
             if key in self._read:
                 continue
@@ -227,6 +233,42 @@ class AscendPeerRun:
             {"tree": self.tree, "exitstatus": int(exitstatus), "results": self.results,
              "routing": {k: dict(v) for k, v in self.routing.items()}},
             indent=1, sort_keys=True))
+        skip_final_collections(session.config, int(exitstatus))
+
+
+# The exit status once the report is written; None until then (the process
+# then ends as Python ends it).
+_EXIT_STATUS: list = [None]
+
+
+def skip_final_collections(config, exitstatus: int) -> None:
+    """Once the report is written the outcomes are recorded, and garbage
+    collection over this process's heap (torch, vLLM, vLLM-Ascend) takes
+    seconds: pytest's unraisable-exception plugin runs gc.collect() five
+    times as the session closes (each test's own unraisable exceptions were
+    collected after it), and Python collects again as it finalizes. Both
+    are skipped: the first by its iteration count, the second by ending
+    the process with the session's status after every other atexit
+    handler (end_after_atexit)."""
+    try:
+        from _pytest.unraisableexception import gc_collect_iterations_key
+    except ImportError:  # a pytest without the final collections
+        pass
+    else:
+        config.stash[gc_collect_iterations_key] = 0
+    _EXIT_STATUS[0] = exitstatus
+
+
+def end_after_atexit() -> None:
+    """Registered before anything else is imported, so it runs after every
+    other atexit handler (they run last registered first)."""
+    import os
+
+    if _EXIT_STATUS[0] is None:
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(_EXIT_STATUS[0])
 
 
 TEST_PACKAGE = "tests.ut."
@@ -249,6 +291,9 @@ def _vspec_routed_proposers(request, monkeypatch):
 def pytest_load_initial_conftests(early_config, parser, args) -> None:
     # Before tests/ut/conftest.py, which imports vllm_ascend (and through it
     # torchvision and, in the overlaid tree, routing.py).
+    import atexit
+
+    atexit.register(end_after_atexit)
     known = early_config.known_args_namespace
     run = AscendPeerRun(known.ascend_peer_report, known.ascend_peer_tree,
                         known.ascend_route_proposers)
