@@ -237,8 +237,8 @@ class VSpecConfig:
     take to turn over; a larger batch brings more judgements a step."""
 
     model_cost_window: int = ranged(1024, 2)
-    """`model` policy: steps the online step-cost model's fit describes
-    (older steps fade by 1 - 1/window a step)."""
+    """`model` and `budget` policies: steps the online step-cost model's fit
+    describes (older steps fade by 1 - 1/window a step)."""
 
     model_seed: int = ranged(0, 0)
     """`model` policy: seed of its Thompson draws (the same seed on the same
@@ -264,14 +264,10 @@ class VSpecConfig:
     `vllm-vspec doctor --forget`) to start cold. Other policies keep no
     state."""
 
-    verify_budget_cost_window: int = ranged(512, 8)
-    """`budget` policy: steps per batch-size bucket that the online step-cost
-    model's fit describes (older steps fade out by 1 - 1/window a step)."""
-
     verify_budget_cold_start_steps: int = ranged(2, 1)
     """`budget` policy: steps at each draft depth (max_gamma down to
-    min_gamma) of the cold-start sweep that runs until the step-cost model
-    of some bucket can tell verified tokens from draft passes."""
+    min_gamma) of the cold-start sweep that runs once, before the pooled
+    step-cost model is used, so that verified drafts and draft passes vary."""
 
     verify_budget_probe_interval: int = ranged(64, 1)
     """`budget` policy: steps in a row at draft depth 0 (nothing drafted, so

@@ -26,6 +26,7 @@ import pytest
 from conftest import (DEEP_TARGET, DRAFT, assert_same_tokens, close_llm, greedy, make_llm,
                       run_preempted, scheduler_of)
 from vllm_vspec.core.budget.policy import BudgetPlan
+from vllm_vspec.core.step_cost import MIN_SAMPLES
 from vllm_vspec.hosts.vllm.worker import CPU_WORKER_CLS
 
 pytestmark = pytest.mark.engine
@@ -153,9 +154,8 @@ def test_policy_run_is_token_exact_and_admits_what_it_verifies(budget, deep_refe
         assert any(req in s.verified for req in s.admitted), (n, s)
     reasons = {s.reason for s in decode if s.decided}
     assert reasons and reasons <= {"cold-start", "budget", "probe"}, reasons
-    # The cost model learned from the engine's steps (the scripted run's
-    # verified tokens and depths vary independently: a bucket is ready).
-    assert any(b["ready"] for b in snapshot["cost_model"].values()), snapshot
+    # The pooled cost model learned from the engine's decided steps.
+    assert snapshot["cost_model"]["samples"] >= MIN_SAMPLES, snapshot
     assert snapshot["calibration"]["judged"] > 0, snapshot
 
 

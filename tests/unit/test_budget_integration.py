@@ -49,7 +49,7 @@ def controller(**keys) -> GammaController:
 @pytest.mark.parametrize("keys, key", [
     ({"tree_width": 2}, "tree_width"),
     ({"gamma0_mode": "sticky"}, "gamma0_mode"),
-    ({"verify_budget_cost_window": 4}, "verify_budget_cost_window"),
+    ({"model_cost_window": 1}, "model_cost_window"),
     ({"verify_budget_request_smoothing": 0.0}, "verify_budget_request_smoothing"),
     ({"verify_budget_probe_interval": 0}, "verify_budget_probe_interval"),
     ({"verify_budget_calibration_window": "many"}, "verify_budget_calibration_window"),
@@ -61,7 +61,7 @@ def test_bad_budget_settings_name_their_key(keys, key):
 
 
 def test_budget_keys_reach_the_core_settings():
-    ctl = controller(verify_budget_cost_window=64, verify_budget_probe_interval=5,
+    ctl = controller(model_cost_window=64, verify_budget_probe_interval=5,
                      verify_budget_cold_start_steps=3, verify_budget_request_smoothing=0.5,
                      verify_budget_calibration_window=100, gamma0_mode="lazy")
     s = ctl.policy.core.settings
@@ -102,9 +102,9 @@ def test_observed_steps_feed_the_cost_model_with_what_was_verified():
     rows = [DraftRow("a", (0.9, 0.8, 0.5, 0.2)), DraftRow("b", (0.3, 0.2, 0.1, 0.1))]
     seen = []
     observe = policy.core.observe
-    policy.core.observe = lambda plan, r, acc, ms: (seen.append((plan.admitted, plan.depth,
-                                                                 tuple(acc), round(ms, 3))),
-                                                    observe(plan, r, acc, ms))
+    policy.core.observe = lambda plan, r, acc, ms, ctx: (
+        seen.append((plan.admitted, plan.depth, tuple(acc), round(ms, 3))),
+        observe(plan, r, acc, ms, ctx))
     for step in range(3):
         plan = policy.plan(rows, 256)
         assert plan.reason == "cold-start" and len(plan.admitted) == 2
@@ -118,7 +118,7 @@ def test_observed_steps_feed_the_cost_model_with_what_was_verified():
         assert seen[-1][1] == decision.gamma
         assert seen[-1][2] == (min(1, plan.admitted[0]), 0)      # accepted <= verified
     assert [s[3] for s in seen[1:]] == [10.0, 10.0]
-    assert policy.snapshot()["cost_model"]["2"]["samples"] == 3
+    assert policy.snapshot()["cost_model"]["samples"] == 3
 
 
 def test_report_needs_one_entry_per_request():

@@ -1,6 +1,6 @@
 """Per-request verify budgets (core/budget, issue 28): admission is the
-top-budget survival ranking and always a prefix per request, the online
-cost model recovers known coefficients, the calibration converges and
+top-budget survival ranking and always a prefix per request, the pooled
+step-cost model prices a batch size it never ran, the calibration converges and
 reports its error, and on heterogeneous acceptance the budget beats every
 batch-uniform gamma (analytically and in the simulator)."""
 
@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 
 from vllm_vspec.core.budget.admission import admit, best_budget, ranked, survival
 from vllm_vspec.core.budget.calibration import ConfidenceCalibrator
-from vllm_vspec.core.budget.cost_model import StepCost, StepCostModel, nonnegative_solution
 from vllm_vspec.core.budget.policy import (BudgetSettings, DraftRow, VerifyBudgetPolicy, choose,
                                            smoothed)
+from vllm_vspec.core.step_cost import MIN_SAMPLES
 from vllm_vspec.core.steps import bucket_of
 from vllm_vspec.sim import budget_sim
 
@@ -83,59 +83,28 @@ def test_best_budget_ties_keep_the_smaller_budget():
 
 
 # ------------------------------------------------------------------ cost model
-TRUE = StepCost(40.0, 0.25, 12.0)
+def step_ms(batch: int, verified: int, passes: int, per_token: float = 0.25,
+            per_pass: float = 12.0) -> float:
+    """A host whose step costs 40 ms, `per_token` per token the target runs
+    and `per_pass` per draft pass."""
+    return 40.0 + per_token * (batch + verified) + per_pass * passes
 
 
-def noisy_steps(model: StepCostModel, n: int, bucket: int = 64, noise: float = 0.03,
-                seed: int = 0, outliers: float = 0.0, true: StepCost = TRUE) -> None:
-    rng = random.Random(seed)
-    for _ in range(n):
-        tokens, passes = rng.randint(bucket // 2, bucket * 5), rng.randint(0, 4)
-        ms = true(tokens, passes) * math.exp(noise * rng.gauss(0, 1))
-        if rng.random() < outliers:
-            ms *= 10.0                                           # a preemption, a host pause
-        model.observe(bucket, tokens, passes, ms)
-
-
-@pytest.mark.parametrize("outliers", [0.0, 0.05])
-def test_cost_model_recovers_known_coefficients_from_noisy_steps(outliers):
-    model = StepCostModel()
-    noisy_steps(model, 600, outliers=outliers)
-    fit = model.model(64)
-    for got, want in zip(fit.as_tuple(), TRUE.as_tuple()):
-        assert got == pytest.approx(want, rel=0.06), (fit, outliers)
-    if outliers:
-        assert model.snapshot()["64"]["skipped"] > 0
-
-
-def test_cost_model_coefficients_stay_non_negative():
-    model = StepCostModel()
-    noisy_steps(model, 300, true=StepCost(40.0, 0.25, 0.0), noise=0.1)
-    assert all(v >= 0.0 for v in model.model(64).as_tuple())
-    # The constrained optimum itself: a negative unconstrained slope is clipped to 0.
-    assert nonnegative_solution([[2.0, 0.0], [0.0, 2.0]], [2.0, -4.0]) == [1.0, 0.0]
-
-
-def test_cold_start_rule_and_the_nearest_bucket_prior():
-    model = StepCostModel(min_samples=8)
-    for _ in range(20):                          # tokens and passes collinear: not identifiable
-        for d in range(5):
-            model.observe(16, 16 * (1 + d), d, TRUE(16 * (1 + d), d))
-    assert not model.ready(16) and model.model(16) is None and model.model(32) is None
-    noisy_steps(model, 40, bucket=16, noise=0.0)
-    assert model.ready(16)
-    # A bucket with no samples borrows the nearest ready bucket's coefficients.
-    borrowed = model.model(128)
-    assert borrowed.as_tuple() == pytest.approx(model.model(16).as_tuple(), rel=1e-3)
-    assert model.snapshot()["16"]["ready"]
-
-
-def test_a_persistent_shift_is_folded_in_after_outlier_run_steps():
-    model = StepCostModel(outlier_run=8)
-    noisy_steps(model, 200, noise=0.0)
-    slow = StepCost(200.0, 1.25, 60.0)           # the machine got 5x slower
-    noisy_steps(model, 2000, noise=0.0, true=slow, seed=1)
-    assert model.model(64)(300, 2) == pytest.approx(slow(300, 2), rel=0.05)
+def test_a_batch_size_seen_for_the_first_time_is_priced_from_the_others_steps():
+    # Steps at batch sizes 2 and 16 only; batch 4 (a bucket of its own) never ran.
+    policy, rng = VerifyBudgetPolicy(4), random.Random(0)
+    for _ in range(40):
+        for b in (2, 16):
+            rows = [DraftRow(i, tuple(rng.random() for _ in range(4))) for i in range(b)]
+            plan = policy.plan(rows)
+            policy.observe(plan, rows, [rng.randint(0, k) for k in plan.admitted],
+                           step_ms(b, plan.budget, policy.passes(plan.depth)))
+    assert bucket_of(4) not in {bucket_of(2), bucket_of(16)}
+    fixed, per_slot = policy.prices(4, 4)
+    assert fixed == pytest.approx([step_ms(4, 0, policy.passes(d)) for d in range(5)], rel=0.02)
+    assert per_slot == pytest.approx(0.25, rel=0.15)
+    # So its first plan is a budget, not a cold start of its own.
+    assert policy.plan([DraftRow(i, (0.9,) * 4) for i in range(4)]).reason == "budget"
 
 
 # ------------------------------------------------------------------ calibration
@@ -188,11 +157,12 @@ def test_policy_cold_start_sweep_then_budget_and_validation():
         assert all(k <= len(r.probs) for k, r in zip(plan.admitted, rows))
         reasons.append(plan.reason)
         accepted = [rng.randint(0, k) for k in plan.admitted]
-        policy.observe(plan, rows, accepted, TRUE(16 + plan.budget, policy.passes(plan.depth)))
+        policy.observe(plan, rows, accepted, step_ms(16, plan.budget, policy.passes(plan.depth)))
         rows = [DraftRow(i, tuple(rng.random() for _ in range(plan.depth))) for i in range(16)]
-    # The sweep runs until the bucket's model is ready (min_samples, varied), then budgets.
-    assert reasons[:8] == ["cold-start"] * 8 and reasons[-1] == "budget"
-    assert policy.cost.ready(16)
+    # One sweep of depths 4..0, cold_start_steps (2) each, then budgets.
+    assert reasons[:10] == ["cold-start"] * 10 and set(reasons[10:]) <= {"budget", "probe",
+                                                                          "probe-verify"}
+    assert policy.cost.samples == 40
     with pytest.raises(ValueError, match="need one of each"):
         policy.observe(plan, rows[:3], [0], 1.0)
     with pytest.raises(ValueError, match="cost_windw"):
@@ -258,20 +228,20 @@ def test_sim_command_runs_the_verify_budget_comparison(tmp_path, capsys):
     assert "--batches='0': need comma-separated integers >= 1" in capsys.readouterr().err
 
 
-def warmed(true: StepCost, batch: int = 8, steps: int = 60) -> VerifyBudgetPolicy:
-    """A policy past its cold start on steps that cost `true`."""
+def warmed(true=step_ms, batch: int = 8, steps: int = 60) -> VerifyBudgetPolicy:
+    """A policy past its cold start on steps that cost `true(batch, verified, passes)`."""
     policy, rng = VerifyBudgetPolicy(4), random.Random(1)
     rows = [DraftRow(i, ()) for i in range(batch)]
     for _ in range(steps):
         plan = policy.plan(rows)
         policy.observe(plan, rows, [rng.randint(0, k) for k in plan.admitted],
-                       true(batch + plan.budget, policy.passes(plan.depth)))
+                       true(batch, plan.budget, policy.passes(plan.depth)))
         rows = [DraftRow(i, tuple(rng.random() for _ in range(plan.depth))) for i in range(batch)]
-    assert policy.cost.ready(bucket_of(batch))
+    assert policy.cost.samples >= MIN_SAMPLES and policy.plan(rows).reason != "cold-start"
     return policy
 
 
-WARM = warmed(TRUE)
+WARM = warmed()
 
 
 @settings(max_examples=150, deadline=None)
@@ -287,6 +257,7 @@ def test_a_plan_admits_the_top_budget_of_its_own_calibrated_survival(probs):
 
 
 def test_when_verifying_does_not_pay_the_plan_is_a_target_only_step():
-    policy = warmed(StepCost(40.0, 50.0, 200.0))     # a slot costs more than a step's worth
+    # A slot costs more than a step's worth.
+    policy = warmed(lambda b, v, p: step_ms(b, v, p, per_token=50.0, per_pass=200.0))
     plan = policy.plan([DraftRow(i, (0.9, 0.9, 0.9, 0.9)) for i in range(8)])
     assert plan.admitted == (0,) * 8 and plan.budget == 0 and plan.depth == 0

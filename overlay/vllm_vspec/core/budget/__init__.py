@@ -8,15 +8,15 @@ so that the expected committed tokens per second of the step is highest:
 - calibration.py: draft probability -> acceptance probability, learned
   online from the accept/reject feedback of verified slots, with its error
   (Brier score, expected calibration error).
-- cost_model.py: step time as a function of the tokens the target verifies
-  and the draft passes, per batch-size bucket, fitted online from the
-  steps themselves (no start-up profiling).
+- step time: the `model` policy's pooled step-cost model
+  (core/step_cost.py PooledStepCost), one linear fit over every observed
+  step whatever its batch size (no start-up profiling).
 - admission.py: survival scores and the top-budget admission (pure
   functions; the invariants are there).
 - policy.py: VerifyBudgetPolicy, what a host calls once per step: it
   chooses the budget, the admitted prefix per request and the draft depth
   of the next step, and learns from the step's outcome.
 
-Stdlib only (core layer). Not yet wired into an engine: the interface the
-engine integration will call is docs/design/verify-budget.md.
+Core layer (no host import; numpy through core/step_cost.py). The
+interface the engine integration calls is docs/design/verify-budget.md.
 """

@@ -9,11 +9,13 @@ DraftRow), and one call decides two things:
 - the draft depth of this step (the draft passes it runs; what the next
   step will be able to admit from).
 
-Rule of one step with B rows, cost model T (cost_model.py) of the bucket:
+Rule of one step with B rows, step-cost model T (core/step_cost.py
+PooledStepCost, the `model` policy's: one linear fit over every observed
+step, pooled across batch sizes):
 1. Calibrate each row (calibration.py) and take survival scores.
 2. Depth: for every depth D in 0..max_depth (within the token budget),
    the value of a steady step at D is max_n (B + top-n survival) /
-   T(B + n, passes(D)), over PREDICTED rows of D slots: per request, the
+   T(B, n, passes(D)), over PREDICTED rows of D slots: per request, the
    survival of its smoothed calibrated acceptance per position (an EWMA
    over its steps, weight `request_smoothing`; a position it never
    reached repeats its last one; a request with none yet takes the batch
@@ -22,14 +24,28 @@ Rule of one step with B rows, cost model T (cost_model.py) of the bucket:
    over to the next draft, and the best D over noisy rows would be biased
    upwards. D is the argmax (ties: the smaller D).
 3. Budget: n = argmax over n of (B + top-n survival of the ACTUAL rows) /
-   T(B + n, passes(D)); the top-n slots are admitted.
-`passes(D)` is D, or 1 at D = 0 when the host still runs the drafter on a
-depth-0 step (gamma0_mode sync).
+   T(B, n, passes(D)); the top-n slots are admitted.
+T(B, n, P) is the pooled fit's price of a step with B requests, n
+verified drafts and P draft passes at the batch's context (that of the
+last observed step, per request); it is linear in n, so step 3 is
+admission.best_budget. `passes(D)` is D, or 1 at D = 0 when the host
+still runs the drafter on a depth-0 step (gamma0_mode sync): the features
+say what the step runs. Every observed step is a sample, whatever its
+batch size, so a batch size seen for the first time is priced at once
+from the others' steps. A step that drafts after one that ran no draft
+pass (a lazy drafter catches up over the step it skipped) is fitted with
+its catch-up feature, and a choice to resume drafting after such a step
+is charged the catch-up spread over the mean length of past drafting
+runs, as the `model` policy charges it (charged whole, depth 0 would
+hold wherever drafting wins only in the steady state; not charged, a
+step at depth 0 would look free of the catch-up it causes).
 
-Cold start (the cost model has no ready bucket): a sweep of draft depth
-max_depth..0, `cold_start_steps` steps each, admitting in turn all and the
-best half of the drafted slots, so that verified tokens and draft passes
-vary independently and the model becomes ready. Probe: after
+Cold start (the cost model has seen fewer than MIN_SAMPLES steps, or the
+sweep is not done): one sweep of draft depth max_depth..0,
+`cold_start_steps` steps each, admitting in turn all and the best half of
+the drafted slots, so that verified tokens and draft passes vary
+independently before the fit is used. The sweep runs once per policy,
+not per batch size. Probe: after
 `probe_interval` steps in a row at depth 0 (nothing drafted, so nothing is
 learned) one step drafts depth 1, and the next step verifies every draft
 that probe proposed, whatever the calibration predicts (a probe whose
@@ -52,11 +68,16 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Callable, Hashable, Mapping, Sequence
 
+import numpy as np
+
 from vllm_vspec.core.budget.admission import (admit, admitted_counts, best_budget, ranked,
                                               survival)
 from vllm_vspec.core.budget.calibration import ConfidenceCalibrator, judged_slots
-from vllm_vspec.core.budget.cost_model import StepCostModel
+from vllm_vspec.core.policies.model import PRIOR_RUN_STEPS, PRIOR_RUNS, RUN_KEEP
+from vllm_vspec.core.step_cost import FEATURES, MIN_SAMPLES, PooledStepCost, features
 from vllm_vspec.core.steps import bucket_of, draft_budget
+
+VERIFIED = FEATURES.index("verified")
 
 
 @dataclass(frozen=True)
@@ -64,12 +85,8 @@ class BudgetSettings:
     """Settings of the verify-budget policy (not yet vspec keys: the engine
     integration will add them to config.py as `verify_budget_*`)."""
 
-    cost_window: int = 512
-    """Steps (per bucket) the cost model's fit describes (forgetting 1 - 1/window)."""
-    cost_min_samples: int = 8
-    """Samples before a bucket's cost model stands on its own."""
-    cost_prior_samples: float = 16.0
-    """Weight, in samples, of the nearest ready bucket's coefficients in a new bucket's fit."""
+    cost_window: int = 1024
+    """Steps the pooled cost model's fit describes (forgetting 1 - 1/window)."""
     outlier_factor: float = 3.0
     """A step this many times slower or faster than predicted is not fitted."""
     calibration_bins: int = 10
@@ -104,7 +121,10 @@ class BudgetSettings:
         if not 0.0 < out.request_smoothing <= 1.0:
             raise ValueError(f"verify budget setting request_smoothing={out.request_smoothing!r} "
                              "is not allowed: need a weight in (0, 1]")
-        for key in ("cost_window", "cost_min_samples", "calibration_bins",
+        if out.cost_window < 2:
+            raise ValueError(f"verify budget setting cost_window={out.cost_window!r} is not "
+                             "allowed: need an integer >= 2")
+        for key in ("calibration_bins",
                     "calibration_window", "cold_start_steps", "probe_interval"):
             if getattr(out, key) < 1:
                 raise ValueError(f"verify budget setting {key}={getattr(out, key)!r} is not "
@@ -179,8 +199,7 @@ class VerifyBudgetPolicy:
             raise ValueError(f"VerifyBudgetPolicy(max_depth={max_depth}): need K >= 1")
         self.max_depth = max_depth
         self.settings = s = settings or BudgetSettings()
-        self.cost = StepCostModel(s.cost_window, s.cost_min_samples, s.cost_prior_samples,
-                                  s.outlier_factor)
+        self.cost = PooledStepCost(s.cost_window, outlier_factor=s.outlier_factor)
         self.calibration = ConfidenceCalibrator(max_depth, s.calibration_bins,
                                                 s.calibration_prior, s.calibration_window)
         self._smoothed: dict[Hashable, list[float]] = {}   # request -> smoothed acceptance
@@ -191,6 +210,10 @@ class VerifyBudgetPolicy:
         self._probe_slots: list[tuple[int, float, float]] = []   # probes' judged slots
         self._probe_excess = 0.0        # sum of (outcome - prediction) over them
         self._probe_variance = 0.0      # sum of p(1 - p) over them
+        self._context = 0.0             # mean context per request of the last observed step
+        self._last_passes: int | None = None    # draft passes of the last observed step
+        self._run = 0                   # observed drafting steps since the last resume
+        self._runs = [PRIOR_RUN_STEPS * PRIOR_RUNS, PRIOR_RUNS]   # decayed sum of run lengths, count
 
     def passes(self, depth: int) -> int:
         return 1 if depth == 0 and self.settings.gamma0_runs_drafter else depth
@@ -205,11 +228,10 @@ class VerifyBudgetPolicy:
         acceptance = [self.calibration.row(r.probs) for r in rows]
         scores = [survival(a) for a in acceptance]
         predicted = [survival(m) for m in self._smooth(rows, acceptance)]
-        model = self.cost.model(bucket)
-        if model is None:
+        if self._cold_steps < self._sweep_steps() or self.cost.samples < MIN_SAMPLES:
             return self._cold(rows, scores, bucket, hi)
-        fixed = lambda d: model(b, self.passes(d))                 # noqa: E731
-        depth, admitted, _ = choose(scores, predicted, hi, fixed, model.per_token_ms)
+        fixed, per_slot = self.prices(b, hi)
+        depth, admitted, _ = choose(scores, predicted, hi, fixed.__getitem__, per_slot)
         reason = "budget"
         if self._verifying_probe:
             admitted, reason = [len(r.probs) for r in rows], "probe-verify"
@@ -224,7 +246,23 @@ class VerifyBudgetPolicy:
             self._forget_probes()
         return BudgetPlan(tuple(admitted), depth, bucket, reason,
                           b + sum(sum(row[:k]) for row, k in zip(scores, admitted)),
-                          fixed(depth) + model.per_token_ms * n)
+                          fixed[depth] + per_slot * n)
+
+    def prices(self, batch: int, max_depth: int) -> tuple[list[float], float]:
+        """The pooled fit's price (ms) of a step of `batch` requests at each
+        draft depth 0..max_depth verifying no drafts (one that resumes
+        drafting after a step that ran no pass: with its catch-up spread
+        over the mean drafting run), and of each verified draft (>= 0: the
+        fit keeps its marginal costs non-negative)."""
+        theta = self.cost.fit()
+        passes = np.array([self.passes(d) for d in range(max_depth + 1)], dtype=float)
+        resuming = self._last_passes == 0
+        catchup = batch * (passes > 0) * resuming / max(self._runs[0] / self._runs[1], 1.0)
+        x = features(batch, 0.0, passes, catchup, batch * self._context)
+        return (x @ theta).tolist(), max(float(theta[VERIFIED]), 0.0)
+
+    def _sweep_steps(self) -> int:
+        return (self.max_depth + 1) * self.settings.cold_start_steps
 
     def _smooth(self, rows: Sequence[DraftRow], acceptance: Sequence[Sequence[float]]
                 ) -> list[list[float]]:
@@ -256,10 +294,10 @@ class VerifyBudgetPolicy:
                           None)
 
     def observe(self, plan: BudgetPlan, rows: Sequence[DraftRow], accepted: Sequence[int],
-                step_ms: float) -> None:
+                step_ms: float, context: float = 0.0) -> None:
         """The step's outcome: per row, accepted drafts among the admitted
-        ones, and the step's time (the controller's non-overlapping
-        interval, in ms)."""
+        ones, the step's time (the controller's non-overlapping interval,
+        in ms) and the batch's mean context tokens per request."""
         if len(accepted) != len(rows) or len(rows) != len(plan.admitted):
             raise ValueError(f"VerifyBudgetPolicy.observe: {len(rows)} rows, "
                              f"{len(plan.admitted)} admitted, {len(accepted)} accepted: "
@@ -271,7 +309,15 @@ class VerifyBudgetPolicy:
             self.calibration.relearn(self._probe_slots)
             self._forget_probes()
             self._smoothed = {}
-        self.cost.observe(plan.bucket, len(rows) + plan.budget, self.passes(plan.depth), step_ms)
+        b, passes = len(rows), self.passes(plan.depth)
+        catchup = b if passes and self._last_passes == 0 else 0
+        self.cost.observe(features(b, plan.budget, passes, catchup, b * context), step_ms)
+        if passes:
+            self._run += 1
+        elif self._run:
+            self._runs = [self._runs[0] * RUN_KEEP + self._run, self._runs[1] * RUN_KEEP + 1.0]
+            self._run = 0
+        self._last_passes, self._context = passes, context
 
     def _weigh_probe(self, probs, verified, accepted) -> bool:
         """Add a probe's judged slots to the probe evidence, scored by the

@@ -2,8 +2,9 @@
 
 The controller's other policies give every request of a step one gamma.
 Under `budget` the host verifies, per request, a PREFIX of its draft
-chosen by core/budget (VerifyBudgetPolicy: survival ranking, online step
-cost model, calibration of the draft probabilities), and the controller's
+chosen by core/budget (VerifyBudgetPolicy: survival ranking, the
+`model` policy's pooled online step-cost model (core/step_cost.py),
+calibration of the draft probabilities), and the controller's
 gamma is the draft DEPTH of the step (what the next step can admit from).
 
 The host (hosts/vllm/budget_admission.py) drives it in three calls a step,
@@ -22,10 +23,11 @@ in this order; the controller calls the other two:
 4. controller `observe(outcome)` -> `observe`: the report and the step's
    non-overlapping interval (`StepOutcome.interval_s`) go to
    VerifyBudgetPolicy.observe: the calibration learns the judged slots,
-   the cost model the step's (verified tokens, draft passes, ms).
+   the cost model the step's (batch size, verified drafts, draft passes,
+   context, ms).
 
-Every decided step is a cost sample, stable or not: the cost model's
-features (tokens verified, draft passes) say what the step did, so a step
+Every decided step is a cost sample, stable or not, whatever its batch
+size: the cost model's features say what the step did, so a step
 that mixes two depths is described exactly and need not be dropped, as
 the batch-uniform policies must (their reward names one gamma). Prefill
 steps are not decided (controller rule) and teach nothing.
@@ -49,7 +51,7 @@ from vllm_vspec.core.budget.policy import BudgetPlan, BudgetSettings, DraftRow, 
 def budget_settings(config: VSpecConfig) -> BudgetSettings:
     """The core policy's settings from the vspec keys (the rest: defaults)."""
     return BudgetSettings(
-        cost_window=config.verify_budget_cost_window,
+        cost_window=config.model_cost_window,
         cold_start_steps=config.verify_budget_cold_start_steps,
         probe_interval=config.verify_budget_probe_interval,
         request_smoothing=config.verify_budget_request_smoothing,
@@ -104,8 +106,9 @@ class BudgetPolicy:
         rows, verified, accepted = report
         step = BudgetPlan(tuple(verified), outcome.gamma, outcome.bucket, "observed",
                           0.0, None)
-        self.core.observe(step, rows, accepted, outcome.interval_s * 1e3)
+        self.core.observe(step, rows, accepted, outcome.interval_s * 1e3,
+                          outcome.batch.mean_context_len)
 
     def snapshot(self) -> dict:
-        """The cost model per bucket and the calibration's error report."""
+        """The pooled cost model's fit and the calibration's error report."""
         return self.core.snapshot()
