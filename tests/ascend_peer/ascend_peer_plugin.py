@@ -38,7 +38,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from peer_common import message, outcome_entry
+from peer_common import end_after_atexit, message, outcome_entry, skip_final_collections
 
 RUN = "vspec_ascend_peer_run"
 ROUTING_MODULE = "vllm_ascend.vspec.routing"
@@ -234,41 +234,6 @@ class AscendPeerRun:
              "routing": {k: dict(v) for k, v in self.routing.items()}},
             indent=1, sort_keys=True))
         skip_final_collections(session.config, int(exitstatus))
-
-
-# The exit status once the report is written; None until then (the process
-# then ends as Python ends it).
-_EXIT_STATUS: list = [None]
-
-
-def skip_final_collections(config, exitstatus: int) -> None:
-    """Once the report is written the outcomes are recorded, and garbage
-    collection over this process's heap (torch, vLLM, vLLM-Ascend) takes
-    seconds: pytest's unraisable-exception plugin runs gc.collect() five
-    times as the session closes (each test's own unraisable exceptions were
-    collected after it), and Python collects again as it finalizes. Both
-    are skipped: the first by its iteration count, the second by ending
-    the process with the session's status after every other atexit
-    handler (end_after_atexit)."""
-    try:
-        from _pytest.unraisableexception import gc_collect_iterations_key
-    except ImportError:  # a pytest without the final collections
-        pass
-    else:
-        config.stash[gc_collect_iterations_key] = 0
-    _EXIT_STATUS[0] = exitstatus
-
-
-def end_after_atexit() -> None:
-    """Registered before anything else is imported, so it runs after every
-    other atexit handler (they run last registered first)."""
-    import os
-
-    if _EXIT_STATUS[0] is None:
-        return
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(_EXIT_STATUS[0])
 
 
 TEST_PACKAGE = "tests.ut."

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
@@ -62,6 +64,39 @@ def message(report: Any) -> str:
         lines[0] if lines else "")
     return line[:300]
 
+
+
+# The exit status once the report is written; None until then (the process
+# then ends as Python ends it).
+_EXIT_STATUS: list = [None]
+
+
+def skip_final_collections(config, exitstatus: int) -> None:
+    """Once the report is written the outcomes are recorded, and garbage
+    collection over a plugin's process heap (torch, vLLM, vLLM-Ascend) takes
+    seconds: pytest's unraisable-exception plugin runs gc.collect() five
+    times as the session closes (each test's own unraisable exceptions were
+    collected after it), and Python collects again as it finalizes. Both
+    are skipped: the first by its iteration count, the second by ending
+    the process with the session's status after every other atexit
+    handler (end_after_atexit)."""
+    try:
+        from _pytest.unraisableexception import gc_collect_iterations_key
+    except ImportError:  # a pytest without the final collections
+        pass
+    else:
+        config.stash[gc_collect_iterations_key] = 0
+    _EXIT_STATUS[0] = exitstatus
+
+
+def end_after_atexit() -> None:
+    """A plugin registers it before the tests import anything, so that it
+    runs after every other atexit handler (they run last registered first)."""
+    if _EXIT_STATUS[0] is None:
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(_EXIT_STATUS[0])
 
 # ------------------------------------------------------ in the suites
 class Listed(Protocol):

@@ -36,7 +36,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from peer_common import outcome_entry
+from peer_common import end_after_atexit, outcome_entry, skip_final_collections
 
 PARAM = "peer_variant"
 STOCK = "stock"
@@ -230,14 +230,19 @@ class PeerRun:
         if variant == self.lead:
             self.lead_spec[test_id] = self.lead_spec.get(test_id, False) or self.spec_built
 
-    def pytest_sessionfinish(self) -> None:
+    def pytest_sessionfinish(self, session, exitstatus) -> None:
         self.report_path.write_text(json.dumps(
             {"variants": list(self.variants), "excluded": self.excluded,
              "probes": self.probes,
              "results": self.results}, indent=1, sort_keys=True))
+        skip_final_collections(session.config, int(exitstatus))
 
 
 def pytest_configure(config) -> None:
+    import atexit
+
+    # Before the test modules import vLLM (collection comes later).
+    atexit.register(end_after_atexit)
     config.pluginmanager.register(PeerRun(config), RUN)
 
 

@@ -137,6 +137,26 @@ def test_a_collection_error_message_is_its_last_line():
     assert len(peer_common.message(_report("call", "failed", "x" * 400))) == 300
 
 
+def test_a_plugin_process_ends_with_the_session_status_after_the_other_atexit_handlers():
+    script = ("import atexit, types, peer_common\n"
+              "atexit.register(peer_common.end_after_atexit)\n"
+              "atexit.register(lambda: print('earlier handler ran', flush=True))\n"
+              "config = types.SimpleNamespace(stash={})\n"
+              "peer_common.skip_final_collections(config, 3)\n"
+              "print('gc iterations', list(config.stash.values()))\n")
+    run = run_command([sys.executable, "-c", script], timeout_s=60, cwd=peer_suite.HERE)
+    assert run.returncode == 3, run.stderr
+    assert run.stdout.splitlines() == ["gc iterations [0]", "earlier handler ran"]
+
+
+def test_a_plugin_process_without_a_session_status_ends_as_python_ends_it():
+    script = ("import atexit, sys, peer_common\n"
+              "atexit.register(peer_common.end_after_atexit)\n"
+              "sys.exit(5)\n")
+    assert run_command([sys.executable, "-c", script], timeout_s=60,
+                       cwd=peer_suite.HERE).returncode == 5
+
+
 def test_listing_takes_the_first_covering_entry_and_reports_the_rest_stale():
     listing = peer_common.Listing([{"tests": ["t::a*"], "reason": "r0", "only": "x"},
                                    {"tests": ["t::a[[]1]"], "reason": "r1"},
