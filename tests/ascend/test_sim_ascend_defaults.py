@@ -9,10 +9,11 @@ What it shows, on every workload of ascend_defaults.workloads() and seeds
 factor 1.0):
 - with K drafted on padded steps unless the model policy's predictions show
   a gain (the 0.23 default, as the scheduler does it: core/padded_gamma.py;
-  these workloads never show one), the default policy, and the `online`
-  policy of the named extra row, are never behind stock on any workload or
-  seed: inside the padding range they are stock step for step, past it they
-  gain;
+  padded steps teach the policy, so the phase-shifting load's hard phase
+  can show one), the default policy, and the `online` policy of the named
+  extra row, are never behind stock on any workload or seed: on the steady
+  loads inside the padding range they are stock step for step, past it
+  they gain;
 - without that rule the 0.23 defaults lose at most 1.5% (the policy's
   learning on loads whose best arm is K) and gain where a smaller gamma pays;
 - vspec turned on under 0.30's defaults (eager draft, a step below K loses
@@ -46,7 +47,8 @@ def test_k_on_padded_steps_is_never_behind_stock_on_any_workload_or_seed(result)
     for name in ("0.23 K where padded/stock", "0.23 online/stock"):
         for workload, ratios in result["ratios"].items():
             assert min(ratios[name]) >= 1.0, (name, workload, ratios)
-            if workload in IN_RANGE:   # every step padded: stock, step for step
+            if workload in IN_RANGE and workload.startswith("steady"):
+                # Every step padded, K best throughout: stock, step for step.
                 assert ratios[name] == [1.0] * len(result["seeds"]), (name, workload)
         for workload in ("steady-b128", "bursty-b2-b128"):
             assert min(result["ratios"][workload][name]) > 1.0, (name, workload)

@@ -193,8 +193,7 @@ class GammaController:
             gamma, width = self.gamma, self.width
             if width == 1 and hasattr(self.policy, "prefill_gamma"):
                 gamma = self.policy.prefill_gamma(batch(), gamma)
-            if self.prices_steps:
-                self._undecided.append((self._step_start(), gamma))
+            self.undecided(gamma)
             width = width if width == 1 or batch().tree_allowed else 1
             return Decision(gamma, bucket_of(len(scheduled)), "prefill", width,
                             decided=False)
@@ -272,14 +271,24 @@ class GammaController:
                 "reward": round(reward, 3), "overhead_us": round(overhead * 1e6, 1),
                 **({"predicted": step.predicted} if step.predicted is not None else {})})
 
-    def observe_undecided(self, batch: BatchState | None, fb: StepFeedback) -> None:
-        """The oldest outstanding prefill step (decide_step's "prefill")
-        was processed now, before `step_processed`: a policy that prices
-        steps (`observe_cost`) learns its time and what it did, with the
-        gamma that was in force (the drafts it proposed). Its interval
-        follows the decided steps' rule; while a decided step is
-        outstanding (async scheduling) the step is left out, its interval
-        not its own."""
+    def undecided(self, gamma: int) -> None:
+        """A step scheduled now at `gamma` that the controller does not
+        decide (decide_step's "prefill", or the host's padded steps:
+        core/padded_gamma.py): a policy that prices steps hears of its
+        output through observe_undecided, one call per such step, in order."""
+        if self.prices_steps:
+            self._undecided.append((self._step_start(), gamma))
+
+    def observe_undecided(self, batch: BatchState | None, fb: StepFeedback,
+                          learn: Callable | None = None) -> None:
+        """The oldest outstanding undecided step (`undecided`) was
+        processed now, before `step_processed`: a policy that prices steps
+        (`observe_cost`) learns its time and what it did, with the gamma
+        that was in force (the drafts it proposed); `learn(batch, fb,
+        gamma, interval_s)` instead where the host says how (a padded
+        step: padded_gamma.observe_padded). Its interval follows the
+        decided steps' rule; while a decided step is outstanding (async
+        scheduling) the step is left out, its interval not its own."""
         if not self._undecided:
             return
         scheduled_at, gamma = self._undecided.popleft()
@@ -287,8 +296,8 @@ class GammaController:
             return
         interval = self._completed(scheduled_at, self.clock())
         if interval > 0:
-            self.policy.observe_cost(batch, fb, gamma, interval)
-        if self._trace is not None:
+            (learn or self.policy.observe_cost)(batch, fb, gamma, interval)
+        if self._trace is not None and learn is None:
             self._trace.write({"prefill_step": self._steps, "num_reqs": batch.num_reqs,
                                "prefill_tokens": batch.prefill_tokens, "gamma": gamma,
                                "committed": fb.committed, "interval_s": round(interval, 6)})

@@ -19,10 +19,24 @@ can win only where draft passes cost more than the tokens they bring.
   error above the policy's PROBE_SPREAD) is never chosen; a smaller
   gamma's saving counts less MARGIN standard errors of it, so a gain within
   the fit's error holds K.
-- No probes and no sweeps: nothing of the policy changes (its sweep count,
-  its random state, its probe bookkeeping), and the step stays undecided
-  (`Decision.decided` False): its time is the padded verify's, not the
-  gamma's, so the controller does not learn from it.
+- No probes and no sweeps: deciding changes nothing of the policy (its
+  sweep count, its random state, its probe bookkeeping), and the step
+  stays undecided (`Decision.decided` False): its time is the padded
+  verify's, not the gamma's, so it is no reward of the gamma and no
+  sample of a cell (the policy's per-gamma price factors).
+- Padded steps teach the policy (`observe_padded`, through the
+  controller's undecided-step path: GammaController.undecided and
+  observe_undecided, the interval rule of its prefill steps): the drafts
+  a padded step verified (its real ones; the padding is the host's
+  invalid drafts, never counted) update the acceptance posterior, and
+  its time is a sample of the step-cost fit with the slots it verified
+  (padding included: the target ran them) and the draft passes it ran.
+  Without them a load that stays inside the padded range would hold K
+  for good: its acceptance and what its steps cost would never be
+  learnt. A draft pass's cost is told apart from the rest only by steps
+  at different gammas (decided steps outside the padded range, a saved
+  state, or padded steps below K); while nothing varied it, the fit
+  cannot price a smaller gamma and K holds.
 - Gamma 0 is never chosen: a step that drafts nothing is the controller's
   (the drafter's gamma-0 modes and their catch-up).
 - Any other policy (fixed, online, profile, cycle, budget): K, as before.
@@ -37,9 +51,10 @@ from typing import Any, Callable
 
 import numpy as np
 
+from vllm_vspec.core.controller import GammaController
 from vllm_vspec.core.policies.model import PROBE_SPREAD, ModelPolicy
 from vllm_vspec.core.step_cost import FEATURES, MIN_SAMPLES, features
-from vllm_vspec.core.steps import BatchState, Decision, bucket_of
+from vllm_vspec.core.steps import BatchState, Decision, StepFeedback, bucket_of
 
 VERIFIED = FEATURES.index("verified")
 HOLD, LOWER = "padded", "padded-model"
@@ -84,12 +99,50 @@ def padded_decision(controller: Any, batch: Callable[[], BatchState], num_reqs: 
     """An undecided Decision for a padded step of `num_reqs` requests under
     `controller`'s policy (a GammaController; anything without `policy` and
     `config` holds K); `batch()` builds the step's BatchState, called only
-    for the model policy."""
+    for the model policy. A GammaController records the step as undecided
+    (GammaController.undecided): the host then reports its output through
+    observe_undecided with `learn` from `padded_learner`."""
     policy, config = getattr(controller, "policy", None), getattr(controller, "config", None)
     gamma = k
     if isinstance(policy, ModelPolicy) and config is not None:
         gamma = padded_gamma(policy, batch(), k, config.min_gamma)
+    if isinstance(controller, GammaController):
+        controller.undecided(gamma)
     return Decision(gamma, bucket_of(num_reqs), HOLD if gamma == k else LOWER, decided=False)
 
 
-__all__ = ["HOLD", "LOWER", "padded_decision", "padded_gamma"]
+def observe_padded(policy: Any, batch: BatchState, fb: StepFeedback, gamma: int,
+                   verified: int, interval_s: float) -> None:
+    """What a processed padded step teaches `policy` (the model policy;
+    any other learns nothing here). `fb`: the step's feedback, its
+    `drafted` the real drafts verified (the padding left out, as the host
+    reports it); `gamma`: the drafts the step proposed; `verified`: the
+    draft slots the target verified, padding included; `interval_s`: the
+    step's time (the controller's interval rule).
+    - Acceptance: `fb`'s drafts update the pooled posterior. Batch 1's
+      posteriors by the last outcome (`by_outcome`) are left alone: inside
+      the padded range no batch-1 step is decided, so the policy's last
+      outcomes stay unknown there and the pooled posterior serves it.
+    - Cost: one sample of the step-cost fit through the policy's own
+      `observe_cost` (the path of its undecided prefill steps: catch-up,
+      prompt tokens, and the lazy drafter's owed prompts priced as there),
+      the step counted as verifying `verified` slots."""
+    if not isinstance(policy, ModelPolicy):
+        return
+    policy.acceptance.update(fb.drafted, fb.accepted)
+    # observe_cost prices the slots a step verified (the sum of `drafted`)
+    # and tallies its committed tokens; here every slot the target ran.
+    slots = StepFeedback(drafted=(verified,), accepted=(sum(fb.accepted),),
+                         committed=fb.committed, width=fb.width)
+    policy.observe_cost(batch, slots, gamma, interval_s)
+
+
+def padded_learner(controller: Any, verified: int) -> Callable:
+    """GammaController.observe_undecided's `learn` for a padded step that
+    verified `verified` draft slots (padding included)."""
+    def learn(batch: BatchState, fb: StepFeedback, gamma: int, interval_s: float) -> None:
+        observe_padded(controller.policy, batch, fb, gamma, verified, interval_s)
+    return learn
+
+
+__all__ = ["HOLD", "LOWER", "observe_padded", "padded_decision", "padded_gamma", "padded_learner"]

@@ -57,7 +57,7 @@ from typing import Sequence
 from vllm_vspec.config import VSpecConfig
 from vllm_vspec.core.controller import GammaController
 from vllm_vspec.core.latency import LatencyProfile, LinearLatency, load_profile
-from vllm_vspec.core.padded_gamma import padded_decision
+from vllm_vspec.core.padded_gamma import padded_decision, padded_learner
 from vllm_vspec.core.steps import BatchState, Decision, StepFeedback
 from vllm_vspec.sim.simulator import (Oracle, SimClock, SimResult, Workload, bursty,
                                       phase_shift, simulate, steady)
@@ -152,19 +152,33 @@ class KWherePadded:
     """Padded steps draft K unless the model policy's predictions show a
     smaller gamma gains (core/padded_gamma.py, as the engine's scheduler
     applies it), undecided (the verify costs 1 + K whatever the gamma); the
-    controller decides and learns from every other step."""
+    controller decides and learns from every other step. A padded step's
+    output teaches the policy as the engine's scheduler reports it
+    (observe_undecided with padded_gamma.padded_learner: its real drafts,
+    and its time with the B * K slots the padded verify runs)."""
 
     def __init__(self, controller: GammaController, profile: AscendCosts):
         self.controller, self.profile = controller, profile
+        self._padded: BatchState | None = None    # the padded step awaiting its output
 
     def decide(self, batch: BatchState) -> Decision:
         if self.profile.pads(batch.num_reqs):
-            return padded_decision(self.controller, lambda: batch, batch.num_reqs,
-                                   self.profile.k)
+            self._padded = batch
+            decision = padded_decision(self.controller, lambda: batch, batch.num_reqs,
+                                       self.profile.k)
+            # simulate() hands only a decided step's output to observe(),
+            # which routes a padded one to the controller's undecided path.
+            return dataclasses.replace(decision, decided=True)
+        self._padded = None
         return self.controller.decide(batch)
 
     def observe(self, fb: StepFeedback) -> None:
-        self.controller.observe(fb)
+        batch, self._padded = self._padded, None
+        if batch is None:
+            self.controller.observe(fb)
+            return
+        self.controller.observe_undecided(batch, fb, padded_learner(
+            self.controller, batch.num_reqs * self.profile.k))
 
 
 def costs(base: LatencyProfile, k: int, draft_graphs: bool, pad_verify: bool,

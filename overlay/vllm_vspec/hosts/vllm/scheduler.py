@@ -41,7 +41,7 @@ from vllm_vspec.hosts.vllm.tree.verify import request_allows_tree
 from vllm_vspec.hosts.vllm.verify_width import VerifyWidth
 from vllm_vspec.hosts.vllm.warm_key import warm_key
 from vllm_vspec.core.controller import GammaController
-from vllm_vspec.core.padded_gamma import padded_decision
+from vllm_vspec.core.padded_gamma import HOLD, LOWER, padded_decision, padded_learner
 from vllm_vspec.core.refill import RefillGate
 from vllm_vspec.config import VSpecConfigError
 from vllm_vspec.core.steps import BatchState, Decision, StepFeedback, drafted_depth
@@ -107,6 +107,8 @@ class VSpecScheduler(Scheduler):
         # id() of the prefill steps whose time the controller's policy
         # prices (GammaController.prices_steps) and has not yet heard of.
         self._prefill_steps: set[int] = set()
+        # The same for padded steps (padded_gamma.py): they teach the policy too.
+        self._padded_steps: set[int] = set()
         # Draft slots verified per step: gamma, or K padded with invalid
         # drafts to keep the target's full decode graph (vLLM-Ascend only).
         self._verify = VerifyWidth.of(vllm_config, self.vspec_config)
@@ -166,6 +168,8 @@ class VSpecScheduler(Scheduler):
                     self._decided.add(id(scheduler_output))
                 elif decision.reason == "prefill" and self.vspec.prices_steps:
                     self._prefill_steps.add(id(scheduler_output))
+                elif decision.reason in (HOLD, LOWER) and self.vspec.prices_steps:
+                    self._padded_steps.add(id(scheduler_output))
         super()._update_after_schedule(scheduler_output)
 
     def _decide(self, scheduler_output: SchedulerOutput) -> Decision | None:
@@ -174,8 +178,9 @@ class VSpecScheduler(Scheduler):
         drafts K unless the model policy's predictions show a smaller gamma
         gains (core/padded_gamma.py), and is not the controller's. There the
         target verifies 1 + K whatever the gamma, so a smaller one saves
-        only draft passes and commits fewer tokens, and the step's time
-        says nothing of the gamma it ran."""
+        only draft passes and commits fewer tokens, and the step's time is
+        no reward of the gamma it ran; its output still teaches the policy
+        (update_from_output: padded_gamma.observe_padded)."""
         scheduled = scheduler_output.num_scheduled_tokens
         if self._verify.pads and 0 < len(scheduled) <= self._verify.pad_max_reqs:
             return padded_decision(self.vspec, lambda: self._batch_state(scheduled),
@@ -261,15 +266,24 @@ class VSpecScheduler(Scheduler):
             fb = _feedback(scheduler_output, model_runner_output)
             # The adapter's own share of the controller overhead: building fb.
             self.vspec.observe(fb, host_overhead_s=time.perf_counter() - started)
-        elif id(scheduler_output) in self._prefill_steps:
+        elif (id(scheduler_output) in self._prefill_steps
+              or id(scheduler_output) in self._padded_steps):
             # A prefill step's time, for the policy's cost model: what a
-            # prompt costs, and what it costs the drafter while drafting.
+            # prompt costs, and what it costs the drafter while drafting. A
+            # padded step's: its real drafts' acceptance, and its time with
+            # every draft slot the target verified (the padding included).
+            learn = None
+            if id(scheduler_output) in self._padded_steps:
+                learn = padded_learner(self.vspec, sum(
+                    len(s) for s in scheduler_output.scheduled_spec_decode_tokens.values()))
             self._prefill_steps.discard(id(scheduler_output))
+            self._padded_steps.discard(id(scheduler_output))
             scheduled = [r for r in scheduler_output.num_scheduled_tokens if r in self.requests]
             batch = (dataclasses.replace(self._batch_state(scheduled),
                                          prefill_tokens=_prefill_tokens(scheduler_output))
                      if scheduled else None)
-            self.vspec.observe_undecided(batch, _feedback(scheduler_output, model_runner_output))
+            self.vspec.observe_undecided(batch, _feedback(scheduler_output, model_runner_output),
+                                         learn)
         self.vspec.step_processed(busy=self.has_unfinished_requests())
         return outputs
 
