@@ -40,8 +40,10 @@ padded range a step drafts K, undecided (the padded verify costs 1 + K
 whatever gamma is, so a gamma below K saves only graphed draft passes),
 unless the model policy's predictions, priced for a padded step and net of
 the fit's error, show a smaller gamma gains (core/padded_gamma.py; never a
-probe); the policy decides only the other steps; one row leaves that rule
-out.
+probe); the policy decides only the other steps, and every padded step's
+output teaches it (its real drafts' acceptance, its time with the B * K
+slots verified: KWherePadded, as the engine's scheduler reports them); one
+row leaves that rule out.
 Beside them, a bound: the per-step oracle (simulator.Oracle: the true rates
 and the 0.23 defaults' true step costs, no learning). The ratios are given
 for several seeds (the luck of one seed moves them by about a percent).
