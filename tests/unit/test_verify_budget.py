@@ -7,7 +7,6 @@ batch-uniform gamma (analytically and in the simulator)."""
 from __future__ import annotations
 
 import json
-import math
 import random
 from pathlib import Path
 

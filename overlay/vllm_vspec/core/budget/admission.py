@@ -28,7 +28,7 @@ Rules and their invariants:
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Sequence
 
 
 def survival(acceptance: Sequence[float]) -> list[float]:
