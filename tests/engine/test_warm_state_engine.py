@@ -45,7 +45,7 @@ def test_a_restarted_engine_starts_from_the_saved_state_and_stays_exact(tmp_path
     assert_same_tokens(second, reference, "model policy, warm start")
     # No cold sweep: every decision is the restored model's own (its
     # choice, or a probe of a gamma the restored fit cannot price yet).
-    assert warm_reasons and set(warm_reasons) <= {"model", "probe"}
-    assert warm_reasons.count("model") > warm_reasons.count("probe")
+    assert warm_reasons and set(warm_reasons) <= {"model", "probe", "recheck"}
+    assert warm_reasons.count("model") > len(warm_reasons) - warm_reasons.count("model")
     assert [p.name for p in state.iterdir()] == [path.name]
     assert json.loads(path.read_text())["steps_learned"] == len(reasons) + len(warm_reasons)

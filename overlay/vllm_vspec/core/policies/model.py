@@ -30,11 +30,12 @@ fit can misprice a gamma it no longer runs for good. So every cell
 (log-normal, sd CELL_SPREAD) and a posterior from the cell's steady
 decided steps (their time over the fit's predictions for them), and a
 cell's price becomes what its steps measured. A host's speed drifts (a
-busy spell, another process), so the factor is a random walk (sd
-CELL_DRIFT a step observed): its steps' evidence loses precision with
-their age, and a cell left unrun drifts back to the fit's price, with the
-prior's spread. A cell whose evidence is worth less than RECHECK_STEPS
-fresh steps is run again if it could be the best choice (priced two sds lower, it
+busy spell, another process), so the factor is a random walk (a step
+observed moves it CELL_DRIFT of a step's scatter): its steps' evidence
+loses precision with their age, and a cell left unrun drifts back to the
+fit's price, with the prior's spread. A cell whose evidence is worth less
+than RECHECK_STEPS fresh steps is run again ("recheck") if it could be
+the best choice (priced two sds lower, it
 would be): a price measured in a slow spell is not kept for good, and a
 cell never run is tried. Where the fit cannot price a
 gamma at all (its standard error above PROBE_SPREAD of its prediction:
@@ -85,15 +86,15 @@ RUN_KEEP = 0.9
 # ratio. Its steps' scatter is the fit's relative error, at least
 # step_cost.NOISE_FLOOR.
 CELL_SPREAD = 0.1
-# How far a cell's log ratio drifts a step observed (the sd of a random
-# walk's step): evidence `a` steps old weighs as if its variance grew by
-# a * CELL_DRIFT**2.
-CELL_DRIFT = 0.005
+# How far a cell's log ratio drifts a step observed, as a share of a
+# steady step's scatter about its price (the sd of a random walk's step;
+# a host whose steps scatter more drifts more): evidence `a` steps old
+# weighs as if its variance grew by a * (CELL_DRIFT * scatter)**2.
+CELL_DRIFT = 0.1
 # A cell whose steps' aged evidence is worth less than this many fresh
-# steady steps is unsure: run again while it could be the best choice.
-# (A cell that ran for long is unsure again after about
-# noise / (CELL_DRIFT**2 * RECHECK_STEPS) steps unrun, the noise being
-# a step's log variance: 200 steps at a 5% scatter.)
+# steady steps is unsure: run again while it could be the best choice
+# (a cell that ran for long is unsure after 1 / (CELL_DRIFT**2 *
+# RECHECK_STEPS) = 200 steps unrun, whatever the host's scatter).
 RECHECK_STEPS = 0.5
 # A gamma whose predicted step time has a standard error above this share
 # of the prediction (or of the mean step fitted, if smaller) is run before
@@ -218,9 +219,10 @@ class ModelPolicy:
 
     def _aged(self, key: tuple[int, int], evidence: float) -> float:
         """`evidence` (a precision) as it stands now: its steps' log ratio
-        drifted CELL_DRIFT a step observed since the cell's last steady step."""
+        drifted CELL_DRIFT of a step's scatter a step observed since the
+        cell's last steady step."""
         age = self.observed - self.cell_steady.get(key, self.observed)
-        return evidence / (1.0 + evidence * age * CELL_DRIFT ** 2)
+        return evidence / (1.0 + evidence * age * CELL_DRIFT ** 2 * self._noise())
 
     def _unsure(self, batch, arms, resuming: bool) -> Arm | None:
         """A gamma whose cell (this batch bucket) is unsure (its steps' aged
@@ -236,6 +238,12 @@ class ModelPolicy:
         theta = self.cost.fit()
         v = self.values(batch, arms, False, resuming)
         best = max(v.values())
+        top = self.space.gamma(max(arms, key=lambda a: (v[a], -self.space.gamma(a))))
+        # A cell run before is re-checked only next to the gamma priced best
+        # (the value is unimodal in gamma: a better gamma further away means
+        # a better one next to it).
+        unsure = [a for a in unsure if abs(self.space.gamma(a) - top) == 1
+                  or (bucket, self.space.gamma(a)) not in self.cells]
         hopeful = [a for a in unsure if v[a] * math.exp(2.0 * self._cell_posterior(
             bucket, self.space.gamma(a), theta)[1]) > best]
         return max(hopeful, key=lambda a: v[a]) if hopeful else None
@@ -262,10 +270,11 @@ class ModelPolicy:
         resuming = previous is not None and self.space.gamma(previous) == 0
         if self.thompson:
             probe = self._probe(batch, arms, resuming)
-            if probe is None:
-                probe = self._unsure(batch, arms, resuming)
             if probe is not None:
                 return probe, "probe"
+            recheck = self._unsure(batch, arms, resuming)
+            if recheck is not None:
+                return recheck, "recheck"
         v = self.values(batch, arms, self.thompson, resuming)
         return max(arms, key=lambda a: (v[a], -self.space.gamma(a))), "model"
 
