@@ -89,6 +89,37 @@ def _columns(batch, verified, passes, catchup, context, prefill, draft_prefill) 
             catchup, ctx_k, prefill / 1000.0, draft_prefill / 1000.0)
 
 
+# A resume's catch-up is spread over the mean length of past drafting runs
+# (observed steps that draft, between two that do not), each older run
+# weighing RUN_KEEP times the next; before any run ended, PRIOR_RUN_STEPS,
+# worth PRIOR_RUNS runs.
+PRIOR_RUN_STEPS, PRIOR_RUNS = 8.0, 2.0
+RUN_KEEP = 0.9
+
+
+class DraftingRuns:
+    """The mean length of the runs of drafting steps a policy has observed
+    (`dwell`): what a decision to resume drafting spreads the catch-up it
+    causes over (charged whole to one step, drafting would lose wherever it
+    wins only in the steady state; not charged, short excursions from
+    gamma 0 would each pay it)."""
+
+    def __init__(self) -> None:
+        self.run = 0                                        # drafting steps since the last resume
+        self.runs = [PRIOR_RUN_STEPS * PRIOR_RUNS, PRIOR_RUNS]   # decayed sum of run lengths, count
+
+    def observe(self, drafting: bool) -> None:
+        if drafting:
+            self.run += 1
+        elif self.run:
+            self.runs = [self.runs[0] * RUN_KEEP + self.run, self.runs[1] * RUN_KEEP + 1.0]
+            self.run = 0
+
+    @property
+    def dwell(self) -> float:
+        return max(self.runs[0] / self.runs[1], 1.0)
+
+
 class PooledStepCost:
     def __init__(self, window: float = 256.0, prior_steps: float = 0.5,
                  outlier_factor: float = 3.0, outlier_run: int = 4):

@@ -73,8 +73,8 @@ import numpy as np
 from vllm_vspec.core.budget.admission import (admit, admitted_counts, best_budget, ranked,
                                               survival)
 from vllm_vspec.core.budget.calibration import ConfidenceCalibrator, judged_slots
-from vllm_vspec.core.policies.model import PRIOR_RUN_STEPS, PRIOR_RUNS, RUN_KEEP
-from vllm_vspec.core.step_cost import FEATURES, MIN_SAMPLES, PooledStepCost, features
+from vllm_vspec.core.step_cost import (FEATURES, MIN_SAMPLES, DraftingRuns, PooledStepCost,
+                                      features)
 from vllm_vspec.core.steps import bucket_of, draft_budget
 
 VERIFIED = FEATURES.index("verified")
@@ -212,8 +212,7 @@ class VerifyBudgetPolicy:
         self._probe_variance = 0.0      # sum of p(1 - p) over them
         self._context = 0.0             # mean context per request of the last observed step
         self._last_passes: int | None = None    # draft passes of the last observed step
-        self._run = 0                   # observed drafting steps since the last resume
-        self._runs = [PRIOR_RUN_STEPS * PRIOR_RUNS, PRIOR_RUNS]   # decayed sum of run lengths, count
+        self._runs = DraftingRuns()     # observed drafting runs (a resume's catch-up)
 
     def passes(self, depth: int) -> int:
         return 1 if depth == 0 and self.settings.gamma0_runs_drafter else depth
@@ -257,7 +256,7 @@ class VerifyBudgetPolicy:
         theta = self.cost.fit()
         passes = np.array([self.passes(d) for d in range(max_depth + 1)], dtype=float)
         resuming = self._last_passes == 0
-        catchup = batch * (passes > 0) * resuming / max(self._runs[0] / self._runs[1], 1.0)
+        catchup = batch * (passes > 0) * resuming / self._runs.dwell
         x = features(batch, 0.0, passes, catchup, batch * self._context)
         return (x @ theta).tolist(), max(float(theta[VERIFIED]), 0.0)
 
@@ -312,11 +311,7 @@ class VerifyBudgetPolicy:
         b, passes = len(rows), self.passes(plan.depth)
         catchup = b if passes and self._last_passes == 0 else 0
         self.cost.observe(features(b, plan.budget, passes, catchup, b * context), step_ms)
-        if passes:
-            self._run += 1
-        elif self._run:
-            self._runs = [self._runs[0] * RUN_KEEP + self._run, self._runs[1] * RUN_KEEP + 1.0]
-            self._run = 0
+        self._runs.observe(passes > 0)
         self._last_passes, self._context = passes, context
 
     def _weigh_probe(self, probs, verified, accepted) -> bool:

@@ -72,15 +72,9 @@ from vllm_vspec.core.arms import Arm, GammaArms
 from vllm_vspec.core.acceptance_stats import expected_tokens_all
 from vllm_vspec.core.posterior import AcceptancePosterior
 from vllm_vspec.core.step_cost import (DRAFT_PREFILL, MIN_SAMPLES, NOISE_FLOOR, PREFILL,
-                                      PooledStepCost, features)
+                                      DraftingRuns, PooledStepCost, features)
 from vllm_vspec.core.steps import bucket_of
 
-# A resume's catch-up is spread over the mean length of past drafting runs
-# (decided steps at gamma > 0 between two gamma-0 steps), each older run
-# weighing RUN_KEEP times the next; before any run ended, PRIOR_RUN_STEPS,
-# worth PRIOR_RUNS runs.
-PRIOR_RUN_STEPS, PRIOR_RUNS = 8.0, 2.0
-RUN_KEEP = 0.9
 # How far a cell's (batch bucket, gamma) true step time may stand from the
 # pooled fit before any of its steps ran: the prior sd of the log of their
 # ratio. Its steps' scatter is the fit's relative error, at least
@@ -125,8 +119,7 @@ class ModelPolicy:
         # the next step that drafts catches them up (its draft prefill).
         self.owed_prompt = 0
         self._prompt_known: tuple | None = None    # (batch, fit) where the drafter's share was known
-        self.run = 0                                # observed drafting steps since the last resume
-        self.runs = [PRIOR_RUN_STEPS * PRIOR_RUNS, PRIOR_RUNS]   # decayed sum of run lengths, count
+        self.runs = DraftingRuns()                  # decided drafting runs (a resume's catch-up)
         self.swept = 0
         self._priced: tuple | None = None     # (batch, gammas, fit) found priced last
         # (bucket, gamma) -> [decayed sum of the features of its steady
@@ -174,8 +167,8 @@ class ModelPolicy:
         key = (b, batch.mean_context_len, gammas, resuming, self.observed, self.cost.fits)
         if self._memo.get("prices", (None,))[0] != key:
             g = np.array(gammas, dtype=float)
-            dwell = max(self.runs[0] / self.runs[1], 1.0)
-            x = features(b, b * g, g, b * (g > 0) * resuming / dwell, b * batch.mean_context_len)
+            x = features(b, b * g, g, b * (g > 0) * resuming / self.runs.dwell,
+                         b * batch.mean_context_len)
             scale = np.array([self._cell_scale(bucket_of(b), k, theta) for k in gammas])
             # Drafting also pays the drafter's prefill of the prompts that come
             # with the tokens a step commits (steps that admit them are not
@@ -344,15 +337,11 @@ class ModelPolicy:
             cell = self._decayed(self.cells.setdefault(key, [0.0, 0.0, 0.0, self.observed]))
             # Older steps weigh what their aged evidence is worth now.
             if cell[2] > 0:
-                f = self._aged(key, cell[2] / self._noise()) * self._noise() / cell[2]
+                f = self._aged_weight(*key, self._noise()) / cell[2]
                 cell[0], cell[1], cell[2] = cell[0] * f, cell[1] * f, cell[2] * f
             cell[0], cell[1], cell[2] = cell[0] + x, cell[1] + ms, cell[2] + 1.0
             self.cell_steady[key] = self.observed
-        if outcome.gamma:
-            self.run += 1
-        elif self.run:
-            self.runs = [self.runs[0] * RUN_KEEP + self.run, self.runs[1] * RUN_KEEP + 1.0]
-            self.run = 0
+        self.runs.observe(outcome.gamma > 0)
         self.observed_gamma = outcome.gamma
 
     def observe_cost(self, batch, fb, gamma: int, interval_s: float) -> None:
