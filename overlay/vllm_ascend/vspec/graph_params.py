@@ -43,14 +43,17 @@ from typing import Any, Callable, Iterator
 
 
 class PerGamma(MutableMapping):
-    """{num_tokens: value} of the active gamma; {(gamma, num_tokens): value}
-    when iterated or indexed with a pair."""
+    """{num_tokens: value} of the active key (the draft's gamma; the
+    target's verify width, width_graphs.py); {(key, num_tokens): value}
+    when iterated or indexed with a pair. `initials` gives each key's
+    token counts and their empty values (a list starts empty, anything
+    else is kept: the host's None workspaces)."""
 
-    def __init__(self, gamma_of: Callable[[], int], initial: dict, gammas: list[int]):
+    def __init__(self, gamma_of: Callable[[], int], initials: dict[int, dict]):
         self._gamma_of = gamma_of
         self.stores: dict[int, dict] = {
             g: {n: ([] if isinstance(v, list) else v) for n, v in initial.items()}
-            for g in gammas}
+            for g, initial in initials.items()}
 
     def _split(self, key: Any) -> tuple[dict, Any]:
         if isinstance(key, tuple):
@@ -111,12 +114,25 @@ def install(acl_graph: Any, proposer: Any) -> Any:
     current = getattr(acl_graph, "_draft_graph_params", None)
     if current is None or isinstance(current.attn_params, PerGamma):
         return current
-    gamma_of = ActiveGamma(proposer)
-    gammas = list(range(1, proposer.max_num_speculative_tokens + 1))
-    keyed = acl_graph.GraphParams(
-        PerGamma(gamma_of, current.events, gammas),
-        PerGamma(gamma_of, current.workspaces, gammas),
-        PerGamma(gamma_of, current.handles, gammas),
-        PerGamma(gamma_of, current.attn_params, gammas))
+    gammas = range(1, proposer.max_num_speculative_tokens + 1)
+    keyed = keyed_params(acl_graph, current, ActiveGamma(proposer),
+                         {g: None for g in gammas})
     acl_graph._draft_graph_params = keyed
     return keyed
+
+
+FIELDS = ("events", "workspaces", "handles", "attn_params")
+
+
+def keyed_params(acl_graph: Any, current: Any, key_of: Callable[[], int],
+                 token_counts: dict[int, Any]) -> Any:
+    """A host GraphParams whose four dicts are PerGamma views with one store
+    per key of `token_counts`: each over that key's token counts (None: the
+    host's store's), with the empty values the host's store holds."""
+    def initials(field: str) -> dict[int, dict]:
+        host = getattr(current, field)
+        empty = next(iter(host.values()), [])
+        return {key: dict(host) if counts is None else {n: host.get(n, empty) for n in counts}
+                for key, counts in token_counts.items()}
+
+    return acl_graph.GraphParams(*(PerGamma(key_of, initials(f)) for f in FIELDS))

@@ -1,0 +1,329 @@
+"""A FULL target decode graph per verify width on vLLM-Ascend 0.23 (built,
+off by default: `ascend_verify_width_graphs`; not yet run on NPU).
+
+Why: the host keeps one FULL decode graph per token count, for batches of
+1 + K tokens a request (vLLM's CudagraphDispatcher fixes one
+`uniform_decode_query_len` in its constructor; NPUModelRunner's uniform test
+in `_determine_batch_execution_and_padding` compares against the runner's).
+A step that verifies 1 + g < 1 + K a request fails that test and runs
+PIECEWISE or eagerly, which is why the 0.23 default pads the verify width
+(hosts/vllm/verify_width.py). With a graph per width 1 + g, g = 0..K,
+dispatched on the step's own width, nothing needs padding
+(docs/design/ascend-per-width-target-graphs.md).
+
+How, with the host's own code doing the work:
+- `WidthDispatcher` (vLLM's CudagraphDispatcher): the attributes the host's
+  dispatcher code reads and assigns (`uniform_decode_query_len`,
+  `cudagraph_keys`, `_bs_to_padded_graph_size`, `compilation_config`) answer
+  for a bound width; unbound, they are the host's own, for 1 + K. Each
+  other width's keys come from the host's `initialize_cudagraph_keys` run
+  with that width bound over that width's capture sizes: the request counts
+  the host captures for 1 + K, times the width (so `num_reqs = padded // w`
+  holds exactly). A width keeps only FULL keys; a batch that is not a
+  uniform batch of the bound width is dispatched on 1 + K's keys, as the
+  host does (PIECEWISE graphs are width-blind).
+- `VSpecNPUModelRunner` (NPUModelRunner): binds the width of a step around
+  the host's `_determine_batch_execution_and_padding` (every request
+  schedules the same count, that count has FULL graphs, and the batch fits
+  the largest of them; else nothing is bound, 1 + K as today), so its
+  uniform test, its dispatch and its descriptor all see that width; the
+  width the dispatcher returned a uniform FULL descriptor for is the step's
+  width, which `_pad_query_start_loc_for_fia` and the graph-parameter store
+  read until the next step. `capture_model` is the host's, once per width,
+  largest first (1 + K's, stock's, first), with the width bound: its
+  `_dummy_run` builds batches of `max_query_len` = that width.
+- Graph parameters: after the host's `_check_and_update_cudagraph_mode`
+  creates the target's store (acl_graph `_graph_params`, keyed by token
+  count), it is replaced once by one keyed by (width, token count)
+  (graph_params.keyed_params, as the draft's is keyed by gamma): two widths
+  captured at the same token count (20 = 4 x 5 = 10 x 2) keep their own
+  parameter lists, and a replay's update reads only its width's.
+- The drafter's graphs stay paired with 1 + K: its dummy runs are left out
+  of the other widths' captures, and a dispatch the runner did not bind (the
+  drafter's, which passes the target's uniform flag) at a step of another
+  width is dispatched as not uniform, so the draft model runs PIECEWISE or
+  eagerly there, as on a mixed step.
+
+Where it applies (routing.model_runner_cls_for; the scheduler stops padding
+by the same rule, verify_width.width_graphs_on): vspec drives the engine,
+`ascend_verify_width_graphs` is on, FULL decode graphs with a separate
+decode routine (FULL_DECODE_ONLY, FULL_AND_PIECEWISE), DP 1 (ranks at
+different widths cannot agree on one descriptor), no MLA (its metadata
+builder pads by the runner's `decode_token_per_req`, 1 + K), no encoder
+graphs. With sequence parallelism (flashcomm1) the runner keeps 1 + K only:
+token counts are padded to multiples of the TP size there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+from vllm.config import CUDAGraphMode
+from vllm.logger import init_logger
+from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
+
+from vllm_ascend.compilation import acl_graph
+from vllm_ascend.utils import enable_sp
+from vllm_ascend.vspec import graph_params
+from vllm_ascend.worker.model_runner_v1 import NPUModelRunner
+
+# Under "vllm.": vLLM configures only its own logger tree.
+logger = init_logger(f"vllm.{__name__}")
+
+
+def verify_widths(k: int) -> tuple[int, ...]:
+    """The widths a step can verify, 1 + g for g = K..0, largest first."""
+    return tuple(range(k + 1, 0, -1))
+
+
+class _WidthSizes:
+    """The engine's compilation config as one width's keys see it: that
+    width's capture sizes (and no compile sizes: those are the 1 + K
+    graphs' concern); every other field is the engine's."""
+
+    def __init__(self, config: Any, sizes: list[int]):
+        self._config = config
+        self.cudagraph_capture_sizes = sizes
+        self.max_cudagraph_capture_size = max(sizes)
+        self.compile_sizes = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._config, name)
+
+
+class WidthDispatcher(CudagraphDispatcher):
+    """The host's dispatcher with FULL keys per verify width (module docstring)."""
+
+    def __init__(self, vllm_config: Any, widths: tuple[int, ...] = ()):
+        # Per bound width (None: 1 + K, the host's own), the host attributes below.
+        self._state: dict[int | None, dict[str, Any]] = {None: {}}
+        self._bound: int | None = None
+        self._wanted = widths
+        super().__init__(vllm_config)
+        # Widths with FULL keys, largest first (initialize_cudagraph_keys).
+        self.widths: tuple[int, ...] = (self.k_width,)
+        # The width of the last step the runner dispatched a uniform FULL batch at.
+        self.step_width: int = self.k_width
+
+    # The host's attributes, one per bound width.
+    @property
+    def uniform_decode_query_len(self) -> int:
+        # CudagraphDispatcher.__init__ assigns 1 + K: the descriptor's num_reqs divides by the bound width.
+        return self.k_width if self._bound is None else self._bound
+
+    @uniform_decode_query_len.setter
+    def uniform_decode_query_len(self, value: int) -> None:
+        self.k_width = value
+
+    @property
+    def cudagraph_keys(self) -> dict:
+        # CudagraphDispatcher.__init__ / add_cudagraph_key: the bound width's keys.
+        return self._state[self._bound]["cudagraph_keys"]
+
+    @cudagraph_keys.setter
+    def cudagraph_keys(self, value: dict) -> None:
+        self._state[self._bound]["cudagraph_keys"] = value
+
+    @property
+    def _bs_to_padded_graph_size(self) -> list[int]:
+        # CudagraphDispatcher._compute_bs_to_padded_graph_size: pads to the bound width's sizes.
+        return self._state[self._bound]["_bs_to_padded_graph_size"]
+
+    @_bs_to_padded_graph_size.setter
+    def _bs_to_padded_graph_size(self, value: list[int]) -> None:
+        self._state[self._bound]["_bs_to_padded_graph_size"] = value
+
+    @property
+    def compilation_config(self) -> Any:
+        # CudagraphDispatcher.__init__ assigns the engine's: a bound width reads its own capture sizes.
+        return self._state[self._bound]["compilation_config"]
+
+    @compilation_config.setter
+    def compilation_config(self, value: Any) -> None:
+        self._state[self._bound]["compilation_config"] = value
+
+    @contextlib.contextmanager
+    def binding(self, width: int | None) -> Iterator[None]:
+        """The host's dispatcher code sees `width` (1 + K's: None or 1 + K)."""
+        if width == self.k_width:
+            width = None
+        if width is not None and width not in self._state:
+            raise ValueError(f"verify width {width} has no FULL graphs (widths: {self.widths})")
+        previous, self._bound = self._bound, width
+        try:
+            yield
+        finally:
+            self._bound = previous
+
+    @contextlib.contextmanager
+    def step(self, num_tokens: int, num_reqs: int, max_num_scheduled_tokens: int
+             ) -> Iterator[None]:
+        """Bind the width of a batch for its dispatch (a binding already
+        active, a capture's, stays); the step's width is 1 + K's until a
+        bound dispatch returns a uniform FULL descriptor."""
+        self.step_width = self.k_width
+        width = self._bound
+        if width is None:
+            width = self.width_of(num_tokens, num_reqs, max_num_scheduled_tokens)
+        with self.binding(width):
+            yield
+
+    def width_of(self, num_tokens: int, num_reqs: int, max_num_scheduled_tokens: int
+                 ) -> int | None:
+        """The width of a batch whose requests all schedule the same count,
+        when that count has FULL graphs and the batch fits the largest;
+        else None."""
+        width = max_num_scheduled_tokens
+        if width == self.k_width or width not in self.widths or num_tokens != width * num_reqs:
+            return None
+        fits = num_tokens <= self._state[width]["compilation_config"].max_cudagraph_capture_size
+        return width if fits else None
+
+    def capture_sizes(self, width: int) -> list[int]:
+        """Token counts of `width`'s FULL graphs."""
+        with self.binding(width):
+            return sorted({d.num_tokens for d in self.cudagraph_keys[CUDAGraphMode.FULL]})
+
+    def initialize_cudagraph_keys(self, cudagraph_mode: CUDAGraphMode,
+                                  uniform_decode_query_len: int = 1) -> None:
+        # CudagraphDispatcher.initialize_cudagraph_keys: the host's keys for 1 + K, then its FULL keys once per other width.
+        super().initialize_cudagraph_keys(cudagraph_mode, uniform_decode_query_len)
+        self.widths = (self.k_width,)
+        if not (cudagraph_mode.decode_mode() == CUDAGraphMode.FULL
+                and cudagraph_mode.separate_routine()):
+            return
+        requests = sorted({d.num_reqs for d in self.cudagraph_keys[CUDAGraphMode.FULL]
+                           if d.uniform})
+        if not requests:
+            return
+        engine = self.compilation_config
+        for width in self._wanted:
+            if width == self.k_width:
+                continue
+            self._state[width] = {
+                "compilation_config": _WidthSizes(engine, [width * n for n in requests]),
+                "cudagraph_keys": {CUDAGraphMode.PIECEWISE: set(), CUDAGraphMode.FULL: set()}}
+            with self.binding(width):
+                super().initialize_cudagraph_keys(cudagraph_mode, width)
+                self.cudagraph_keys[CUDAGraphMode.PIECEWISE].clear()
+        self.widths = tuple(sorted({self.k_width, *self._state.keys() - {None}}, reverse=True))
+
+    def dispatch(self, num_tokens: int, uniform_decode: bool = False, *args: Any,
+                 **kwargs: Any) -> Any:
+        # CudagraphDispatcher.dispatch: a uniform batch of the bound width takes that width's keys; anything else 1 + K's.
+        if self._bound is None:
+            # Not the runner's (the drafter's) at a step of another width:
+            # draft graphs exist for 1 + K's descriptors only.
+            if self.step_width != self.k_width:
+                uniform_decode = False
+            return super().dispatch(num_tokens, uniform_decode, *args, **kwargs)
+        width = self._bound
+        with self.binding(width if uniform_decode else None):
+            mode, descriptor = super().dispatch(num_tokens, uniform_decode, *args, **kwargs)
+        if mode == CUDAGraphMode.FULL and descriptor.uniform:
+            self.step_width = width
+        return mode, descriptor
+
+
+class ActiveWidth:
+    """The target graph-parameter store's key: `active()` is the bound width
+    while a capture or a dispatch binds one (None outside); calling it gives
+    the store to use: the bound width, else the step's."""
+
+    def __init__(self, dispatcher: WidthDispatcher):
+        self._dispatcher = dispatcher
+
+    def active(self) -> int | None:
+        return self._dispatcher._bound
+
+    def __call__(self) -> int:
+        bound = self._dispatcher._bound
+        return self._dispatcher.step_width if bound is None else bound
+
+
+def install_params(dispatcher: WidthDispatcher) -> Any:
+    """Key the host's target graph parameters by (width, token count) once
+    (a store already keyed, or none, is left as it is). Returns the store."""
+    current = getattr(acl_graph, "_graph_params", None)
+    if current is None or isinstance(current.attn_params, graph_params.PerGamma):
+        return current
+    # 1 + K's store holds the host's token counts; every other width its own.
+    counts = {w: None if w == dispatcher.k_width else dispatcher.capture_sizes(w)
+              for w in dispatcher.widths}
+    keyed = graph_params.keyed_params(acl_graph, current, ActiveWidth(dispatcher), counts)
+    acl_graph._graph_params = keyed
+    return keyed
+
+
+class VSpecNPUModelRunner(NPUModelRunner):
+    """NPUModelRunner with a FULL decode graph per verify width (module docstring)."""
+
+    def __init__(self, vllm_config: Any, device: Any):
+        super().__init__(vllm_config, device)
+        widths = verify_widths(self.speculative_config.num_speculative_tokens)
+        if enable_sp(vllm_config):
+            logger.warning("vspec: sequence parallelism pads token counts to multiples of the "
+                           "TP size, so the target keeps its 1 + K decode graphs only; "
+                           "set ascend_verify_width_graphs false to pad the verify width")
+            widths = widths[:1]
+        # GPUModelRunner.__init__ built the host's dispatcher: ours keys each verify width.
+        self.cudagraph_dispatcher = WidthDispatcher(self.vllm_config, widths)
+
+    @property
+    def uniform_decode_query_len(self) -> int:
+        # GPUModelRunner.__init__ assigns 1 + K: the uniform test, _dummy_run and the FIA padding read the bound width.
+        dispatcher = getattr(self, "cudagraph_dispatcher", None)
+        if isinstance(dispatcher, WidthDispatcher):
+            return dispatcher.uniform_decode_query_len
+        return self._vspec_k_width
+
+    @uniform_decode_query_len.setter
+    def uniform_decode_query_len(self, value: int) -> None:
+        self._vspec_k_width = value
+
+    def _determine_batch_execution_and_padding(self, num_tokens: int, num_reqs: int,
+                                               num_scheduled_tokens_np: Any,
+                                               max_num_scheduled_tokens: int, *args: Any,
+                                               **kwargs: Any) -> Any:
+        # NPUModelRunner._determine_batch_execution_and_padding: its uniform test and dispatch at the step's width.
+        with self.cudagraph_dispatcher.step(num_tokens, num_reqs, max_num_scheduled_tokens):
+            return super()._determine_batch_execution_and_padding(
+                num_tokens, num_reqs, num_scheduled_tokens_np, max_num_scheduled_tokens,
+                *args, **kwargs)
+
+    def _pad_query_start_loc_for_fia(self, *args: Any, **kwargs: Any) -> Any:
+        # NPUModelRunner._pad_query_start_loc_for_fia: a uniform batch's padded requests at the step's width.
+        dispatcher = self.cudagraph_dispatcher
+        width = dispatcher._bound if dispatcher._bound is not None else dispatcher.step_width
+        with dispatcher.binding(width):
+            return super()._pad_query_start_loc_for_fia(*args, **kwargs)
+
+    def _check_and_update_cudagraph_mode(self, attention_backends: Any,
+                                         kv_cache_groups: Any) -> None:
+        # NPUModelRunner._check_and_update_cudagraph_mode: once the host created the target's graph-parameter store, key it by width.
+        super()._check_and_update_cudagraph_mode(attention_backends, kv_cache_groups)
+        install_params(self.cudagraph_dispatcher)
+
+    def capture_model(self) -> int:
+        # NPUModelRunner.capture_model: the host's capture once per width, largest first, with that width bound.
+        dispatcher = self.cudagraph_dispatcher
+        total = 0
+        try:
+            for width in dispatcher.widths:
+                with dispatcher.binding(width), self._drafter_at(width):
+                    total += super().capture_model()
+        finally:
+            dispatcher.step_width = dispatcher.k_width
+        return total
+
+    @contextlib.contextmanager
+    def _drafter_at(self, width: int) -> Iterator[None]:
+        """The drafter's dummy runs (its graph captures) at 1 + K only."""
+        drafter = self.drafter
+        if width != self.cudagraph_dispatcher.k_width:
+            self.drafter = None
+        try:
+            yield
+        finally:
+            self.drafter = drafter

@@ -1,0 +1,480 @@
+"""A FULL target decode graph per verify width (vllm_ascend/vspec/width_graphs.py),
+through vLLM-Ascend 0.23.0.post1's and vLLM 0.23's own code, driven on CPU
+(nothing here runs on an NPU).
+
+What is the host's own code, read from the pinned sources (hash-checked) at
+test time, never copied:
+- vLLM 0.23's v1/cudagraph_dispatcher.py (the pin's vLLM source wheel,
+  executed as its module), with vLLM-Ascend's replacement of
+  `_create_padded_batch_descriptor` (patch/worker/patch_cudagraph.py) set on
+  it as the host's patch sets it: WidthDispatcher's base;
+- NPUModelRunner (worker/model_runner_v1.py, taken out by name):
+  `_determine_batch_execution_and_padding` (the uniform test and dispatch),
+  `_pad_query_start_loc_for_fia`, `_should_build_dummy_attn_metadata`,
+  `_dummy_run` (the capture pass), `capture_model`; and vLLM 0.23's
+  GPUModelRunner `capture_model`, `_capture_cudagraphs`,
+  `_warmup_and_capture`, `_get_cumsum_and_arange` and the encoder-graph
+  manager's set-up (gpu_model_runner.py, by name): the host runner
+  VSpecNPUModelRunner extends;
+- compilation/acl_graph.py executed whole (GraphParams, set_graph_params) and
+  AscendAttentionBackendImpl.full_graph_fia / update_graph_params
+  (test_ascend_graphs' `host` fixture) for the graph-parameter store.
+What is a stand-in, written here: the fields the host's constructor leaves
+(`_RunnerFields`), the leaf calls those methods make into the device and the
+model (the forward-context setter, the model forward, the attention-metadata
+build, host-to-device copies, CUDA/NPU graph capture and memory queries, GC
+freezing, LoRA), the drafter (records its dummy runs), and vLLM's config
+resolution of the graph mode (returns the mode configured).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import types
+import zipfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from test_ascend_graphs import CACHE, _function, _top_level, host, host_tree  # noqa: F401
+
+K = 4
+MAX_NUM_SEQS = 16
+CAPTURE_SIZES = [5, 10, 20, 40]   # multiples of 1 + K, as vLLM rounds them for spec decode
+REQUESTS = (1, 2, 4, 8)           # the request counts of 1 + K's FULL graphs
+RUNNER_METHODS = ("_determine_batch_execution_and_padding", "_pad_query_start_loc_for_fia",
+                  "_should_build_dummy_attn_metadata", "_dummy_run", "capture_model",
+                  "_check_and_update_cudagraph_mode")
+VLLM_METHODS = ("capture_model", "_capture_cudagraphs", "_warmup_and_capture",
+                "_get_cumsum_and_arange", "_maybe_init_encoder_cudagraph_manager",
+                "_create_encoder_cudagraph_manager")
+
+
+# ------------------------------------------------------------ host sources
+def _vllm_source(path: str) -> str:
+    from vllm_vspec.tools.ascend_build import common
+
+    default, pins = common.load_pins()
+    wheel = common.fetch_vllm_source(pins[default], CACHE)
+    return zipfile.ZipFile(wheel).read(path).decode()
+
+
+@pytest.fixture(scope="module")
+def dispatcher_module(host_tree):
+    """vLLM 0.23's cudagraph_dispatcher module with vLLM-Ascend's patch applied."""
+    from test_ascend_graphs import pinned_vllm_module
+    from vllm.config import CUDAGraphMode
+    from vllm.forward_context import BatchDescriptor
+
+    module = pinned_vllm_module(None, "vllm/v1/cudagraph_dispatcher.py")
+    patch = host_tree / "vllm_ascend/patch/worker/patch_cudagraph.py"
+    namespace = dict(CUDAGraphMode=CUDAGraphMode, BatchDescriptor=BatchDescriptor)
+    exec(compile(_top_level(patch, "_create_padded_batch_descriptor"), str(patch), "exec"),
+         namespace)
+    module.CudagraphDispatcher._create_padded_batch_descriptor = \
+        namespace["_create_padded_batch_descriptor"]
+    return module
+
+
+class _Buffer:
+    """vLLM's CpuGpuBuffer (host and device tensors are both CPU here)."""
+
+    def __init__(self, n: int):
+        self.cpu = torch.zeros(n, dtype=torch.int32)
+        self.gpu = torch.zeros(n, dtype=torch.int32)
+        self.np = self.cpu.numpy()
+
+
+class _BlockTable:
+    def __init__(self):
+        self.slot_mapping = SimpleNamespace(gpu=torch.zeros(64))
+
+    def commit_block_table(self, num_reqs):
+        pass
+
+    def __getitem__(self, group):
+        return self
+
+
+class _Drafter:
+    """The drafter's dummy run: records the descriptor it is called with."""
+
+    def __init__(self):
+        self.descriptors = []
+
+    def dummy_run(self, *, batch_descriptor, aclgraph_runtime_mode, **_):
+        self.descriptors.append((aclgraph_runtime_mode, batch_descriptor))
+
+    def initialize_cudagraph_keys(self, cudagraph_mode):
+        pass
+
+
+class _RunnerFields:
+    """What NPUModelRunner.__init__ (and GPUModelRunner's) leave that the host
+    methods under test read, for an eagle engine on one rank."""
+
+    def __init__(self, vllm_config, device):
+        self.vllm_config = vllm_config
+        self.compilation_config = vllm_config.compilation_config
+        self.scheduler_config = vllm_config.scheduler_config
+        self.parallel_config = vllm_config.parallel_config
+        self.speculative_config = vllm_config.speculative_config
+        self.model_config = vllm_config.model_config
+        self.lora_config = vllm_config.lora_config
+        self.load_config = SimpleNamespace(use_tqdm_on_load=False)
+        self.device = device
+        self.uniform_decode_query_len = 1 + K
+        self.cudagraph_dispatcher = sys.modules["vllm.v1.cudagraph_dispatcher"] \
+            .CudagraphDispatcher(vllm_config)
+        self.max_num_reqs = MAX_NUM_SEQS
+        self.max_num_tokens = vllm_config.scheduler_config.max_num_batched_tokens
+        self.use_aclgraph = True
+        self.dynamic_eplb = self.use_cp = self._has_gdn = self.use_compress = False
+        self.supports_mm_inputs = self.enable_prompt_embeds = self.uses_mrope = False
+        self.uses_xdrope_dim = 0
+        self.use_aux_hidden_state_outputs = False
+        self.encoder_cudagraph_manager = None
+        self.input_batch = SimpleNamespace(
+            num_computed_tokens_cpu=np.full(MAX_NUM_SEQS, 100),
+            num_prompt_tokens=np.full(MAX_NUM_SEQS, 10), lora_id_to_lora_request={},
+            block_table=_BlockTable())
+        self.kv_cache_config = SimpleNamespace(kv_cache_groups=[object()])
+        self.arange_np = np.arange(self.max_num_tokens + 1)
+        self.query_pos = SimpleNamespace(np=np.zeros(self.max_num_tokens + 1, dtype=np.int64))
+        self.query_start_loc = _Buffer(MAX_NUM_SEQS + 2)
+        self.optimistic_seq_lens_cpu = torch.zeros(MAX_NUM_SEQS, dtype=torch.int32)
+        self.seq_lens = torch.zeros(MAX_NUM_SEQS, dtype=torch.int32)
+        self.input_ids = _Buffer(self.max_num_tokens)
+        self.positions = torch.zeros(self.max_num_tokens, dtype=torch.long)
+        self.drafter = _Drafter()
+        self.model = None
+        self._has_sinks = False
+        self.eplb_heat_collection_status = False
+        self.forwards = []   # (runtime mode, descriptor, query lens) of each model forward
+
+    # Leaves: the model, the attention backends' metadata builders, LoRA, GC.
+    def _model_forward(self, num_tokens, input_ids, positions, intermediate_tensors,
+                       inputs_embeds):
+        mode, descriptor = FORWARD_CONTEXT[-1]
+        self.forwards.append((mode, descriptor, self.query_lens.tolist()))
+        return torch.zeros(num_tokens, 2)
+
+    def _build_attention_metadata(self, **_):
+        return {}, None
+
+    def _pad_for_sequence_parallelism(self, num_tokens):
+        return num_tokens
+
+    def maybe_dummy_run_with_lora(self, *args, **kwargs):
+        return contextlib.nullcontext()
+
+    def maybe_remove_all_loras(self, lora_config):
+        pass
+
+    def _finalize_dump_data(self, dump):
+        pass
+
+    @staticmethod
+    def _freeze_gc():
+        return contextlib.nullcontext()
+
+
+FORWARD_CONTEXT: list = []
+
+
+@contextlib.contextmanager
+def _set_ascend_forward_context(attn_metadata, vllm_config, *, aclgraph_runtime_mode=None,
+                                batch_descriptor=None, **_):
+    FORWARD_CONTEXT.append((aclgraph_runtime_mode, batch_descriptor))
+    yield
+
+
+class _Accelerator:
+    synchronize = empty_cache = staticmethod(lambda: None)
+
+
+@pytest.fixture(scope="module")
+def host_runner_cls(host_tree):
+    """The host's NPUModelRunner methods (and the vLLM GPUModelRunner methods
+    they reach) over the constructor's fields; module globals that are device
+    leaves are stand-ins."""
+    from vllm.compilation.cuda_graph import CUDAGraphStat
+    from vllm.config import CUDAGraphMode
+    from vllm.forward_context import BatchDescriptor
+    from vllm.v1.attention.backend import AttentionCGSupport
+
+    vllm_path = "vllm/v1/worker/gpu_model_runner.py"
+    vllm_file = host_tree.parent / "gpu_model_runner.py"
+    vllm_file.write_text(_vllm_source(vllm_path))
+    vllm_namespace = dict(
+        np=np, CUDAGraphMode=CUDAGraphMode, time=__import__("time"),
+        torch=SimpleNamespace(accelerator=_Accelerator,
+                              cuda=SimpleNamespace(mem_get_info=lambda: (0, 0))),
+        compilation_counter=SimpleNamespace(num_gpu_runner_capture_triggers=0),
+        set_cudagraph_capturing_enabled=lambda enabled: None,
+        graph_capture=lambda device: contextlib.nullcontext(), lock_workspace=lambda: None,
+        logger=SimpleNamespace(info_once=lambda *a, **k: None, info=lambda *a, **k: None),
+        is_global_first_rank=lambda: False)
+    methods = {}
+    for name in VLLM_METHODS:
+        exec(compile(_function(vllm_file, "GPUModelRunner", name), vllm_path, "exec"),
+             vllm_namespace)
+        methods[name] = vllm_namespace[name]
+    gpu_model_runner = type("GPUModelRunner", (), {"capture_model": methods["capture_model"]})
+
+    runner_path = host_tree / "vllm_ascend/worker/model_runner_v1.py"
+    namespace = dict(
+        np=np, torch=torch, CUDAGraphMode=CUDAGraphMode, BatchDescriptor=BatchDescriptor,
+        CUDAGraphStat=CUDAGraphStat, AttentionCGSupport=AttentionCGSupport,
+        enable_sp=lambda vllm_config=None: False, cdiv=lambda a, b: -(-a // b),
+        is_pd_decode_recompute_scheduler_enabled=lambda vllm_config=None: False,
+        AscendAttentionState=SimpleNamespace(DecodeOnly="DecodeOnly",
+                                             SpecDecoding="SpecDecoding",
+                                             ChunkedPrefill="ChunkedPrefill"),
+        SEQ_LEN_WITH_MAX_PA_WORKSPACE=6, using_paged_attention=lambda n, config: False,
+        copy_snapshot_to_gpu=lambda buffer: None, lmhead_tp_enable=lambda: False,
+        get_pp_group=lambda: SimpleNamespace(is_first_rank=True),
+        update_cos_sin=lambda positions: None, set_ascend_forward_context=_set_ascend_forward_context,
+        GPUModelRunner=gpu_model_runner,
+        _get_gpu_model_runner_module_name=lambda runner: vllm_path,
+        _torch_cuda_wrapper=contextlib.nullcontext,
+        _replace_gpu_model_runner_function_wrapper=lambda name: contextlib.nullcontext(),
+        update_pass_config=lambda runner: contextlib.nullcontext(),
+        AscendEagleProposer=_Drafter, AscendDflashProposer=_Drafter,
+        AscendExtractHiddenStatesProposer=_Drafter,
+        set_graph_params=lambda sizes: GRAPH_PARAMS_SET.append(sizes),
+        set_draft_graph_params=lambda sizes: None)
+    for name in RUNNER_METHODS:
+        exec(compile(_function(runner_path, "NPUModelRunner", name), str(runner_path), "exec"),
+             namespace)
+        methods[name] = namespace[name]
+    return type("NPUModelRunner", (_RunnerFields,), methods)
+
+
+GRAPH_PARAMS_SET: list = []
+
+
+# ------------------------------------------------------------ the overlay
+@pytest.fixture
+def overlay(dispatcher_module, host_runner_cls, monkeypatch):
+    """vllm_ascend.vspec.width_graphs imported over the host: vLLM 0.23's
+    dispatcher module and the host runner class."""
+    acl_graph = sys.modules.get("vllm_ascend.compilation.acl_graph")
+    if acl_graph is None or not hasattr(acl_graph, "GraphParams"):
+        acl_graph = types.ModuleType("vllm_ascend.compilation.acl_graph")
+        acl_graph._graph_params = None
+    stand_ins = {
+        "vllm.v1.cudagraph_dispatcher": dispatcher_module,
+        "vllm_ascend.worker": types.ModuleType("vllm_ascend.worker"),
+        "vllm_ascend.worker.model_runner_v1": SimpleNamespace(NPUModelRunner=host_runner_cls),
+        "vllm_ascend.compilation.acl_graph": acl_graph,
+        "vllm_ascend.utils": SimpleNamespace(enable_sp=lambda vllm_config=None: False),
+    }
+    if "vllm_ascend.compilation" not in sys.modules:
+        stand_ins["vllm_ascend.compilation"] = types.ModuleType("vllm_ascend.compilation")
+    for name, module in stand_ins.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.delitem(sys.modules, "vllm_ascend.vspec.width_graphs", raising=False)
+    import vllm_ascend.vspec.width_graphs as width_graphs
+
+    FORWARD_CONTEXT.clear()
+    yield width_graphs
+    sys.modules.pop("vllm_ascend.vspec.width_graphs", None)
+
+
+def _config(mode: str = "FULL_AND_PIECEWISE", data_parallel_size: int = 1):
+    from vllm.config import CompilationConfig, CompilationMode
+
+    compilation = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, cudagraph_mode=mode,
+                                    cudagraph_capture_sizes=list(CAPTURE_SIZES),
+                                    max_cudagraph_capture_size=max(CAPTURE_SIZES),
+                                    cudagraph_num_of_warmups=1,
+                                    splitting_ops=list(CompilationConfig._attention_ops))
+    return SimpleNamespace(
+        compilation_config=compilation, lora_config=None,
+        speculative_config=SimpleNamespace(num_speculative_tokens=K, method="eagle",
+                                           use_eagle=lambda: True,
+                                           uses_extract_hidden_states=lambda: False),
+        scheduler_config=SimpleNamespace(max_num_seqs=MAX_NUM_SEQS,
+                                         max_num_batched_tokens=256),
+        parallel_config=SimpleNamespace(data_parallel_size=data_parallel_size,
+                                        use_ubatching=False, tensor_parallel_size=1),
+        model_config=SimpleNamespace(is_encoder_decoder=False, is_hybrid=False,
+                                     use_mla=False, enforce_eager=False),
+        observability_config=SimpleNamespace(cudagraph_metrics=False))
+
+
+class _Backend:
+    """An attention backend whose builder supports FULL graphs always."""
+
+    @staticmethod
+    def get_builder_cls():
+        from vllm.v1.attention.backend import AttentionCGSupport
+
+        return SimpleNamespace(get_cudagraph_support=lambda config, spec: AttentionCGSupport.ALWAYS)
+
+
+def _ready(runner, mode: str):
+    """The runner after the host's _check_and_update_cudagraph_mode (the
+    mode resolution of vLLM's config is a stand-in: the mode configured)."""
+    from vllm.config import CUDAGraphMode
+
+    runner.compilation_config.resolve_cudagraph_mode_and_sizes = \
+        lambda *args, **kwargs: CUDAGraphMode[mode]
+    runner._check_and_update_cudagraph_mode([{_Backend}], [SimpleNamespace(kv_cache_spec=None)])
+    return runner
+
+
+@pytest.fixture(params=["FULL_AND_PIECEWISE", "FULL_DECODE_ONLY"])
+def runners(request, overlay, host_runner_cls, monkeypatch):
+    """(stock host runner, VSpecNPUModelRunner), keys initialised."""
+    mode = request.param
+    stock = _ready(host_runner_cls(_config(mode), "cpu"), mode)
+    ours = _ready(overlay.VSpecNPUModelRunner(_config(mode), "cpu"), mode)
+    return stock, ours
+
+
+def _step(runner, tokens_per_request: list[int]):
+    """(mode, descriptor) the host's method gives a decode step."""
+    scheduled = np.array(tokens_per_request)
+    mode, descriptor, *_ = runner._determine_batch_execution_and_padding(
+        num_tokens=int(scheduled.sum()), num_reqs=len(scheduled),
+        num_scheduled_tokens_np=scheduled, max_num_scheduled_tokens=int(scheduled.max()),
+        use_cascade_attn=False)
+    return mode, descriptor
+
+
+def _padded_requests(n: int) -> int:
+    return next(r for r in REQUESTS if r >= n)
+
+
+# ------------------------------------------------------------ (a) dispatch
+@pytest.mark.parametrize("width", range(1, K + 2))
+@pytest.mark.parametrize("requests", [1, 2, 3, 5, 8])
+def test_a_uniform_step_of_each_width_dispatches_that_widths_full_descriptor(
+        runners, width, requests):
+    from vllm.config import CUDAGraphMode
+
+    _, ours = runners
+    mode, descriptor = _step(ours, [width] * requests)
+    padded = _padded_requests(requests)
+    assert mode == CUDAGraphMode.FULL
+    assert (descriptor.num_tokens, descriptor.num_reqs, descriptor.uniform) == \
+        (width * padded, padded, True)
+    assert descriptor.num_reqs == descriptor.num_tokens // width
+
+
+def test_each_width_has_a_full_graph_at_each_request_count_stock_captures(runners):
+    from vllm.config import CUDAGraphMode
+
+    _, ours = runners
+    dispatcher = ours.cudagraph_dispatcher
+    assert dispatcher.widths == (5, 4, 3, 2, 1)
+    for width in dispatcher.widths:
+        with dispatcher.binding(width):
+            keys = dispatcher.cudagraph_keys[CUDAGraphMode.FULL]
+        assert {(d.num_tokens, d.num_reqs) for d in keys} == {(width * n, n) for n in REQUESTS}
+
+
+@pytest.mark.parametrize("batch", [[2, 5, 5], [1, 3], [5, 5, 1], [40], [2] * 12, [5] * 5])
+def test_a_step_no_width_graph_fits_dispatches_as_the_hosts_runner(runners, batch):
+    """Mixed batches, a prefill chunk, a uniform batch past its width's
+    largest graph, and 1 + K's own steps: the stock runner is the oracle."""
+    stock, ours = runners
+    assert _step(ours, batch) == _step(stock, batch)
+
+
+def test_1_plus_k_steps_keep_stocks_descriptors(runners):
+    stock, ours = runners
+    for requests in (1, 3, 8):
+        assert _step(ours, [1 + K] * requests) == _step(stock, [1 + K] * requests)
+
+
+# ------------------------------------------------------------ (b) the uniform test
+@pytest.mark.parametrize("gamma", range(K))
+def test_a_step_below_k_is_uniform_with_the_subclass_and_not_with_the_stock_runner(
+        runners, gamma):
+    """Failing before (the stock runner), passing after (VSpecNPUModelRunner)."""
+    from vllm.config import CUDAGraphMode
+
+    stock, ours = runners
+    stock_mode, stock_descriptor = _step(stock, [1 + gamma] * 4)
+    assert stock_mode != CUDAGraphMode.FULL and not stock_descriptor.uniform
+    mode, descriptor = _step(ours, [1 + gamma] * 4)
+    assert mode == CUDAGraphMode.FULL and descriptor.uniform and descriptor.num_reqs == 4
+
+
+def test_the_fia_padding_of_a_width_step_pads_whole_requests_of_that_width(runners):
+    """The host's _pad_query_start_loc_for_fia after a width-2 step of 3
+    requests padded to 4: the padded request gets 2 tokens (the host's
+    uniform branch), not 1 + K's."""
+    from vllm.config import CUDAGraphMode
+
+    _, ours = runners
+    mode, descriptor = _step(ours, [2, 2, 2])
+    ours.query_start_loc.np[:4] = [0, 2, 4, 6]
+    padded = ours._pad_query_start_loc_for_fia(ours.query_start_loc, descriptor.num_tokens,
+                                               descriptor.num_reqs, 3, mode, descriptor.num_reqs)
+    assert mode == CUDAGraphMode.FULL and padded == 4
+    assert ours.query_start_loc.np[:5].tolist() == [0, 2, 4, 6, 8]
+
+
+def test_the_drafters_dispatch_at_a_width_step_is_not_uniform(runners):
+    """The drafter dispatches on the runner's dispatcher with the target's
+    uniform flag: at a width-2 step no draft graph exists for width 2's
+    descriptors, so it is dispatched as a mixed batch (1 + K's keys); at a
+    1 + K step it gets stock's FULL descriptor."""
+    from vllm.config import CUDAGraphMode
+
+    stock, ours = runners
+    _step(ours, [2] * 4)
+    mode, descriptor = ours.cudagraph_dispatcher.dispatch(num_tokens=8, uniform_decode=True)
+    assert not descriptor.uniform and mode != CUDAGraphMode.FULL
+    _step(ours, [1 + K] * 4)
+    _step(stock, [1 + K] * 4)
+    assert ours.cudagraph_dispatcher.dispatch(num_tokens=20, uniform_decode=True) == \
+        stock.cudagraph_dispatcher.dispatch(num_tokens=20, uniform_decode=True)
+
+
+# ------------------------------------------------------------ (c) capture
+def _captures(runner):
+    """(width, descriptor) of each FULL graph capture, in order: the
+    forwards of the host's _dummy_run under a FULL runtime mode."""
+    from vllm.config import CUDAGraphMode
+
+    out = []
+    for mode, descriptor, query_lens in runner.forwards:
+        if mode == CUDAGraphMode.FULL:
+            assert len(set(query_lens)) == 1, query_lens
+            out.append((query_lens[0], (descriptor.num_tokens, descriptor.num_reqs)))
+    return out
+
+
+def test_capture_runs_the_hosts_dummy_run_once_per_width_largest_first(runners):
+    stock, ours = runners
+    ours.capture_model()
+    captures = _captures(ours)
+    widths = [w for w, _ in captures]
+    assert widths == sorted(widths, reverse=True)
+    for width in range(1, K + 2):
+        assert sorted(d for w, d in captures if w == width) == \
+            [(width * n, n) for n in REQUESTS], width
+    stock.capture_model()
+    assert [c for c in captures if c[0] == 1 + K] == _captures(stock)
+
+
+def test_piecewise_graphs_and_draft_captures_stay_stocks(runners):
+    from vllm.config import CUDAGraphMode
+
+    stock, ours = runners
+    ours.capture_model()
+    stock.capture_model()
+    piecewise = [(m, d) for m, d, _ in ours.forwards if m == CUDAGraphMode.PIECEWISE]
+    assert piecewise == [(m, d) for m, d, _ in stock.forwards if m == CUDAGraphMode.PIECEWISE]
+    assert ours.drafter.descriptors == stock.drafter.descriptors
+    assert all(d.num_tokens == (1 + K) * d.num_reqs for m, d in ours.drafter.descriptors
+               if m == CUDAGraphMode.FULL)
