@@ -81,3 +81,82 @@ def test_a_bad_slow_start_is_refused_naming_the_option(tmp_path, capsys, value):
     assert main(["replay", "score", "--recording", str(tmp_path / "r.json.gz"),
                  "--slow-start", value, "--output-dir", str(tmp_path / "o")]) == 2
     assert f"--slow-start={value!r} is not allowed" in capsys.readouterr().err
+
+
+def drifted(drift, seed=0) -> dict:
+    shape = [sc.shapes(6, 12)["c8"]]
+    return {r.policy: r for r in sc.score(made_up(), PROFILE, "", shape, policies=(),
+                                          drift=drift, seed=seed)}
+
+
+def test_host_drift_stretches_a_fixed_gammas_steps_and_leaves_its_decisions_alone():
+    plain, wandering = drifted((0.0, 0.0)), drifted((0.3, 0.05))
+    for name in ("target", "fixed-2"):
+        assert wandering[name].gamma_steps == plain[name].gamma_steps, name
+        assert wandering[name].seconds != pytest.approx(plain[name].seconds, rel=1e-3), name
+
+
+def test_host_drift_is_the_same_for_a_seed_and_differs_between_seeds():
+    a, b, c = drifted((0.3, 0.05), 0), drifted((0.3, 0.05), 0), drifted((0.3, 0.05), 1)
+    assert a["fixed-2"].seconds == b["fixed-2"].seconds
+    assert a["fixed-2"].seconds != c["fixed-2"].seconds
+
+
+def test_host_drift_wanders_about_1_with_the_stated_spread():
+    from vllm_vspec.sim.simulator import HostDrift
+    import math
+    host = HostDrift(0.2, 1.0, seed=3)
+    logs = [math.log(host.factor(t * 0.05)) for t in range(200000)]
+    mean = sum(logs) / len(logs)
+    sd = (sum((x - mean) ** 2 for x in logs) / len(logs)) ** 0.5
+    assert abs(mean) < 0.03 and 0.17 < sd < 0.23
+    # Correlated over its correlation time, nearly independent well past it.
+    lag = lambda k: sum(logs[i] * logs[i + k] for i in range(len(logs) - k)) / (len(logs) - k) / sd ** 2  # noqa: E731
+    assert lag(2) > 0.8 and abs(lag(200)) < 0.1
+
+
+@pytest.mark.parametrize("value", ["0.1", "0.1:-5", "0.1:0", "x:10"])
+def test_a_bad_drift_is_refused_naming_the_option(tmp_path, capsys, value):
+    from vllm_vspec.cli import main
+    from vllm_vspec.core.latency import save_profile
+
+    made_up().save(tmp_path / "r.json.gz")
+    save_profile(PROFILE, tmp_path / "r.costs.json")
+    assert main(["replay", "score", "--recording", str(tmp_path / "r.json.gz"),
+                 "--drift", value, "--output-dir", str(tmp_path / "o")]) == 2
+    assert f"--drift={value!r} is not allowed" in capsys.readouterr().err
+
+
+def score_cli(tmp_path, *extra) -> dict:
+    import json
+    from vllm_vspec.cli import main
+    from vllm_vspec.core.latency import save_profile
+
+    made_up().save(tmp_path / "r.json.gz")
+    save_profile(PROFILE, tmp_path / "r.costs.json")
+    out = tmp_path / ("o" + "-".join(extra))
+    assert main(["replay", "score", "--recording", str(tmp_path / "r.json.gz"), "--policies", "online",
+                 "--workloads", "c8", "--requests-high", "12", *extra, "--output-dir", str(out)]) == 0
+    return json.loads((out / "replay.json").read_text())
+
+
+def test_families_scores_only_their_requests(tmp_path):
+    every, easy = score_cli(tmp_path), score_cli(tmp_path, "--families", "easy")
+    tokens = lambda r: {x["policy"]: x["tokens"] for x in r["results"]}  # noqa: E731
+    # The easy family's drafts are accepted more: drafting gains more there.
+    ratio = lambda r: r["ratios"]["c8"]["fixed-2"]["vs_target"]  # noqa: E731
+    assert ratio(easy) > ratio(every)
+    assert easy["meta"]["families"] == "easy"
+    assert tokens(easy)["target"] == tokens(every)["target"]      # the same count of requests, all easy
+
+
+def test_an_unknown_family_is_refused_naming_the_recordings_families(tmp_path, capsys):
+    from vllm_vspec.cli import main
+    from vllm_vspec.core.latency import save_profile
+
+    made_up().save(tmp_path / "r.json.gz")
+    save_profile(PROFILE, tmp_path / "r.costs.json")
+    assert main(["replay", "score", "--recording", str(tmp_path / "r.json.gz"),
+                 "--families", "easy,medium", "--output-dir", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "--families='easy,medium' is not allowed" in err and "easy, hard" in err

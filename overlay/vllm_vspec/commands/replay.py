@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -102,6 +103,15 @@ def add_parser(subparsers) -> None:
                    help="each contender's first STEPS steps take FACTOR times their price (a host "
                         "busy at first: does a policy un-learn prices measured then?), e.g. 1.3:150 "
                         "(default: none, every step at its price)")
+    s.add_argument("--families", default=None, metavar="NAME,...",
+                   help="score only the recorded requests of these prompt families (e.g. code, to "
+                        "match a served `bench` workload over the same prompts); default: every "
+                        "family, interleaved")
+    s.add_argument("--drift", default=None, metavar="SD:SECONDS",
+                   help="the host's speed wanders: every step's time times exp(x(t)), x a "
+                        "mean-reverting random walk of stationary sd SD and correlation time "
+                        "SECONDS (seeded by --seed; the same over time for every contender), on "
+                        "top of --noise, e.g. 0.1:10 (default: none, a steady host)")
     s.add_argument("--output-dir", type=Path, default=Path("results/replay"),
                    help="directory for replay.json and replay.png")
     s.set_defaults(func=run_score)
@@ -209,6 +219,35 @@ def _slow_start(text: str | None) -> tuple[float, int]:
     return out
 
 
+def _only_families(rec, text: str | None):
+    """The recording with only the requests of the `--families` named (all when None)."""
+    if text is None:
+        return rec
+    from vllm_vspec.replay.recording import Recording
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    known = rec.families()
+    bad = [n for n in names if n not in known]
+    if bad or not names:
+        raise UserError(f"--families={text!r} is not allowed: a comma list of the recording's "
+                        f"families ({', '.join(known)})")
+    return Recording(rec.header, [r for r in rec.requests if r.family in names])
+
+
+def _drift(text: str | None) -> tuple[float, float]:
+    """`--drift SD:SECONDS` as (sd, seconds); (0.0, 0.0) when not given."""
+    if text is None:
+        return 0.0, 0.0
+    try:
+        sd, tau = text.split(":")
+        out = float(sd), float(tau)
+    except ValueError:
+        out = (-1.0, 0.0)
+    if not (out[0] >= 0 and out[1] > 0 and all(map(math.isfinite, out))):
+        raise UserError(f"--drift={text!r} is not allowed: SD:SECONDS, an sd >= 0 and a "
+                        f"correlation time > 0 seconds (e.g. 0.1:10)")
+    return out
+
+
 def run_score(args: argparse.Namespace) -> int:
     from vllm_vspec.config import POLICIES
     from vllm_vspec.core.latency import load_profile
@@ -216,7 +255,7 @@ def run_score(args: argparse.Namespace) -> int:
     from vllm_vspec.replay.costs import costs_paths
     from vllm_vspec.replay.recording import load
 
-    rec = load(args.recording)
+    rec = _only_families(load(args.recording), args.families)
     costs = args.costs or costs_paths(args.recording)[0]
     if not Path(costs).is_file():
         raise UserError(f"--costs {costs}: no such file (measure it with `vllm-vspec replay costs "
@@ -246,6 +285,7 @@ def run_score(args: argparse.Namespace) -> int:
     if args.noise < 0:
         raise UserError(f"--noise={args.noise} is not allowed: a sigma >= 0")
     slow_start = _slow_start(args.slow_start)
+    drift = _drift(args.drift)
     skipped = sc.unscorable(rec, policies)
     t0 = time.monotonic()
     tty = sys.stderr.isatty()       # a progress line only where it redraws in place
@@ -253,7 +293,7 @@ def run_score(args: argparse.Namespace) -> int:
                        vspec=vspec, gamma0_mode=args.gamma0_mode, noise=args.noise, seed=args.seed,
                        policy_seeds=args.policy_seeds, warm=args.warm,
                        after=all_shapes[args.after] if args.after else None,
-                       slow_start=slow_start,
+                       slow_start=slow_start, drift=drift,
                        progress=(lambda what: print(f"\r  scoring {what:<24}", end="",
                                                     file=sys.stderr, flush=True)) if tty else None)
     if tty:
@@ -264,7 +304,9 @@ def run_score(args: argparse.Namespace) -> int:
           f"costs {costs}, noise {args.noise}, seed {args.seed}"
           f"{', warm (second pass)' if args.warm else ''}"
           f"{f', after {args.after}' if args.after else ''}"
-          f"{f', slow start {args.slow_start}' if args.slow_start else ''}: {seconds:.1f} s\n")
+          f"{f', slow start {args.slow_start}' if args.slow_start else ''}"
+          f"{f', host drift {args.drift}' if args.drift else ''}"
+          f"{f', families {args.families}' if args.families else ''}: {seconds:.1f} s\n")
     for name, why in skipped.items():
         print(f"{name}: not scored: {why}\n")
     print(sc.table_text(results))
@@ -274,6 +316,7 @@ def run_score(args: argparse.Namespace) -> int:
             "policies": policies, "workloads": names, "vspec": vspec,
             "policy_seeds": args.policy_seeds, "warm": args.warm, "after": args.after,
             "slow_start": list(slow_start) if args.slow_start else None,
+            "drift": list(drift) if args.drift else None, "families": args.families,
             "not_scorable": skipped}
     (args.output_dir / "replay.json").write_text(json.dumps(sc.to_json(results, meta), indent=1) + "\n")
     sc.plot(results, args.output_dir / "replay.png")

@@ -52,7 +52,7 @@ from vllm_vspec.core.latency import LatencyProfile
 from vllm_vspec.core.policies.budget import BudgetPolicy
 from vllm_vspec.core.steps import BatchState, Decision, StepFeedback, bucket_of, feasible_max_gamma
 from vllm_vspec.replay.recording import RecordedRequest, Recording
-from vllm_vspec.sim.simulator import (TARGET, Cycle, SimClock, SimResult, StaticTable, Workload,
+from vllm_vspec.sim.simulator import (TARGET, Cycle, HostDrift, SimClock, SimResult, StaticTable, Workload,
                                       gamma_step_ms, simulate, tuned_table)
 
 
@@ -305,7 +305,7 @@ def score(recording: Recording, profile: LatencyProfile, profile_path: str,
           vspec: Mapping | None = None, gamma0_mode: str = "lazy", noise: float = 0.0,
           seed: int = 0, max_num_batched_tokens: int = 8192, policy_seeds: int = 1,
           warm: bool = False, after: Shape | None = None,
-          slow_start: tuple[float, int] = (1.0, 0),
+          slow_start: tuple[float, int] = (1.0, 0), drift: tuple[float, float] = (0.0, 0.0),
           progress: Callable[[str], None] | None = None) -> list[SimResult]:
     """Every contender on every workload (see the module docstring); a
     RANDOMISED policy is run with `policy_seeds` seeds, its result carrying
@@ -317,7 +317,9 @@ def score(recording: Recording, profile: LatencyProfile, profile_path: str,
     that served, say, concurrency 1 before its load rose). Policies the
     recording cannot score (`unscorable`) are left out. `slow_start`
     (factor, steps): each contender's first `steps` steps (of its first
-    pass) take `factor` times their price."""
+    pass) take `factor` times their price. `drift` (sd, seconds): the
+    host's speed wanders (sim.simulator.HostDrift, seeded from `seed`), the
+    same over time for every contender."""
     vspec = vspec or {}
     policies = [p for p in policies if p not in unscorable(recording, policies)]
     results = []
@@ -338,7 +340,8 @@ def score(recording: Recording, profile: LatencyProfile, profile_path: str,
                                   drafter=name != TARGET, acceptance=acc_now, on_batch=seen,
                                   prefill=True,
                                   admission=admission_of(policy, acc_now, max_num_batched_tokens),
-                                  slow_start=slow_start if i == 0 else (1.0, 0))
+                                  slow_start=slow_start if i == 0 else (1.0, 0),
+                                  drift=HostDrift(*drift, seed + 2) if drift[0] > 0 else None)
             return result
         for name, factory in contenders(recording, profile, profile_path, wl, acc, policies,
                                         vspec, gamma0_mode):

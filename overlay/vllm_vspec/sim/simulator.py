@@ -398,6 +398,32 @@ class BernoulliAcceptance:
         return np.cumprod(ok, axis=1).sum(axis=1)
 
 
+class HostDrift:
+    """A host whose speed wanders: every step's time is multiplied by
+    exp(x(t)), x an Ornstein-Uhlenbeck process of stationary sd `sd` and
+    correlation time `tau_s` seconds, drawn on a grid of GRID_S seconds
+    from `seed` (x(0) from the stationary law). Indexed by the time since
+    the run began, so every contender of a seed meets the same host over
+    time (common random numbers), whatever steps it takes."""
+
+    GRID_S = 0.05
+
+    def __init__(self, sd: float, tau_s: float, seed: int):
+        if sd < 0 or tau_s <= 0:
+            raise ValueError(f"HostDrift(sd={sd}, tau_s={tau_s}): need sd >= 0 and tau_s > 0")
+        self.sd = sd
+        self.keep = math.exp(-self.GRID_S / tau_s)
+        self.rng = np.random.default_rng(seed)
+        self.path = [sd * float(self.rng.standard_normal())]
+
+    def factor(self, t_s: float) -> float:
+        k = max(int(t_s / self.GRID_S), 0)
+        step_sd = self.sd * math.sqrt(1.0 - self.keep ** 2)
+        while len(self.path) <= k:
+            self.path.append(self.path[-1] * self.keep + step_sd * float(self.rng.standard_normal()))
+        return math.exp(self.path[k])
+
+
 def simulate(workload: Workload, profile: LatencyProfile, policy: StepPolicy, clock: SimClock,
              *, name: str, max_gamma: int, max_num_batched_tokens: int = 8192,
              seed: int = 0, noise: float = 0.03, gamma0_mode: str = "sync",
@@ -406,7 +432,8 @@ def simulate(workload: Workload, profile: LatencyProfile, policy: StepPolicy, cl
              acceptance: Acceptance | None = None,
              on_batch: Callable[[np.ndarray, np.ndarray, np.ndarray], None] | None = None,
              prefill: bool = False, admission: Admission | None = None,
-             slow_start: tuple[float, int] = (1.0, 0)) -> SimResult:
+             slow_start: tuple[float, int] = (1.0, 0),
+             drift: HostDrift | None = None) -> SimResult:
     """`drafter=False`: no draft model (target-only serving; only gamma 0).
     `acceptance`: where acceptance comes from (default: BernoulliAcceptance
     over the workload's rates, drawn from `seed`); `on_batch(idx, done,
@@ -422,7 +449,8 @@ def simulate(workload: Workload, profile: LatencyProfile, policy: StepPolicy, cl
     `admission`: per-request verify lengths (Admission; None: every
     request verifies all its pending drafts). `slow_start` (factor, steps):
     the first `steps` steps take `factor` times their price (a host busy
-    at first, as a server's first requests often find it)."""
+    at first, as a server's first requests often find it). `drift`: the
+    host's speed over the run's time (HostDrift), on top of `noise`."""
     rng = np.random.default_rng(seed)
     start = clock.now                              # a clock may carry an earlier run's time
     width = max(max_gamma, 1)                      # draft positions (depths) per request
@@ -509,6 +537,7 @@ def simulate(workload: Workload, profile: LatencyProfile, policy: StepPolicy, cl
             lag[idx] = 0
         ms *= math.exp(noise * noise_rng.standard_normal()) if noise else 1.0
         ms *= slow_start[0] if steps < slow_start[1] else 1.0
+        ms *= drift.factor(clock.now - start) if drift is not None else 1.0
         clock.now += ms / 1000.0
         has = verify > 0
         if admission is not None:
