@@ -78,6 +78,11 @@ def _method_variants(method: str, model: Path, static_table: list[list[int]],
     # round depend on the rounds before it.
     out.append(Variant(f"{prefix}model", "online", spec(MAX_GAMMA),
                        vspec={"policy": "model", "model_state_dir": "off"}))
+    # The same without exploration (decisions at the posterior means, no
+    # Thompson draws, probes or rechecks): what exploring costs served.
+    out.append(Variant(f"{prefix}model-mean", "online", spec(MAX_GAMMA),
+                       vspec={"policy": "model", "model_state_dir": "off",
+                              "model_thompson": False}))
     # Target-only steps inside a speculative vspec server: what a gamma-0
     # step costs there (lazy for a draft model, EAGLE, EAGLE-3: no drafter forward).
     out.append(Variant(f"{prefix}fixed-0", "vspec-fixed", spec(MAX_GAMMA),
