@@ -469,6 +469,21 @@ class VSpecConfig:
     and the policy decides every step. No effect without full decode graphs
     (cudagraph_mode FULL_DECODE_ONLY or FULL_AND_PIECEWISE)."""
 
+    ascend_verify_width_graphs: bool = False
+    """vLLM-Ascend 0.23 only (built, off by default; not yet run on NPU): the
+    target keeps a FULL decode ACL graph per verify width 1 + gamma (gamma
+    0..K), each captured through the host's capture path with its own graph
+    parameters and replayed for a decode step whose requests all verify that
+    width, so no step is padded (`ascend_pad_verify_width` then pads
+    nothing) and the policy decides every step. Only with cudagraph_mode
+    FULL_DECODE_ONLY or FULL_AND_PIECEWISE, data parallel size 1, a model
+    without MLA and no encoder graphs; elsewhere the host's runner and the
+    padding stay, with one start-up line naming why. Costs K more target
+    decode graphs per capture size (device memory not priced). At a step
+    verifying fewer than 1 + K the draft model runs PIECEWISE or eagerly
+    (its graphs are captured at 1 + K only). On vLLM-Ascend 0.30 the key has
+    no effect (docs/design/ascend-per-width-target-graphs.md)."""
+
     # ------------------------------------------------------------------ build
     def __post_init__(self) -> None:
         if self.policy == "auto":

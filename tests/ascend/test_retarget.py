@@ -42,7 +42,7 @@ def test_an_older_release_that_holds_is_pinned_but_not_made_the_default(pin, pin
     report = rt.retarget("0.23.0", CACHE, tmp_path / "work", pins_file, patches_root)
 
     assert report.verified == "SHA-256 matches the index"
-    assert [(p.status, p.left) for p in report.patches] == [("applied", [])] * 3
+    assert [(p.status, p.left) for p in report.patches] == [("applied", [])] * 4
     assert {c.name: c.status for c in report.checks} == \
         {"abi": "ok", "contract": "ok", "compile": "ok", "wheel": "ok"}
     assert report.checks[-1].detail[0].endswith(f"vllm_ascend-0.23.0+vspec{our_version()}"
@@ -75,6 +75,9 @@ def test_0_18_0_reports_exactly_what_breaks_and_leaves_it_to_rebase(pins_copy, t
          ["#1 of vllm_ascend/worker/model_runner_v1.py (@@ -131,6 +131,7 @@)",
           "#2 of vllm_ascend/worker/model_runner_v1.py (@@ -643,7 +644,9 @@)"],
          ["vllm_ascend/worker/model_runner_v1.py"]),
+        ("0004-route-npu-model-runner.patch", "needs rebase",
+         ["#1 of vllm_ascend/worker/worker.py (@@ -517,7 +517,12 @@)"],
+         ["vllm_ascend/worker/worker.py.rej"]),
     ]
     platform = (report.tree / "vllm_ascend/platform.py").read_text()
     assert "<<<<<<<" in platform and ">>>>>>>" in platform  # something to rebase from
@@ -108,7 +111,8 @@ def test_0_18_0_reports_exactly_what_breaks_and_leaves_it_to_rebase(pins_copy, t
                "VSpecRejectionSampler.__init__ [call] 3 positional arguments, the host takes 1"
                in line for line in checks["abi"].detail), "\n".join(checks["abi"].detail)
     assert report.outcome.startswith("nothing written: 0002-select-vspec-scheduler.patch, "
-                                     "0003-vspec-rejection-sampler.patch, check abi, check "
+                                     "0003-vspec-rejection-sampler.patch, "
+                                     "0004-route-npu-model-runner.patch, check abi, check "
                                      "compile, check wheel")
     assert pins_file.read_text() == before
     assert not (patches_root / "0.18.0").exists()
@@ -218,6 +222,7 @@ def test_0_30_0rc2_as_a_new_host_reports_the_patches_and_the_proposer_contract_b
          ["#1 of vllm_ascend/worker/model_runner_v1.py (@@ -131,6 +131,7 @@)",
           "#2 of vllm_ascend/worker/model_runner_v1.py (@@ -643,7 +644,9 @@)"],
          ["vllm_ascend/worker/model_runner_v1.py"]),
+        ("0004-route-npu-model-runner.patch", "applied", [], []),
     ]
     checks = {c.name: c for c in report.checks}
     # The default pin's [routing.keep_host] lacks 0.30's two new MTP special cases.

@@ -478,3 +478,83 @@ def test_piecewise_graphs_and_draft_captures_stay_stocks(runners):
     assert ours.drafter.descriptors == stock.drafter.descriptors
     assert all(d.num_tokens == (1 + K) * d.num_reqs for m, d in ours.drafter.descriptors
                if m == CUDAGraphMode.FULL)
+
+
+# ------------------------------------------------------------ (d) routing
+WIDTH_GRAPHS = {"ascend_verify_width_graphs": True}
+
+
+def _engine(vspec=None, cudagraph_mode="FULL_AND_PIECEWISE", data_parallel_size=1,
+            method="eagle"):
+    """vspec's stand-in engine config (conftest) for an NPU worker, capture up to 40 tokens."""
+    from conftest import engine_config
+
+    config = engine_config(method, K, vspec, device="npu", cudagraph_mode=cudagraph_mode,
+                           data_parallel_size=data_parallel_size,
+                           worker_cls="vllm_ascend.worker.worker.NPUWorker")
+    config.compilation_config.max_cudagraph_capture_size = max(CAPTURE_SIZES)
+    return config
+
+
+def _pad_max_reqs(config) -> int:
+    from vllm_vspec.hosts.vllm.verify_width import VerifyWidth
+    from vllm_vspec.hosts.wiring import resolve
+
+    return VerifyWidth.of(config, resolve(config)).pad_max_reqs
+
+
+def test_the_key_routes_the_width_runner_and_the_scheduler_stops_padding(overlay):
+    from vllm_ascend.vspec import routing
+
+    config = _engine(WIDTH_GRAPHS)
+    assert routing.model_runner_cls_for(config, _HostRunner) is overlay.VSpecNPUModelRunner
+    assert _pad_max_reqs(config) == 0
+
+
+class _HostRunner:
+    """What NPUWorker.init_device passes as the host's runner class."""
+
+
+@pytest.mark.parametrize("why, config", [
+    ("key off (the default)", _engine()),
+    ("vspec off", _engine({**WIDTH_GRAPHS, "enabled": False})),
+    ("a method vspec does not drive", _engine(WIDTH_GRAPHS, method="ngram")),
+    ("no speculative decoding", _engine(WIDTH_GRAPHS, method=None)),
+    ("DP 2", _engine(WIDTH_GRAPHS, data_parallel_size=2)),
+    ("no FULL graphs", _engine(WIDTH_GRAPHS, cudagraph_mode="PIECEWISE")),
+    ("no graphs", _engine(WIDTH_GRAPHS, cudagraph_mode="NONE")),
+    ("FULL for mixed batches too: no separate decode routine",
+     _engine(WIDTH_GRAPHS, cudagraph_mode="FULL")),
+])
+def test_the_host_runner_is_kept_where_width_graphs_cannot_run(why, config):
+    from vllm_ascend.vspec import routing
+
+    assert routing.model_runner_cls_for(config, _HostRunner) is _HostRunner, why
+
+
+def test_dp_2_keeps_the_host_runner_and_the_padding():
+    from vllm_ascend.vspec import routing
+
+    config = _engine(WIDTH_GRAPHS, data_parallel_size=2)
+    assert routing.model_runner_cls_for(config, _HostRunner) is _HostRunner
+    assert _pad_max_reqs(config) == max(CAPTURE_SIZES) // (1 + K)
+    assert _pad_max_reqs(_engine(WIDTH_GRAPHS)) == 0
+
+
+def test_an_mla_model_keeps_the_host_runner_and_the_padding():
+    from vllm_ascend.vspec import routing
+
+    config = _engine(WIDTH_GRAPHS)
+    config.model_config.use_mla = True
+    assert routing.model_runner_cls_for(config, _HostRunner) is _HostRunner
+    assert _pad_max_reqs(config) == max(CAPTURE_SIZES) // (1 + K)
+
+
+def test_a_host_without_the_runner_keeps_its_own_and_the_padding(monkeypatch):
+    """vLLM-Ascend 0.30: its host.toml routes no model runner."""
+    from vllm_ascend.vspec import routing
+
+    monkeypatch.setattr(routing, "MODEL_RUNNER", None)
+    config = _engine(WIDTH_GRAPHS)
+    assert routing.model_runner_cls_for(config, _HostRunner) is _HostRunner
+    assert _pad_max_reqs(config) == max(CAPTURE_SIZES) // (1 + K)

@@ -27,6 +27,10 @@ or the environment turns it on (off_by_host_default: 0.30.0rc2, whose
 defaults would be slower than stock). Without that file (a checkout, the
 unit tests) the defaults below, the default pin's, apply.
 
+The NPU worker's model runner (patch 0004, 0.23 only) is the host's unless
+`ascend_verify_width_graphs` is on and the engine can run a FULL target graph
+per verify width (width_graphs_on, the rule the scheduler's padding reads too).
+
 An engine whose configuration vspec cannot drive (another Ascend scheduler
 selected here; wiring.stock_reason's cases) runs as stock with one warning
 naming why; a launch that sets `"enabled": true` fails instead, naming it.
@@ -78,6 +82,11 @@ STOCK_SCHEDULERS = ("vllm.v1.core.sched.scheduler.Scheduler",
                     "vllm.v1.core.sched.async_scheduler.AsyncScheduler")
 
 SAMPLER: str = _ROUTING.get("sampler", "vllm_ascend.vspec.sampler:VSpecAscendRejectionSampler")
+
+# The NPU worker's model runner with a FULL target graph per verify width, or
+# None where this host has none (a host.toml without `model_runner`: 0.30).
+MODEL_RUNNER: str | None = _ROUTING.get("model_runner") if HOST_FILE.is_file() else \
+    "vllm_ascend.vspec.width_graphs:VSpecNPUModelRunner"
 
 
 def vspec_settings(vllm_config: Any) -> VSpecConfig | None:
@@ -186,6 +195,55 @@ def rejection_sampler_factory(vllm_config: Any, default: type,
     # sampler's own signature.
     bound = {"settings": settings} if runner is None else {"settings": settings, "runner": runner}
     return functools.partial(_load(SAMPLER), **bound)
+
+
+def width_graphs_on(vllm_config: Any, settings: VSpecConfig | None) -> bool:
+    """Whether the target keeps a FULL decode graph per verify width
+    (width_graphs.py): vspec drives the engine with `ascend_verify_width_graphs`
+    on, this host has the runner, and width_graphs_refusal finds nothing.
+    The one rule for both sides: the worker builds its runner by it
+    (model_runner_cls_for) and the scheduler stops padding the verify width
+    by it (verify_width.VerifyWidth.of)."""
+    if settings is None or not settings.ascend_verify_width_graphs or MODEL_RUNNER is None:
+        return False
+    why = width_graphs_refusal(vllm_config)
+    if why is not None and ("width_graphs", why) not in _said:
+        _said.add(("width_graphs", why))
+        logger.warning("vspec: ascend_verify_width_graphs is on but %s, so the target keeps its "
+                       "1 + K decode graphs and the verify width is padded as without it", why)
+    return why is None
+
+
+def width_graphs_refusal(vllm_config: Any) -> str | None:
+    """Why per-width target graphs cannot run on this engine, or None."""
+    compilation = vllm_config.compilation_config
+    mode = compilation.cudagraph_mode
+    # CUDAGraphMode by name: this module imports nothing of vLLM (module docstring).
+    if mode is None or mode.decode_mode().name != "FULL" or not mode.separate_routine():
+        return (f"cudagraph_mode={getattr(mode, 'name', mode)} has no separate FULL decode "
+                "graphs (FULL_DECODE_ONLY or FULL_AND_PIECEWISE)")
+    dp = vllm_config.parallel_config.data_parallel_size
+    if dp > 1:
+        return (f"data_parallel_size={dp}: ranks at different widths cannot agree on one "
+                "graph")
+    if getattr(vllm_config.model_config, "use_mla", False):
+        return "the model uses MLA, whose metadata pads by 1 + K"
+    if getattr(compilation, "cudagraph_mm_encoder", False):
+        return "cudagraph_mm_encoder is on (a capture per width would capture the encoder again)"
+    return None
+
+
+def model_runner_cls_for(vllm_config: Any, host_cls: type) -> type:
+    """The NPU worker's model runner class (patch 0004, NPUWorker.init_device):
+    VSpecNPUModelRunner where width_graphs_on holds, else `host_cls`."""
+    if vllm_config.speculative_config is None:
+        return host_cls
+    if not width_graphs_on(vllm_config, vspec_settings(vllm_config)):
+        return host_cls
+    logger.info("vspec: the target captures a FULL decode graph per verify width 1..%d "
+                "(ascend_verify_width_graphs; not yet run on NPU)",
+                1 + vllm_config.speculative_config.num_speculative_tokens)
+    return _load(MODEL_RUNNER)
 
 
 def _load(path: str) -> type:

@@ -14,8 +14,10 @@ dispatched on the step's own width, nothing needs padding
 How, with the host's own code doing the work:
 - `WidthDispatcher` (vLLM's CudagraphDispatcher): the attributes the host's
   dispatcher code reads and assigns (`uniform_decode_query_len`,
-  `cudagraph_keys`, `_bs_to_padded_graph_size`, `compilation_config`) answer
-  for a bound width; unbound, they are the host's own, for 1 + K. Each
+  `cudagraph_keys`, `_bs_to_padded_graph_size`, `compilation_config`) are
+  a bound width's own, swapped in while it is bound (plain attributes, so
+  what the host assigns reads back); unbound, they are the host's, for
+  1 + K. Each
   other width's keys come from the host's `initialize_cudagraph_keys` run
   with that width bound over that width's capture sizes: the request counts
   the host captures for 1 + K, times the width (so `num_reqs = padded // w`
@@ -92,69 +94,51 @@ class _WidthSizes:
         return getattr(self._config, name)
 
 
+# The host attributes the dispatcher's code reads and assigns that each
+# verify width has its own of.
+PER_WIDTH = ("uniform_decode_query_len", "compilation_config", "cudagraph_keys",
+             "_bs_to_padded_graph_size")
+
+
 class WidthDispatcher(CudagraphDispatcher):
     """The host's dispatcher with FULL keys per verify width (module docstring)."""
 
     def __init__(self, vllm_config: Any, widths: tuple[int, ...] = ()):
-        # Per bound width (None: 1 + K, the host's own), the host attributes below.
-        self._state: dict[int | None, dict[str, Any]] = {None: {}}
-        self._bound: int | None = None
-        self._wanted = widths
         super().__init__(vllm_config)
+        # CudagraphDispatcher.__init__ set PER_WIDTH for 1 + K.
+        self.k_width: int = self.uniform_decode_query_len
+        self._wanted = widths
+        # The bound width (None: 1 + K's); PER_WIDTH of every width not bound.
+        self._bound: int | None = None
+        self._state: dict[int | None, dict[str, Any]] = {}
         # Widths with FULL keys, largest first (initialize_cudagraph_keys).
         self.widths: tuple[int, ...] = (self.k_width,)
         # The width of the last step the runner dispatched a uniform FULL batch at.
         self.step_width: int = self.k_width
 
-    # The host's attributes, one per bound width.
-    @property
-    def uniform_decode_query_len(self) -> int:
-        # CudagraphDispatcher.__init__ assigns 1 + K: the descriptor's num_reqs divides by the bound width.
-        return self.k_width if self._bound is None else self._bound
-
-    @uniform_decode_query_len.setter
-    def uniform_decode_query_len(self, value: int) -> None:
-        self.k_width = value
-
-    @property
-    def cudagraph_keys(self) -> dict:
-        # CudagraphDispatcher.__init__ / add_cudagraph_key: the bound width's keys.
-        return self._state[self._bound]["cudagraph_keys"]
-
-    @cudagraph_keys.setter
-    def cudagraph_keys(self, value: dict) -> None:
-        self._state[self._bound]["cudagraph_keys"] = value
-
-    @property
-    def _bs_to_padded_graph_size(self) -> list[int]:
-        # CudagraphDispatcher._compute_bs_to_padded_graph_size: pads to the bound width's sizes.
-        return self._state[self._bound]["_bs_to_padded_graph_size"]
-
-    @_bs_to_padded_graph_size.setter
-    def _bs_to_padded_graph_size(self, value: list[int]) -> None:
-        self._state[self._bound]["_bs_to_padded_graph_size"] = value
-
-    @property
-    def compilation_config(self) -> Any:
-        # CudagraphDispatcher.__init__ assigns the engine's: a bound width reads its own capture sizes.
-        return self._state[self._bound]["compilation_config"]
-
-    @compilation_config.setter
-    def compilation_config(self, value: Any) -> None:
-        self._state[self._bound]["compilation_config"] = value
-
     @contextlib.contextmanager
     def binding(self, width: int | None) -> Iterator[None]:
-        """The host's dispatcher code sees `width` (1 + K's: None or 1 + K)."""
+        """The host's dispatcher code sees `width`'s PER_WIDTH attributes
+        (1 + K's: None or 1 + K); what it assigns meanwhile stays that width's."""
         if width == self.k_width:
             width = None
+        if width == self._bound:
+            yield
+            return
         if width is not None and width not in self._state:
             raise ValueError(f"verify width {width} has no FULL graphs (widths: {self.widths})")
-        previous, self._bound = self._bound, width
+        previous = self._bound
+        self._swap(previous, width)
         try:
             yield
         finally:
-            self._bound = previous
+            self._swap(width, previous)
+
+    def _swap(self, out: int | None, into: int | None) -> None:
+        self._state[out] = {name: getattr(self, name) for name in PER_WIDTH}
+        for name, value in self._state.pop(into).items():
+            setattr(self, name, value)
+        self._bound = into
 
     @contextlib.contextmanager
     def step(self, num_tokens: int, num_reqs: int, max_num_scheduled_tokens: int
@@ -177,8 +161,9 @@ class WidthDispatcher(CudagraphDispatcher):
         width = max_num_scheduled_tokens
         if width == self.k_width or width not in self.widths or num_tokens != width * num_reqs:
             return None
-        fits = num_tokens <= self._state[width]["compilation_config"].max_cudagraph_capture_size
-        return width if fits else None
+        with self.binding(width):
+            return width if num_tokens <= self.compilation_config.max_cudagraph_capture_size \
+                else None
 
     def capture_sizes(self, width: int) -> list[int]:
         """Token counts of `width`'s FULL graphs."""
@@ -202,12 +187,14 @@ class WidthDispatcher(CudagraphDispatcher):
             if width == self.k_width:
                 continue
             self._state[width] = {
+                "uniform_decode_query_len": width,
                 "compilation_config": _WidthSizes(engine, [width * n for n in requests]),
-                "cudagraph_keys": {CUDAGraphMode.PIECEWISE: set(), CUDAGraphMode.FULL: set()}}
+                "cudagraph_keys": {CUDAGraphMode.PIECEWISE: set(), CUDAGraphMode.FULL: set()},
+                "_bs_to_padded_graph_size": []}
             with self.binding(width):
                 super().initialize_cudagraph_keys(cudagraph_mode, width)
                 self.cudagraph_keys[CUDAGraphMode.PIECEWISE].clear()
-        self.widths = tuple(sorted({self.k_width, *self._state.keys() - {None}}, reverse=True))
+        self.widths = (self.k_width, *sorted(self._state.keys() - {None}, reverse=True))
 
     def dispatch(self, num_tokens: int, uniform_decode: bool = False, *args: Any,
                  **kwargs: Any) -> Any:

@@ -21,13 +21,12 @@ uniform spec decoding size"). The draft model still drafts only gamma
 tokens; the target verifies K - gamma more positions a request, so padding
 stops where no graph is kept (a batch over the capture range).
 
-A graph per verify width (1 + g) would remove that cost; it is not built:
-vLLM's dispatcher pads token counts width-blind and derives `num_reqs` from
-one `uniform_decode_query_len` (vLLM 0.23's
-CudagraphDispatcher._create_padded_batch_descriptor), and the target's graph
-parameters are keyed by token count only (acl_graph.py `_graph_params`;
-AscendAttentionBackendImpl.update_graph_params zips one list per token count), so two widths' graphs at one
-token count would share one list (docs/ascend.md, "ACL graphs").
+A graph per verify width (1 + g) removes that cost: with
+`ascend_verify_width_graphs` (vLLM-Ascend 0.23, off by default, not yet run
+on NPU) the worker runs vllm_ascend/vspec/width_graphs.py's runner and
+nothing is padded; vLLM-Ascend's routing decides where it applies
+(`width_graphs_on`), and this rule asks it, so the runner and the padding
+never disagree.
 
 Where it is decided: here, when the scheduler is built, from the engine
 core's vllm_config. The worker's compilation config is final only after
@@ -84,10 +83,10 @@ class VerifyWidth:
         compilation = vllm_config.compilation_config
         capture = getattr(compilation, "max_cudagraph_capture_size", None)
         mode = compilation.cudagraph_mode
-        pads = (settings is not None and settings.ascend_pad_verify_width
-                and vllm_config.device_config.device_type == "npu"
+        npu = vllm_config.device_config.device_type == "npu"
+        pads = (settings is not None and settings.ascend_pad_verify_width and npu
                 and mode is not None and mode.decode_mode() == CUDAGraphMode.FULL
-                and bool(capture))
+                and bool(capture) and not _width_graphs(vllm_config, settings))
         return cls(k=k, pad_max_reqs=capture // (1 + k) if pads else 0)
 
     @property
@@ -99,6 +98,17 @@ class VerifyWidth:
         """Draft slots each request of a step of num_reqs requests that
         drafted gamma verifies in the next step."""
         return self.k if 0 < num_reqs <= self.pad_max_reqs else gamma
+
+
+def _width_graphs(vllm_config: Any, settings: VSpecConfig) -> bool:
+    """Whether the NPU target keeps a FULL graph per verify width (nothing to
+    pad): vLLM-Ascend's routing decides it, by the rule its worker builds its
+    runner by (vllm_ascend/vspec/routing.py width_graphs_on)."""
+    if not settings.ascend_verify_width_graphs:
+        return False
+    from vllm_ascend.vspec.routing import width_graphs_on
+
+    return width_graphs_on(vllm_config, settings)
 
 
 def pad_drafts(draft: torch.Tensor, gamma: int, columns: int) -> torch.Tensor:
