@@ -11,7 +11,9 @@ test time, never copied:
 - NPUModelRunner (worker/model_runner_v1.py, taken out by name):
   `_determine_batch_execution_and_padding` (the uniform test and dispatch),
   `_pad_query_start_loc_for_fia`, `_should_build_dummy_attn_metadata`,
-  `_dummy_run` (the capture pass), `capture_model`; and vLLM 0.23's
+  `_dummy_run` (the capture pass), `capture_model`,
+  `_check_and_update_cudagraph_mode` (keys, then the graph-parameter
+  stores); and vLLM 0.23's
   GPUModelRunner `capture_model`, `_capture_cudagraphs`,
   `_warmup_and_capture`, `_get_cumsum_and_arange` and the encoder-graph
   manager's set-up (gpu_model_runner.py, by name): the host runner
@@ -24,7 +26,10 @@ What is a stand-in, written here: the fields the host's constructor leaves
 model (the forward-context setter, the model forward, the attention-metadata
 build, host-to-device copies, CUDA/NPU graph capture and memory queries, GC
 freezing, LoRA), the drafter (records its dummy runs), and vLLM's config
-resolution of the graph mode (returns the mode configured).
+resolution of the graph mode (returns the mode configured). The model
+forward, under a FULL capture, makes one host full_graph_fia call per
+attention layer into test_ascend_graphs' NPU stand-in.
+The routing tests (d) use vspec's stand-in engine config (conftest).
 """
 
 from __future__ import annotations
@@ -33,13 +38,13 @@ import contextlib
 import sys
 import types
 import zipfile
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
+import test_ascend_graphs
 from test_ascend_graphs import CACHE, _function, _top_level, host, host_tree  # noqa: F401
 
 K = 4
@@ -155,12 +160,28 @@ class _RunnerFields:
         self._has_sinks = False
         self.eplb_heat_collection_status = False
         self.forwards = []   # (runtime mode, descriptor, query lens) of each model forward
+        self.fia = None      # the host's full_graph_fia, where a test captures FIA calls
 
     # Leaves: the model, the attention backends' metadata builders, LoRA, GC.
     def _model_forward(self, num_tokens, input_ids, positions, intermediate_tensors,
                        inputs_embeds):
+        """The model: records the batch; under a FULL runtime mode with the
+        host's full_graph_fia given (`self.fia`), captures one FIA call per
+        attention layer into a stand-in NPU graph (ACL capture is a leaf)."""
+        from vllm.config import CUDAGraphMode
+
         mode, descriptor = FORWARD_CONTEXT[-1]
-        self.forwards.append((mode, descriptor, self.query_lens.tolist()))
+        query_lens = self.query_lens.tolist()
+        self.forwards.append((mode, descriptor, query_lens))
+        if mode == CUDAGraphMode.FULL and self.fia is not None:
+            npu = test_ascend_graphs.FAKE
+            npu.capturing = test_ascend_graphs.Graph()
+            for layer in test_ascend_graphs.LAYERS:
+                npu.tag = (query_lens[0], num_tokens, layer)
+                self.fia(test_ascend_graphs._Impl(), torch.zeros(num_tokens, 8), torch.zeros(1),
+                         torch.zeros(1), _fia_metadata(num_tokens, query_lens[0], [0]),
+                         torch.zeros(num_tokens * 8))
+            npu.capturing = None
         return torch.zeros(num_tokens, 2)
 
     def _build_attention_metadata(self, **_):
@@ -246,8 +267,8 @@ def host_runner_cls(host_tree):
         update_pass_config=lambda runner: contextlib.nullcontext(),
         AscendEagleProposer=_Drafter, AscendDflashProposer=_Drafter,
         AscendExtractHiddenStatesProposer=_Drafter,
-        set_graph_params=lambda sizes: GRAPH_PARAMS_SET.append(sizes),
-        set_draft_graph_params=lambda sizes: None)
+        set_graph_params=lambda sizes: sys.modules[ACL_GRAPH].set_graph_params(sizes),
+        set_draft_graph_params=lambda sizes: sys.modules[ACL_GRAPH].set_draft_graph_params(sizes))
     for name in RUNNER_METHODS:
         exec(compile(_function(runner_path, "NPUModelRunner", name), str(runner_path), "exec"),
              namespace)
@@ -255,7 +276,15 @@ def host_runner_cls(host_tree):
     return type("NPUModelRunner", (_RunnerFields,), methods)
 
 
-GRAPH_PARAMS_SET: list = []
+ACL_GRAPH = "vllm_ascend.compilation.acl_graph"
+
+
+def _fia_metadata(num_tokens: int, width: int, seq_lens: list[int]) -> SimpleNamespace:
+    """A decode batch's attention metadata as full_graph_fia and
+    update_graph_params read it (the attention builder's output)."""
+    return SimpleNamespace(actual_seq_lengths_q=list(range(width, num_tokens + 1, width)),
+                           seq_lens_list=seq_lens, block_tables=torch.zeros(1),
+                           attn_mask=None, causal=True, attn_state="DecodeOnly")
 
 
 # ------------------------------------------------------------ the overlay
@@ -263,17 +292,19 @@ GRAPH_PARAMS_SET: list = []
 def overlay(dispatcher_module, host_runner_cls, monkeypatch):
     """vllm_ascend.vspec.width_graphs imported over the host: vLLM 0.23's
     dispatcher module and the host runner class."""
-    acl_graph = sys.modules.get("vllm_ascend.compilation.acl_graph")
+    acl_graph = sys.modules.get(ACL_GRAPH)
     if acl_graph is None or not hasattr(acl_graph, "GraphParams"):
-        acl_graph = types.ModuleType("vllm_ascend.compilation.acl_graph")
-        acl_graph._graph_params = None
+        # No graph-parameter store (test_ascend_graphs' `host` fixture gives the host's).
+        acl_graph = SimpleNamespace(_graph_params=None, set_graph_params=lambda sizes: None,
+                                    set_draft_graph_params=lambda sizes: None)
     stand_ins = {
         "vllm.v1.cudagraph_dispatcher": dispatcher_module,
         "vllm_ascend.worker": types.ModuleType("vllm_ascend.worker"),
         "vllm_ascend.worker.model_runner_v1": SimpleNamespace(NPUModelRunner=host_runner_cls),
-        "vllm_ascend.compilation.acl_graph": acl_graph,
-        "vllm_ascend.utils": SimpleNamespace(enable_sp=lambda vllm_config=None: False),
+        ACL_GRAPH: acl_graph,
     }
+    if not hasattr(sys.modules.get("vllm_ascend.utils"), "enable_sp"):
+        stand_ins["vllm_ascend.utils"] = SimpleNamespace(enable_sp=lambda vllm_config=None: False)
     if "vllm_ascend.compilation" not in sys.modules:
         stand_ins["vllm_ascend.compilation"] = types.ModuleType("vllm_ascend.compilation")
     for name, module in stand_ins.items():
@@ -558,3 +589,70 @@ def test_a_host_without_the_runner_keeps_its_own_and_the_padding(monkeypatch):
     config = _engine(WIDTH_GRAPHS)
     assert routing.model_runner_cls_for(config, _HostRunner) is _HostRunner
     assert _pad_max_reqs(config) == max(CAPTURE_SIZES) // (1 + K)
+
+
+# ------------------------------------------------------------ (c) graph parameters
+@pytest.fixture
+def fia_runner(host, overlay, monkeypatch):
+    """A VSpecNPUModelRunner over the host's acl_graph module (test_ascend_graphs'
+    `host` fixture: GraphParams and set_graph_params executed from the sdist)
+    whose model forward captures the host's full_graph_fia for the target."""
+    monkeypatch.setattr(host.extra, "is_draft_model", False, raising=False)
+    monkeypatch.setitem(host.attention.update_graph_params.__globals__, "_ATTN_KEYS_BUFFER", None)
+    runner = _ready(overlay.VSpecNPUModelRunner(_config("FULL_DECODE_ONLY"), "cpu"),
+                    "FULL_DECODE_ONLY")
+    runner.fia = host.attention.full_graph_fia
+    return runner
+
+
+def _captured(host, width: int, num_tokens: int) -> list[tuple]:
+    """Tags (width, tokens, layer) of the tasks a width's store holds at num_tokens."""
+    params = host.acl_graph.get_graph_params()
+    return [handle.task.tag for handle in params.handles[(width, num_tokens)]]
+
+
+def test_widths_captured_at_one_token_count_keep_their_own_parameter_lists(host, fia_runner):
+    """8 tokens are 4 requests of width 2 and 2 of width 4 (and 8 of width
+    1): each width's capture appends to its own lists, through the host's
+    full_graph_fia and its graph-parameter store."""
+    fia_runner.capture_model()
+    layers = list(test_ascend_graphs.LAYERS)
+    for width in (1, 2, 4):
+        assert _captured(host, width, 8) == [(width, 8, layer) for layer in layers], width
+    assert _captured(host, 1 + K, 40) == [(1 + K, 40, layer) for layer in layers]
+
+
+def test_a_width_steps_replay_update_rewrites_only_that_widths_tasks(host, fia_runner):
+    fia_runner.capture_model()
+    mode, descriptor = _step(fia_runner, [2] * 4)   # 4 requests of width 2: 8 tokens
+    seq_lens = [11, 12, 13, 14]
+    context = SimpleNamespace(attn_metadata={
+        layer: _fia_metadata(descriptor.num_tokens, 2, seq_lens)
+        for layer in test_ascend_graphs.LAYERS})
+    host.attention.update_graph_params(None, context, descriptor.num_tokens,
+                                       fia_runner.vllm_config)
+    params = host.acl_graph.get_graph_params()
+    kv_lens = {w: [h.task.kwargs["actual_seq_lengths_kv"] for h in params.handles[(w, 8)]]
+               for w in (1, 2, 4)}
+    assert kv_lens == {1: [[0], [0]], 2: [seq_lens, seq_lens], 4: [[0], [0]]}
+
+
+def test_the_hosts_token_count_store_alone_gives_one_width_anothers_parameters(
+        host, fia_runner, overlay, monkeypatch):
+    """Negative control: with the host's store keyed by token count only
+    (every width's sizes in it, no per-width keys), widths 1, 2 and 4
+    captured at 8 tokens append to one list, and a width-2 step's update
+    rewrites width 4's tasks (captured first) and leaves width 2's stale."""
+    acl_graph = host.acl_graph
+    acl_graph._graph_params = None
+    dispatcher = fia_runner.cudagraph_dispatcher
+    acl_graph.set_graph_params(sorted({n for w in dispatcher.widths
+                                       for n in dispatcher.capture_sizes(w)}))
+    fia_runner.capture_model()
+    mode, descriptor = _step(fia_runner, [2] * 4)
+    context = SimpleNamespace(attn_metadata={
+        layer: _fia_metadata(8, 2, [11, 12, 13, 14]) for layer in test_ascend_graphs.LAYERS})
+    host.attention.update_graph_params(None, context, 8, fia_runner.vllm_config)
+    updated = [h.task.tag[0] for h in acl_graph.get_graph_params().handles[8]
+               if h.task.kwargs["actual_seq_lengths_kv"] == [11, 12, 13, 14]]
+    assert updated == [4, 4]
