@@ -18,8 +18,8 @@ FULL graph; a step at gamma < K (1 + gamma tokens a request) fails the
 uniform test and runs without it, on both pins. That is why the 0.23 default
 pads the verify width inside the capture range (vspec's scheduler schedules
 pad_drafts' K columns) and why vspec, which verifies 1 + gamma on 0.30, is
-off by default there. A graph per verify width is not built
-(docs/design/ascend-per-width-target-graphs.md).
+off by default there. A graph per verify width is built for 0.23, off by
+default (`ascend_verify_width_graphs`; tests/ascend/test_width_graphs.py).
 """
 
 from __future__ import annotations

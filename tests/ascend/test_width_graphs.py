@@ -656,3 +656,22 @@ def test_the_hosts_token_count_store_alone_gives_one_width_anothers_parameters(
     updated = [h.task.tag[0] for h in acl_graph.get_graph_params().handles[8]
                if h.task.kwargs["actual_seq_lengths_kv"] == [11, 12, 13, 14]]
     assert updated == [4, 4]
+
+
+def test_encoder_graphs_keep_the_host_runner_and_the_padding():
+    from vllm_ascend.vspec import routing
+
+    config = _engine(WIDTH_GRAPHS)
+    config.compilation_config.cudagraph_mm_encoder = True
+    assert routing.model_runner_cls_for(config, _HostRunner) is _HostRunner
+    assert _pad_max_reqs(config) == max(CAPTURE_SIZES) // (1 + K)
+
+
+def test_under_sequence_parallelism_the_runner_keeps_1_plus_k_only(overlay, monkeypatch):
+    """flashcomm1 pads token counts to multiples of the TP size, which other
+    widths' sizes are not: the runner keys 1 + K only, as the host."""
+    monkeypatch.setattr(overlay, "enable_sp", lambda vllm_config=None: True)
+    runner = _ready(overlay.VSpecNPUModelRunner(_config(), "cpu"), "FULL_AND_PIECEWISE")
+    assert runner.cudagraph_dispatcher.widths == (1 + K,)
+    mode, descriptor = _step(runner, [2] * 4)
+    assert not descriptor.uniform
