@@ -116,6 +116,16 @@ class WidthDispatcher(CudagraphDispatcher):
         # The width of the last step the runner dispatched a uniform FULL batch at.
         self.step_width: int = self.k_width
 
+    @property
+    def bound(self) -> int | None:
+        """The width bound now (a capture's or a dispatch's), None: 1 + K's."""
+        return self._bound
+
+    @property
+    def in_force(self) -> int:
+        """The width the host's code should see now: the bound one, else the step's."""
+        return self.step_width if self._bound is None else self._bound
+
     @contextlib.contextmanager
     def binding(self, width: int | None) -> Iterator[None]:
         """The host's dispatcher code sees `width`'s PER_WIDTH attributes
@@ -222,11 +232,10 @@ class ActiveWidth:
         self._dispatcher = dispatcher
 
     def active(self) -> int | None:
-        return self._dispatcher._bound
+        return self._dispatcher.bound
 
     def __call__(self) -> int:
-        bound = self._dispatcher._bound
-        return self._dispatcher.step_width if bound is None else bound
+        return self._dispatcher.in_force
 
 
 def install_params(dispatcher: WidthDispatcher) -> Any:
@@ -282,8 +291,7 @@ class VSpecNPUModelRunner(NPUModelRunner):
     def _pad_query_start_loc_for_fia(self, *args: Any, **kwargs: Any) -> Any:
         # NPUModelRunner._pad_query_start_loc_for_fia: a uniform batch's padded requests at the step's width.
         dispatcher = self.cudagraph_dispatcher
-        width = dispatcher._bound if dispatcher._bound is not None else dispatcher.step_width
-        with dispatcher.binding(width):
+        with dispatcher.binding(dispatcher.in_force):
             return super()._pad_query_start_loc_for_fia(*args, **kwargs)
 
     def _check_and_update_cudagraph_mode(self, attention_backends: Any,
