@@ -298,7 +298,13 @@ class VSpecNPUModelRunner(NPUModelRunner):
                                          kv_cache_groups: Any) -> None:
         # NPUModelRunner._check_and_update_cudagraph_mode: once the host created the target's graph-parameter store, key it by width.
         super()._check_and_update_cudagraph_mode(attention_backends, kv_cache_groups)
-        install_params(self.cudagraph_dispatcher)
+        dispatcher = self.cudagraph_dispatcher
+        install_params(dispatcher)
+        extra = {w: len(dispatcher.capture_sizes(w)) for w in dispatcher.widths[1:]}
+        logger.info("vspec: FULL target decode graphs for verify widths %s: %d beyond stock's "
+                    "%d for width %d (their device memory is not priced; not yet run on NPU)",
+                    ", ".join(map(str, dispatcher.widths)), sum(extra.values()),
+                    len(dispatcher.capture_sizes(dispatcher.k_width)), dispatcher.k_width)
 
     def capture_model(self) -> int:
         # NPUModelRunner.capture_model: the host's capture once per width, largest first, with that width bound.
