@@ -203,3 +203,15 @@ def test_a_randomised_policy_is_scored_as_the_mean_over_its_seeds():
     assert len(spread) == 3 and spread[0] == pytest.approx(one["model"].tok_s, rel=1e-3)
     assert model.tokens / model.seconds == pytest.approx(
         model.tokens / (sum(model.tokens / t for t in spread) / 3), rel=1e-6)
+
+
+@pytest.mark.parametrize("mode, lazy", [("lazy", True), ("sync", False)])
+def test_a_vspec_contender_knows_what_a_gamma_0_step_runs_as_the_engine_resolves_it(mode, lazy):
+    # The engine resolves gamma0_mode `auto` for the method before the
+    # policy is built; the replay's contenders are built with the replay's
+    # mode, so a lazy drafter's skipped prompts are priced as served.
+    rec = made_up()
+    wl, acc = sc.workload_of(sc.shapes(6, 12)["c8"], rec)
+    factories = dict(sc.contenders(rec, PROFILE, "", wl, acc, ("model",), {}, mode))
+    controller = factories["model"](sc.SimClock(), sc._Seen())
+    assert controller.policy.lazy is lazy

@@ -277,11 +277,12 @@ def controller(recording: Recording, vspec: Mapping, **over) -> Callable[[SimClo
 
 
 def policy_settings(name: str, profile_path: str, gamma0_mode: str) -> dict:
-    """The vspec settings that make policy `name` a contender (budget's
-    cost model knows what a depth-0 step runs from `gamma0_mode`, the
-    replay's, as the engine's resolved setting tells it)."""
-    return {"policy": name, **({"profile_path": profile_path} if name == "profile" else {}),
-            **({"gamma0_mode": gamma0_mode} if name == "budget" else {})}
+    """The vspec settings that make policy `name` a contender, with the
+    replay's `gamma0_mode` as the engine resolves `auto` for the method
+    (what a gamma-0 step runs: a lazy drafter skips it, prompts included,
+    which the `model` and `budget` policies price)."""
+    return {"policy": name, "gamma0_mode": gamma0_mode,
+            **({"profile_path": profile_path} if name == "profile" else {})}
 
 
 def contenders(recording: Recording, profile: LatencyProfile, profile_path: str, wl: Workload,
