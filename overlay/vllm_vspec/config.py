@@ -477,8 +477,9 @@ class VSpecConfig:
     width, so no step is padded (`ascend_pad_verify_width` then pads
     nothing) and the policy decides every step. Only with cudagraph_mode
     FULL_DECODE_ONLY or FULL_AND_PIECEWISE, data parallel size 1, a model
-    without MLA and no encoder graphs; elsewhere the host's runner and the
-    padding stay, with one start-up line naming why. Costs K more target
+    without MLA, no encoder graphs and no sequence parallelism (flashcomm1);
+    elsewhere the host's runner and the padding stay, with one start-up line
+    naming why. Costs K more target
     decode graphs per capture size (device memory not priced). At a step
     verifying fewer than 1 + K the draft model runs PIECEWISE or eagerly
     (its graphs are captured at 1 + K only). On vLLM-Ascend 0.30 the key has

@@ -667,11 +667,13 @@ def test_encoder_graphs_keep_the_host_runner_and_the_padding():
     assert _pad_max_reqs(config) == max(CAPTURE_SIZES) // (1 + K)
 
 
-def test_under_sequence_parallelism_the_runner_keeps_1_plus_k_only(overlay, monkeypatch):
+def test_sequence_parallelism_keeps_the_host_runner_and_the_padding(monkeypatch):
     """flashcomm1 pads token counts to multiples of the TP size, which other
-    widths' sizes are not: the runner keys 1 + K only, as the host."""
-    monkeypatch.setattr(overlay, "enable_sp", lambda vllm_config=None: True)
-    runner = _ready(overlay.VSpecNPUModelRunner(_config(), "cpu"), "FULL_AND_PIECEWISE")
-    assert runner.cudagraph_dispatcher.widths == (1 + K,)
-    mode, descriptor = _step(runner, [2] * 4)
-    assert not descriptor.uniform
+    widths' sizes are not: vLLM-Ascend's own enable_sp decides (stood in)."""
+    from vllm_ascend.vspec import routing
+
+    monkeypatch.setitem(sys.modules, "vllm_ascend.utils",
+                        SimpleNamespace(enable_sp=lambda vllm_config=None: True))
+    config = _engine(WIDTH_GRAPHS)
+    assert routing.model_runner_cls_for(config, _HostRunner) is _HostRunner
+    assert _pad_max_reqs(config) == max(CAPTURE_SIZES) // (1 + K)

@@ -230,7 +230,20 @@ def width_graphs_refusal(vllm_config: Any) -> str | None:
         return "the model uses MLA, whose metadata pads by 1 + K"
     if getattr(compilation, "cudagraph_mm_encoder", False):
         return "cudagraph_mm_encoder is on (a capture per width would capture the encoder again)"
+    if _sequence_parallel(vllm_config):
+        return ("sequence parallelism (flashcomm1) is on: it pads token counts to multiples "
+                "of the TP size, which other widths' graph sizes are not")
     return None
+
+
+def _sequence_parallel(vllm_config: Any) -> bool:
+    """vLLM-Ascend's own answer (vllm_ascend.utils.enable_sp), False off an
+    Ascend host (a checkout, the unit tests)."""
+    try:
+        from vllm_ascend.utils import enable_sp
+    except ImportError:
+        return False
+    return bool(enable_sp(vllm_config))
 
 
 def model_runner_cls_for(vllm_config: Any, host_cls: type) -> type:

@@ -52,8 +52,8 @@ by the same rule, verify_width.width_graphs_on): vspec drives the engine,
 decode routine (FULL_DECODE_ONLY, FULL_AND_PIECEWISE), DP 1 (ranks at
 different widths cannot agree on one descriptor), no MLA (its metadata
 builder pads by the runner's `decode_token_per_req`, 1 + K), no encoder
-graphs. With sequence parallelism (flashcomm1) the runner keeps 1 + K only:
-token counts are padded to multiples of the TP size there.
+graphs, no sequence parallelism (flashcomm1 pads token counts to multiples
+of the TP size).
 """
 
 from __future__ import annotations
@@ -66,7 +66,6 @@ from vllm.logger import init_logger
 from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
 
 from vllm_ascend.compilation import acl_graph
-from vllm_ascend.utils import enable_sp
 from vllm_ascend.vspec import graph_params
 from vllm_ascend.worker.model_runner_v1 import NPUModelRunner
 
@@ -258,11 +257,6 @@ class VSpecNPUModelRunner(NPUModelRunner):
     def __init__(self, vllm_config: Any, device: Any):
         super().__init__(vllm_config, device)
         widths = verify_widths(self.speculative_config.num_speculative_tokens)
-        if enable_sp(vllm_config):
-            logger.warning("vspec: sequence parallelism pads token counts to multiples of the "
-                           "TP size, so the target keeps its 1 + K decode graphs only; "
-                           "set ascend_verify_width_graphs false to pad the verify width")
-            widths = widths[:1]
         # GPUModelRunner.__init__ built the host's dispatcher: ours keys each verify width.
         self.cudagraph_dispatcher = WidthDispatcher(self.vllm_config, widths)
 
