@@ -23,7 +23,8 @@ ctx, from the profile's linear models T_target and T_draft:
   target's fixed per-step term is divided by `target_graph_factor` when the
   step replays a FULL decode graph: a uniform batch of B * (1 + w) <=
   `capture_tokens` tokens whose width the host captured (1 + K on both
-  pins as shipped; every width with per-width target graphs, not built);
+  pins as shipped; every width with per-width target graphs: built on
+  0.23, off by default, `ascend_verify_width_graphs`, not yet run on NPU);
   any other step runs PIECEWISE or eagerly at the profile's cost (an
   assumption too: piecewise graphs recover part of that term).
 
@@ -77,7 +78,7 @@ TARGET_GRAPH_FACTOR = 1.5
 
 # Which verify widths have a FULL target decode graph.
 HOST_WIDTH = "1+K"       # the host's one uniform-decode width (both pins as shipped)
-EVERY_WIDTH = "1+g"      # a graph per verify width (not built)
+EVERY_WIDTH = "1+g"      # a graph per verify width (0.23, off by default)
 
 
 @dataclass(frozen=True)
@@ -133,7 +134,7 @@ CONTENDERS = (
              hold_padded=True),
     Defaults("0.23 defaults, policy online", "online", True, True, hold_padded=True),
     Defaults("0.30 with vspec on (eager draft, verify 1+g)", None, False, False),
-    Defaults("target graph per width, verify 1+g (not built)", None, True, False,
+    Defaults("target graph per width, verify 1+g (0.23, opt-in)", None, True, False,
              full_widths=EVERY_WIDTH),
     # A bound, not a contender: the per-step goodput argmax under the true
     # rates and the 0.23 defaults' true costs, no noise, no learning.
@@ -272,7 +273,7 @@ STEP_COLUMNS = {
     "0.23 old defaults (eager draft, pad to 1+K)": (False, True, HOST_WIDTH),
     "0.23 defaults (graph per gamma, pad to 1+K)": (True, True, HOST_WIDTH),
     "0.30 with vspec on (eager draft, verify 1+g)": (False, False, HOST_WIDTH),
-    "target graph per width, verify 1+g (not built)": (True, False, EVERY_WIDTH),
+    "target graph per width, verify 1+g (0.23, opt-in)": (True, False, EVERY_WIDTH),
 }
 
 
