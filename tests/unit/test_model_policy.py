@@ -390,3 +390,19 @@ def test_prefill_steps_at_gamma_0_and_above_tell_the_drafters_share_of_a_prompt(
                       20.0 + g + 12.0 + 4.0 * (g > 0))
     theta = model.fit()
     assert theta[DRAFT_PREFILL] * 0.5 == pytest.approx(4.0, rel=0.15)
+
+
+def test_a_prompt_arriving_where_the_model_would_not_draft_skips_the_drafter():
+    # Batch 32 where gamma 0 is best (test above): a prefill step run while a
+    # probe's gamma is in force runs at gamma 0 (a lazy drafter skips the
+    # prompt, and nothing drafts after it), but one run while a recheck
+    # measures a gamma keeps that gamma (the recheck needs steady steps,
+    # which a catch-up after a gamma-0 prefill is not).
+    ctl, clock = controller(gamma0_mode="lazy")
+    serve_with_prompts(ctl, clock, (0.55, 0.3, 0.1, 0.05), 32, 600, random.Random(4), True)
+    policy = ctl.policy
+    prefill = BatchState(32, 8192, 300.0, prefill_tokens=600)
+    policy.reason = "probe"
+    assert policy.prefill_gamma(prefill, 2) == 0
+    policy.reason = "recheck"
+    assert policy.prefill_gamma(prefill, 2) == 2

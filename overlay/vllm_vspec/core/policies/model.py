@@ -11,7 +11,10 @@ decide (those that prefill prompts) are fitted too (`observe_cost`):
 while drafting is on, the drafter prefills every new prompt, which it
 skips at gamma 0, so drafting is also charged that prefill for the
 prompt tokens that come with the tokens it commits (prompt tokens per
-committed token, as measured). A step that drafts
+committed token, as measured); and a prefill step, whose gamma is
+the one in force, runs at gamma 0 where the model would choose 0 for its
+batch (`prefill_gamma`: a lazy drafter then skips its prompts, which are
+paid for only if their requests draft later). A step that drafts
 after a gamma-0 step pays a catch-up (a lazy drafter's pass over the
 tokens it missed; nothing in sync mode, where the fit finds it free):
 the model fits it per request caught up, and a decision to resume is
@@ -121,6 +124,7 @@ class ModelPolicy:
         self._prompt_known: tuple | None = None    # (batch, fit) where the drafter's share was known
         self.runs = DraftingRuns()                  # decided drafting runs (a resume's catch-up)
         self.swept = 0
+        self.reason = "sweep"                 # why the last decision was made (decide's reason)
         self._priced: tuple | None = None     # (batch, gammas, fit) found priced last
         # (bucket, gamma) -> [decayed sum of the features of its steady
         # decided steps, of their ms, weight, observation count when last decayed]
@@ -255,6 +259,11 @@ class ModelPolicy:
 
     def decide(self, batch, bucket: int, lo: int, hi: int,
                previous: Arm | None) -> tuple[Arm, str]:
+        arm, self.reason = self._decide(batch, bucket, lo, hi, previous)
+        return arm, self.reason
+
+    def _decide(self, batch, bucket: int, lo: int, hi: int,
+                previous: Arm | None) -> tuple[Arm, str]:
         arms = list(self.space.arms(batch, lo, hi))
         if self.swept < len(arms):
             arm = arms[-1 - self.swept]
@@ -380,18 +389,28 @@ class ModelPolicy:
         not above the target's price, a smaller gamma would be best), so
         that a prompt's cost without the drafter is measured (a lazy drafter
         catches the prompt up when it next drafts; the step's requests
-        verify nothing next step); else `gamma`."""
+        verify nothing next step); 0 also where the model, at its means,
+        chooses gamma 0 for the step's batch and the gamma in force is not
+        a sweep's or recheck's (drafting is not what follows: a lazy drafter
+        skips the prompts, and pays for them only if its requests draft
+        later; a cell being re-checked needs steady steps, which a catch-up
+        after a gamma-0 prefill is not); else `gamma`."""
         if not (gamma and self.lazy and self.prompt_tokens and self.swept):
             return gamma
+        if self.cost.samples < MIN_SAMPLES:
+            return gamma
+        arms = list(self.space.arms(batch, 0, self.k))
+        now = self.values(batch, arms, False)
+        if (self.reason in ("model", "probe")
+                and self.space.gamma(max(arms, key=lambda a: (now[a], -self.space.gamma(a)))) == 0):
+            return 0
         b = max(batch.num_reqs, 1)
         key = (b, self.cost.fits)
-        if key == self._prompt_known or self.cost.samples < MIN_SAMPLES:
+        if key == self._prompt_known:
             return gamma
         theta = self.cost.fit()
         room = max(theta[PREFILL] - theta[DRAFT_PREFILL], 0.0)
         shift = min(2.0 * self.cost.data_spread(DRAFT_PREFILL), room)
-        arms = list(self.space.arms(batch, 0, self.k))
-        now = self.values(batch, arms, False)
         worst = self.values(batch, arms, False, prompt_shift=shift)
         if self.space.gamma(max(worst, key=worst.get)) < self.space.gamma(max(now, key=now.get)):
             return 0
