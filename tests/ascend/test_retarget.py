@@ -75,9 +75,7 @@ def test_0_18_0_reports_exactly_what_breaks_and_leaves_it_to_rebase(pins_copy, t
          ["#1 of vllm_ascend/worker/model_runner_v1.py (@@ -131,6 +131,7 @@)",
           "#2 of vllm_ascend/worker/model_runner_v1.py (@@ -643,7 +644,9 @@)"],
          ["vllm_ascend/worker/model_runner_v1.py"]),
-        ("0004-route-npu-model-runner.patch", "needs rebase",
-         ["#1 of vllm_ascend/worker/worker.py (@@ -517,7 +517,12 @@)"],
-         ["vllm_ascend/worker/worker.py.rej"]),
+        ("0004-route-npu-model-runner.patch", "applied (3-way)", [], []),
     ]
     platform = (report.tree / "vllm_ascend/platform.py").read_text()
     assert "<<<<<<<" in platform and ">>>>>>>" in platform  # something to rebase from
@@ -111,8 +109,7 @@ def test_0_18_0_reports_exactly_what_breaks_and_leaves_it_to_rebase(pins_copy, t
                "VSpecRejectionSampler.__init__ [call] 3 positional arguments, the host takes 1"
                in line for line in checks["abi"].detail), "\n".join(checks["abi"].detail)
     assert report.outcome.startswith("nothing written: 0002-select-vspec-scheduler.patch, "
-                                     "0003-vspec-rejection-sampler.patch, "
-                                     "0004-route-npu-model-runner.patch, check abi, check "
+                                     "0003-vspec-rejection-sampler.patch, check abi, check "
                                      "compile, check wheel")
     assert pins_file.read_text() == before
     assert not (patches_root / "0.18.0").exists()
@@ -274,3 +271,17 @@ def test_the_pinned_0_30_0rc2_holds_with_its_own_patches_and_overlay(pins_copy, 
     pins = common.load_pins(pins_file)[1]
     assert (pins["0.30.0rc2"].vllm, pins["0.30.0rc2"].torch_npu, pins["0.30.0rc2"].cann) == \
         ("0.30.0", "2.10.0.post4", "9.2.0")
+
+
+def test_a_cached_pristine_tree_is_rebuilt_when_the_patches_touch_a_new_path(tmp_path):
+    # The 3-way merge base must hold every path the patches touch: a tree
+    # cached before a patch touched worker.py would leave it out.
+    default, pins = common.load_pins()
+    pin = pins[default]
+    sdist = common.fetch_sdist(pin, CACHE)
+    first = rt.pristine_repo(sdist, pin, tmp_path, {"vllm_ascend/platform.py"})
+    assert common.git(first, "ls-files").stdout.split() == ["vllm_ascend/platform.py"]
+    again = rt.pristine_repo(sdist, pin, tmp_path,
+                             {"vllm_ascend/platform.py", "vllm_ascend/worker/worker.py"})
+    assert sorted(common.git(again, "ls-files").stdout.split()) == \
+        ["vllm_ascend/platform.py", "vllm_ascend/worker/worker.py"]

@@ -280,13 +280,17 @@ def write(report: RetargetReport, cur: Pin, default: str, pins: dict[str, Pin], 
 
 def pristine_repo(sdist: Path, pin: Pin, cache: Path, track: set[str]) -> Path:
     """The pinned sdist's patched paths committed in a scratch repo (the
-    3-way merge base); kept in the cache while the SHA and the paths match."""
+    3-way merge base); kept in the cache while the SHA and the paths asked
+    for match (a stamp beside the repo names them: a path a new patch
+    touches is not in a tree unpacked before, so the tree cannot tell)."""
     dest = cache / "pristine" / f"{pin.version}-{pin.sha256[:12]}"
-    if (dest / ".git").is_dir():
-        tracked = set(git(dest, "ls-files").stdout.split())
-        if tracked == {p for p in track if (dest / p).is_file()}:
-            return dest
-    return unpack(sdist, dest, track, only_tracked=True)
+    stamp = dest.with_name(dest.name + ".paths")
+    wanted = "\n".join(sorted(track)) + "\n"
+    if (dest / ".git").is_dir() and stamp.is_file() and stamp.read_text() == wanted:
+        return dest
+    unpack(sdist, dest, track, only_tracked=True)
+    stamp.write_text(wanted)
+    return dest
 
 
 def new_pin(cur: Pin, version: str, sdist: Path, sha: str | None, tree: Path) -> Pin:
