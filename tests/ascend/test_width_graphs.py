@@ -47,6 +47,8 @@ import torch
 import test_ascend_graphs
 from test_ascend_graphs import CACHE, _function, _top_level, host, host_tree  # noqa: F401
 
+from conftest import TokenBuffer as _Buffer
+
 K = 4
 MAX_NUM_SEQS = 16
 CAPTURE_SIZES = [5, 10, 20, 40]   # multiples of 1 + K, as vLLM rounds them for spec decode
@@ -83,15 +85,6 @@ def dispatcher_module(host_tree):
     module.CudagraphDispatcher._create_padded_batch_descriptor = \
         namespace["_create_padded_batch_descriptor"]
     return module
-
-
-class _Buffer:
-    """vLLM's CpuGpuBuffer (host and device tensors are both CPU here)."""
-
-    def __init__(self, n: int):
-        self.cpu = torch.zeros(n, dtype=torch.int32)
-        self.gpu = torch.zeros(n, dtype=torch.int32)
-        self.np = self.cpu.numpy()
 
 
 class _BlockTable:
@@ -534,6 +527,14 @@ def _pad_max_reqs(config) -> int:
     return VerifyWidth.of(config, resolve(config)).pad_max_reqs
 
 
+def assert_host_runner_and_padding(config) -> None:
+    """The engine keeps the host's runner, and the scheduler pads as stock's graphs need."""
+    from vllm_ascend.vspec import routing
+
+    assert routing.model_runner_cls_for(config, _HostRunner) is _HostRunner
+    assert _pad_max_reqs(config) == max(CAPTURE_SIZES) // (1 + K)
+
+
 def test_the_key_routes_the_width_runner_and_the_scheduler_stops_padding(overlay):
     from vllm_ascend.vspec import routing
 
@@ -564,21 +565,15 @@ def test_the_host_runner_is_kept_where_width_graphs_cannot_run(why, config):
 
 
 def test_dp_2_keeps_the_host_runner_and_the_padding():
-    from vllm_ascend.vspec import routing
-
     config = _engine(WIDTH_GRAPHS, data_parallel_size=2)
-    assert routing.model_runner_cls_for(config, _HostRunner) is _HostRunner
-    assert _pad_max_reqs(config) == max(CAPTURE_SIZES) // (1 + K)
+    assert_host_runner_and_padding(config)
     assert _pad_max_reqs(_engine(WIDTH_GRAPHS)) == 0
 
 
 def test_an_mla_model_keeps_the_host_runner_and_the_padding():
-    from vllm_ascend.vspec import routing
-
     config = _engine(WIDTH_GRAPHS)
     config.model_config.use_mla = True
-    assert routing.model_runner_cls_for(config, _HostRunner) is _HostRunner
-    assert _pad_max_reqs(config) == max(CAPTURE_SIZES) // (1 + K)
+    assert_host_runner_and_padding(config)
 
 
 def test_a_host_without_the_runner_keeps_its_own_and_the_padding(monkeypatch):
@@ -587,8 +582,7 @@ def test_a_host_without_the_runner_keeps_its_own_and_the_padding(monkeypatch):
 
     monkeypatch.setattr(routing, "MODEL_RUNNER", None)
     config = _engine(WIDTH_GRAPHS)
-    assert routing.model_runner_cls_for(config, _HostRunner) is _HostRunner
-    assert _pad_max_reqs(config) == max(CAPTURE_SIZES) // (1 + K)
+    assert_host_runner_and_padding(config)
 
 
 # ------------------------------------------------------------ (c) graph parameters
@@ -659,21 +653,15 @@ def test_the_hosts_token_count_store_alone_gives_one_width_anothers_parameters(
 
 
 def test_encoder_graphs_keep_the_host_runner_and_the_padding():
-    from vllm_ascend.vspec import routing
-
     config = _engine(WIDTH_GRAPHS)
     config.compilation_config.cudagraph_mm_encoder = True
-    assert routing.model_runner_cls_for(config, _HostRunner) is _HostRunner
-    assert _pad_max_reqs(config) == max(CAPTURE_SIZES) // (1 + K)
+    assert_host_runner_and_padding(config)
 
 
 def test_sequence_parallelism_keeps_the_host_runner_and_the_padding(monkeypatch):
     """flashcomm1 pads token counts to multiples of the TP size, which other
     widths' sizes are not: vLLM-Ascend's own enable_sp decides (stood in)."""
-    from vllm_ascend.vspec import routing
-
     monkeypatch.setitem(sys.modules, "vllm_ascend.utils",
                         SimpleNamespace(enable_sp=lambda vllm_config=None: True))
     config = _engine(WIDTH_GRAPHS)
-    assert routing.model_runner_cls_for(config, _HostRunner) is _HostRunner
-    assert _pad_max_reqs(config) == max(CAPTURE_SIZES) // (1 + K)
+    assert_host_runner_and_padding(config)

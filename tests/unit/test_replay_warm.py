@@ -71,15 +71,20 @@ def test_a_slow_start_stretches_only_the_first_steps_of_each_contender():
         assert slow[name].seconds > plain[name].seconds * 1.01, name
 
 
-@pytest.mark.parametrize("value", ["1.3", "0:10", "1.3:-1", "x:10"])
-def test_a_bad_slow_start_is_refused_naming_the_option(tmp_path, capsys, value):
+def replay_score(tmp_path, *extra) -> int:
+    """`vllm-vspec replay score` on the made-up recording (saved with its
+    costs under tmp_path) with these options; its exit status."""
     from vllm_vspec.cli import main
     from vllm_vspec.core.latency import save_profile
 
     made_up().save(tmp_path / "r.json.gz")
     save_profile(PROFILE, tmp_path / "r.costs.json")
-    assert main(["replay", "score", "--recording", str(tmp_path / "r.json.gz"),
-                 "--slow-start", value, "--output-dir", str(tmp_path / "o")]) == 2
+    return main(["replay", "score", "--recording", str(tmp_path / "r.json.gz"), *extra])
+
+
+@pytest.mark.parametrize("value", ["1.3", "0:10", "1.3:-1", "x:10"])
+def test_a_bad_slow_start_is_refused_naming_the_option(tmp_path, capsys, value):
+    assert replay_score(tmp_path, "--slow-start", value, "--output-dir", str(tmp_path / "o")) == 2
     assert f"--slow-start={value!r} is not allowed" in capsys.readouterr().err
 
 
@@ -117,26 +122,16 @@ def test_host_drift_wanders_about_1_with_the_stated_spread():
 
 @pytest.mark.parametrize("value", ["0.1", "0.1:-5", "0.1:0", "x:10"])
 def test_a_bad_drift_is_refused_naming_the_option(tmp_path, capsys, value):
-    from vllm_vspec.cli import main
-    from vllm_vspec.core.latency import save_profile
-
-    made_up().save(tmp_path / "r.json.gz")
-    save_profile(PROFILE, tmp_path / "r.costs.json")
-    assert main(["replay", "score", "--recording", str(tmp_path / "r.json.gz"),
-                 "--drift", value, "--output-dir", str(tmp_path / "o")]) == 2
+    assert replay_score(tmp_path, "--drift", value, "--output-dir", str(tmp_path / "o")) == 2
     assert f"--drift={value!r} is not allowed" in capsys.readouterr().err
 
 
 def score_cli(tmp_path, *extra) -> dict:
     import json
-    from vllm_vspec.cli import main
-    from vllm_vspec.core.latency import save_profile
 
-    made_up().save(tmp_path / "r.json.gz")
-    save_profile(PROFILE, tmp_path / "r.costs.json")
     out = tmp_path / ("o" + "-".join(extra))
-    assert main(["replay", "score", "--recording", str(tmp_path / "r.json.gz"), "--policies", "online",
-                 "--workloads", "c8", "--requests-high", "12", *extra, "--output-dir", str(out)]) == 0
+    assert replay_score(tmp_path, "--policies", "online", "--workloads", "c8", "--requests-high", "12",
+                        *extra, "--output-dir", str(out)) == 0
     return json.loads((out / "replay.json").read_text())
 
 
@@ -151,12 +146,6 @@ def test_families_scores_only_their_requests(tmp_path):
 
 
 def test_an_unknown_family_is_refused_naming_the_recordings_families(tmp_path, capsys):
-    from vllm_vspec.cli import main
-    from vllm_vspec.core.latency import save_profile
-
-    made_up().save(tmp_path / "r.json.gz")
-    save_profile(PROFILE, tmp_path / "r.costs.json")
-    assert main(["replay", "score", "--recording", str(tmp_path / "r.json.gz"),
-                 "--families", "easy,medium", "--output-dir", str(tmp_path / "o")]) == 2
+    assert replay_score(tmp_path, "--families", "easy,medium", "--output-dir", str(tmp_path / "o")) == 2
     err = capsys.readouterr().err
     assert "--families='easy,medium' is not allowed" in err and "easy, hard" in err

@@ -204,19 +204,25 @@ def run_costs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pair(option: str, text: str, kinds: tuple, ok, allowed: str) -> tuple:
+    """An `A:B` option's value as (kinds[0](A), kinds[1](B)), refused naming
+    the option unless both parse and `ok(a, b)`."""
+    try:
+        a, b = text.split(":")
+        out = kinds[0](a), kinds[1](b)
+    except ValueError:
+        out = None
+    if out is None or not ok(*out):
+        raise UserError(f"{option}={text!r} is not allowed: {allowed}")
+    return out
+
+
 def _slow_start(text: str | None) -> tuple[float, int]:
     """`--slow-start FACTOR:STEPS` as (factor, steps); (1.0, 0) when not given."""
     if text is None:
         return 1.0, 0
-    try:
-        factor, steps = text.split(":")
-        out = float(factor), int(steps)
-    except ValueError:
-        out = (0.0, -1)
-    if not (out[0] > 0 and out[1] >= 0):
-        raise UserError(f"--slow-start={text!r} is not allowed: FACTOR:STEPS, a factor > 0 and a "
-                        f"whole number of steps >= 0 (e.g. 1.3:150)")
-    return out
+    return _pair("--slow-start", text, (float, int), lambda f, n: f > 0 and n >= 0,
+                 "FACTOR:STEPS, a factor > 0 and a whole number of steps >= 0 (e.g. 1.3:150)")
 
 
 def _only_families(rec, text: str | None):
@@ -237,15 +243,9 @@ def _drift(text: str | None) -> tuple[float, float]:
     """`--drift SD:SECONDS` as (sd, seconds); (0.0, 0.0) when not given."""
     if text is None:
         return 0.0, 0.0
-    try:
-        sd, tau = text.split(":")
-        out = float(sd), float(tau)
-    except ValueError:
-        out = (-1.0, 0.0)
-    if not (out[0] >= 0 and out[1] > 0 and all(map(math.isfinite, out))):
-        raise UserError(f"--drift={text!r} is not allowed: SD:SECONDS, an sd >= 0 and a "
-                        f"correlation time > 0 seconds (e.g. 0.1:10)")
-    return out
+    return _pair("--drift", text, (float, float),
+                 lambda sd, tau: sd >= 0 and tau > 0 and math.isfinite(sd) and math.isfinite(tau),
+                 "SD:SECONDS, an sd >= 0 and a correlation time > 0 seconds (e.g. 0.1:10)")
 
 
 def run_score(args: argparse.Namespace) -> int:
