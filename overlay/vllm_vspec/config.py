@@ -479,11 +479,23 @@ class VSpecConfig:
     FULL_DECODE_ONLY or FULL_AND_PIECEWISE, data parallel size 1, a model
     without MLA, no encoder graphs and no sequence parallelism (flashcomm1);
     elsewhere the host's runner and the padding stay, with one start-up line
-    naming why. Costs K more target
-    decode graphs per capture size (device memory not priced). At a step
-    verifying fewer than 1 + K the draft model runs PIECEWISE or eagerly
-    (its graphs are captured at 1 + K only). On vLLM-Ascend 0.30 the key has
-    no effect (docs/design/ascend-per-width-target-graphs.md)."""
+    naming why. Costs up to K more target decode graphs per capture size,
+    admitted within `ascend_width_graph_budget_mib`. At a step verifying
+    fewer than 1 + K the draft model runs PIECEWISE or eagerly (its graphs
+    are captured at 1 + K only). On vLLM-Ascend 0.30 the key has no effect
+    (docs/design/ascend-per-width-target-graphs.md)."""
+
+    ascend_width_graph_budget_mib: float = ranged(1024.0, 0.0)
+    """vLLM-Ascend 0.23 with `ascend_verify_width_graphs` (not yet run on
+    NPU): the most device memory, in MiB, the FULL target decode graphs of
+    verify widths below 1 + K may take beyond the graphs stock captures, as
+    estimated at start-up from the capture sizes and the target's decoder
+    layers (an estimate, not measured: docs/ascend.md, "What the per-width
+    target graphs cost"). Widths are admitted from width 1 (gamma 0) up
+    while they fit; a decode step at a skipped width is padded with invalid
+    drafts to 1 + K, whose graphs stock captures, and one start-up line
+    names the skipped widths. A budget that fits no width keeps the host's
+    runner and the padding, as without `ascend_verify_width_graphs`."""
 
     # ------------------------------------------------------------------ build
     def __post_init__(self) -> None:
