@@ -215,3 +215,13 @@ def test_a_vspec_contender_knows_what_a_gamma_0_step_runs_as_the_engine_resolves
     factories = dict(sc.contenders(rec, PROFILE, "", wl, acc, ("model",), {}, mode))
     controller = factories["model"](sc.SimClock(), sc._Seen())
     assert controller.policy.lazy is lazy
+
+
+def test_a_demo_batch_starts_every_request_together_and_admits_no_other():
+    rec = made_up(n=16)
+    results = sc.score(rec, PROFILE, "", [sc.shapes()["b16"]], policies=())
+    target = next(r for r in results if r.policy == sc.TARGET)
+    # One request a slot, all at once: target-only commits a token per
+    # request a step until the longest request ends.
+    assert target.tokens == sum(r.decode_len for r in rec.requests)
+    assert target.steps == max(r.decode_len for r in rec.requests)

@@ -74,8 +74,10 @@ def add_parser(subparsers) -> None:
     s.add_argument("--recording", type=Path, required=True, help="recording file (replay record)")
     s.add_argument("--costs", type=Path, default=None,
                    help="latency profile JSON (default: the one `replay costs` wrote beside the recording)")
-    from vllm_vspec.replay.score import DEFAULT_POLICIES, shapes
-    s.add_argument("--workloads", default=",".join(shapes()), help=f"comma list of {', '.join(shapes())}")
+    from vllm_vspec.replay.score import DEFAULT_POLICIES, DEFAULT_WORKLOADS, shapes
+    s.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS),
+                   help=f"comma list of {', '.join(shapes())} (b16, b32: a closed batch of 16 or "
+                        "32 requests started together, as `make demo` runs them)")
     s.add_argument("--policies", default=",".join(DEFAULT_POLICIES),
                    help="vspec policies scored beside target-only, fixed gamma, the static table "
                         "and the oracles (budget: on a recording with draft probabilities)")

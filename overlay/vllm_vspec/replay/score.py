@@ -142,7 +142,14 @@ def shapes(requests_low: int = 48, requests_high: int = 240) -> dict[str, Shape]
         "c8": Shape("c8", ((8, requests_high // 2),)),
         "c32": Shape("c32", ((32, requests_high),)),
         "bursty": Shape("bursty", ((1, half_low), (32, half_high), (1, half_low), (32, half_high))),
+        # `make demo`'s batches: all requests start together and run to completion.
+        "b16": Shape("b16", ((16, 16),)),
+        "b32": Shape("b32", ((32, 32),)),
     }
+
+
+# What `replay score` scores unless told: the served loads.
+DEFAULT_WORKLOADS = ("c1", "c8", "c32", "bursty")
 
 
 def interleaved(recording: Recording) -> list[RecordedRequest]:
