@@ -850,3 +850,26 @@ def test_a_gamma_over_the_budget_gets_no_graph_and_drafts_with_the_next_one(
     assert draft.shape[1] == K
     assert (draft[:, :2] != -1).all() and (draft[:, 2:] == -1).all()
     assert proposer.num_speculative_tokens == K
+
+
+def test_gammas_verified_at_a_width_of_their_own_get_no_draft_graph(host, host_dispatcher_cls,
+                                                                     caplog):
+    """With per-width target graphs for widths 1 and 2 (gammas 0 and 1:
+    the runner's dispatcher carries width_graphs' plan), gamma 1's steps
+    verify width 2, where no draft graph captured at 1 + K's descriptors
+    replays: the host's dummy_run captures gammas 2 and K only, and the
+    start-up line says why gamma 1 has none."""
+    import logging
+
+    from vllm_ascend.vspec import graph_budget
+
+    dispatcher = _dispatcher(host_dispatcher_cls)
+    dispatcher.width_plan = graph_budget.plan_widths(K, (1, 2), 2, 4)
+    assert dispatcher.width_plan.kept == (0, 1)
+    with caplog.at_level(logging.INFO, logger="vllm"):
+        proposer = _make(host, dispatcher=dispatcher)
+    assert [call["steps"] for call in proposer.draft_calls if call["capturing"]] == [2, K]
+    assert set(proposer._vspec_runnables) == {2}
+    assert proposer._vspec_graph_plan.drafted(1) == 2
+    (line,) = [r.getMessage() for r in caplog.records if "per-gamma draft graphs" in r.getMessage()]
+    assert "none for gammas 1, whose verify widths have target graphs of their own" in line

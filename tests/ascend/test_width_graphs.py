@@ -53,6 +53,9 @@ K = 4
 MAX_NUM_SEQS = 16
 CAPTURE_SIZES = [5, 10, 20, 40]   # multiples of 1 + K, as vLLM rounds them for spec decode
 REQUESTS = (1, 2, 4, 8)           # the request counts of 1 + K's FULL graphs
+LAYERS = 32                       # the target's decoder layers: 4 MiB a graph estimated
+WIDTH_MIB = 16                    # one width's estimated graphs: 4 request counts x 4 MiB
+WIDTH_GRAPHS = {"ascend_verify_width_graphs": True}
 RUNNER_METHODS = ("_determine_batch_execution_and_padding", "_pad_query_start_loc_for_fia",
                   "_should_build_dummy_attn_metadata", "_dummy_run", "capture_model",
                   "_check_and_update_cudagraph_mode")
@@ -310,7 +313,10 @@ def overlay(dispatcher_module, host_runner_cls, monkeypatch):
     sys.modules.pop("vllm_ascend.vspec.width_graphs", None)
 
 
-def _config(mode: str = "FULL_AND_PIECEWISE", data_parallel_size: int = 1):
+def _config(mode: str = "FULL_AND_PIECEWISE", data_parallel_size: int = 1,
+            vspec: dict | None = None):
+    """The engine config the host runner's methods read, with what vspec's
+    routing reads for an NPU worker (`vspec`: the vspec settings)."""
     from vllm.config import CompilationConfig, CompilationMode
 
     compilation = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, cudagraph_mode=mode,
@@ -324,12 +330,18 @@ def _config(mode: str = "FULL_AND_PIECEWISE", data_parallel_size: int = 1):
                                            use_eagle=lambda: True,
                                            uses_extract_hidden_states=lambda: False),
         scheduler_config=SimpleNamespace(max_num_seqs=MAX_NUM_SEQS,
-                                         max_num_batched_tokens=256),
+                                         max_num_batched_tokens=256, async_scheduling=False,
+                                         scheduler_cls=None),
         parallel_config=SimpleNamespace(data_parallel_size=data_parallel_size,
-                                        use_ubatching=False, tensor_parallel_size=1),
+                                        use_ubatching=False, tensor_parallel_size=1,
+                                        pipeline_parallel_size=1,
+                                        worker_cls="vllm_ascend.worker.worker.NPUWorker"),
         model_config=SimpleNamespace(is_encoder_decoder=False, is_hybrid=False,
-                                     use_mla=False, enforce_eager=False),
-        observability_config=SimpleNamespace(cudagraph_metrics=False))
+                                     use_mla=False, enforce_eager=False, is_moe=False,
+                                     get_total_num_hidden_layers=lambda: LAYERS),
+        observability_config=SimpleNamespace(cudagraph_metrics=False),
+        additional_config={"vspec": {**WIDTH_GRAPHS, **(vspec or {})}},
+        device_config=SimpleNamespace(device_type="npu"), use_v2_model_runner=False)
 
 
 class _Backend:
@@ -359,6 +371,19 @@ def runners(request, overlay, host_runner_cls, monkeypatch):
     mode = request.param
     stock = _ready(host_runner_cls(_config(mode), "cpu"), mode)
     ours = _ready(overlay.VSpecNPUModelRunner(_config(mode), "cpu"), mode)
+    return stock, ours
+
+
+# Fits widths 1 and 2 (gammas 0 and 1), not width 3.
+TWO_WIDTHS = {"ascend_width_graph_budget_mib": 2.5 * WIDTH_MIB}
+
+
+@pytest.fixture(params=["FULL_AND_PIECEWISE", "FULL_DECODE_ONLY"])
+def budgeted(request, overlay, host_runner_cls):
+    """(stock host runner, VSpecNPUModelRunner under TWO_WIDTHS), keys initialised."""
+    mode = request.param
+    stock = _ready(host_runner_cls(_config(mode), "cpu"), mode)
+    ours = _ready(overlay.VSpecNPUModelRunner(_config(mode, vspec=TWO_WIDTHS), "cpu"), mode)
     return stock, ours
 
 
@@ -505,18 +530,22 @@ def test_piecewise_graphs_and_draft_captures_stay_stocks(runners):
 
 
 # ------------------------------------------------------------ (d) routing
-WIDTH_GRAPHS = {"ascend_verify_width_graphs": True}
 
 
 def _engine(vspec=None, cudagraph_mode="FULL_AND_PIECEWISE", data_parallel_size=1,
-            method="eagle"):
+            method="eagle", async_scheduling=False):
     """vspec's stand-in engine config (conftest) for an NPU worker, capture up to 40 tokens."""
     from conftest import engine_config
 
     config = engine_config(method, K, vspec, device="npu", cudagraph_mode=cudagraph_mode,
                            data_parallel_size=data_parallel_size,
-                           worker_cls="vllm_ascend.worker.worker.NPUWorker")
+                           worker_cls="vllm_ascend.worker.worker.NPUWorker",
+                           async_scheduling=async_scheduling)
     config.compilation_config.max_cudagraph_capture_size = max(CAPTURE_SIZES)
+    config.compilation_config.cudagraph_capture_sizes = list(CAPTURE_SIZES)
+    config.scheduler_config.max_num_seqs = MAX_NUM_SEQS
+    config.parallel_config.pipeline_parallel_size = 1
+    config.model_config.get_total_num_hidden_layers = lambda: LAYERS
     return config
 
 
@@ -665,3 +694,175 @@ def test_sequence_parallelism_keeps_the_host_runner_and_the_padding(monkeypatch)
                         SimpleNamespace(enable_sp=lambda vllm_config=None: True))
     config = _engine(WIDTH_GRAPHS)
     assert_host_runner_and_padding(config)
+
+
+# ------------------------------------------------------------ (e) the memory budget
+def test_a_widths_graphs_are_priced_per_request_count_at_the_per_graph_estimate():
+    """Every width below 1 + K costs one graph per request count of 1 + K's
+    FULL graphs, each max(1 MiB floor, layers x 128 KiB): 4 x 4 MiB here."""
+    from vllm_ascend.vspec import graph_budget
+
+    plan = graph_budget.plan_widths(K, REQUESTS, LAYERS, 1024)
+    assert plan.cost == {g: WIDTH_MIB * graph_budget.MIB for g in range(K)}
+    assert plan.widths == (5, 4, 3, 2, 1) and plan.skipped == ()
+    assert graph_budget.plan_widths(K, REQUESTS, 2, 1024).cost[0] == 4 * graph_budget.MIB
+
+
+def test_widths_are_admitted_from_width_1_up_and_the_rest_padded_to_1_plus_k():
+    from vllm_ascend.vspec import graph_budget
+
+    plan = graph_budget.plan_widths(K, REQUESTS, LAYERS, 2.5 * WIDTH_MIB)
+    assert (plan.kept, plan.skipped, plan.widths) == ((0, 1), (2, 3), (5, 2, 1))
+    assert [plan.verified(g) for g in range(K + 1)] == [0, 1, K, K, K]
+    assert graph_budget.plan_widths(K, REQUESTS, LAYERS, WIDTH_MIB - 0.1).kept == ()
+    line = plan.line()
+    assert "estimated 32 MiB beyond stock's for widths 1, 2" in line
+    assert "skipped widths 3, 4 (estimated 32 MiB more)" in line
+
+
+def test_the_engine_configs_request_counts_are_the_host_dispatchers(runners):
+    """The scheduler prices and pads from the engine config alone: its
+    request counts are the ones the host's dispatcher keys 1 + K's FULL
+    graphs at (the oracle: the host's initialize_cudagraph_keys)."""
+    from vllm.config import CUDAGraphMode
+
+    from vllm_ascend.vspec import graph_budget
+
+    stock, _ = runners
+    keys = stock.cudagraph_dispatcher.cudagraph_keys[CUDAGraphMode.FULL]
+    assert graph_budget.decode_requests(CAPTURE_SIZES, K, MAX_NUM_SEQS) == \
+        tuple(sorted({d.num_reqs for d in keys if d.uniform}))
+
+
+def test_a_width_the_budget_skips_gets_no_full_keys(budgeted):
+    from vllm.config import CUDAGraphMode
+
+    _, ours = budgeted
+    dispatcher = ours.cudagraph_dispatcher
+    assert dispatcher.widths == (5, 2, 1)
+    assert dispatcher.width_plan.skipped == (2, 3)
+    for width in (3, 4):
+        with pytest.raises(ValueError, match=f"verify width {width} has no FULL graphs"):
+            with dispatcher.binding(width):
+                pass
+    with dispatcher.binding(2):
+        assert {d.num_tokens for d in dispatcher.cudagraph_keys[CUDAGraphMode.FULL]} == \
+            {2 * n for n in REQUESTS}
+
+
+@pytest.mark.parametrize("width", [3, 4])
+def test_a_step_at_a_skipped_width_takes_the_hosts_path(budgeted, width):
+    """No graph of its own: the stock runner's dispatch (PIECEWISE or eager,
+    never a FULL descriptor it has no graph for)."""
+    from vllm.config import CUDAGraphMode
+
+    stock, ours = budgeted
+    mode, descriptor = _step(ours, [width] * 4)
+    assert (mode, descriptor) == _step(stock, [width] * 4)
+    assert mode != CUDAGraphMode.FULL and not descriptor.uniform
+
+
+@pytest.mark.parametrize("width", [1, 2, 1 + K])
+def test_an_admitted_width_still_dispatches_its_full_descriptor(budgeted, width):
+    from vllm.config import CUDAGraphMode
+
+    _, ours = budgeted
+    mode, descriptor = _step(ours, [width] * 3)
+    assert mode == CUDAGraphMode.FULL and descriptor.uniform
+    assert (descriptor.num_tokens, descriptor.num_reqs) == (width * 4, 4)
+
+
+def test_capture_runs_only_the_admitted_widths(budgeted):
+    """Failing before the budget (every width captured), passing after."""
+    _, ours = budgeted
+    ours.capture_model()
+    captures = _captures(ours)
+    assert [w for w, _ in captures] == sorted((w for w, _ in captures), reverse=True)
+    assert {w for w, _ in captures} == {1 + K, 2, 1}
+
+
+def test_the_scheduler_pads_exactly_the_widths_the_runner_skips(budgeted):
+    """The scheduler's rule on the same engine config: a step at gamma 0 or 1
+    verifies its gamma (graphs of its own), one at gamma 2 or 3 verifies K
+    (stock's graph), up to the largest graph's 8 requests; past them no
+    step is padded. Every width the padding leaves has a FULL graph."""
+    from vllm_vspec.hosts.vllm.verify_width import VerifyWidth
+    from vllm_vspec.hosts.wiring import resolve
+
+    _, ours = budgeted
+    verify = VerifyWidth.of(ours.vllm_config, resolve(ours.vllm_config))
+    assert verify.pads and not verify.pads_to_k and verify.pad_max_reqs == max(REQUESTS)
+    assert [verify.verified(g, 8) for g in range(K + 1)] == [0, 1, K, K, K]
+    assert [verify.verified(g, 9) for g in range(K + 1)] == list(range(K + 1))
+    assert {1 + verify.verified(g, n) for g in range(K + 1) for n in range(1, 9)} == \
+        set(ours.cudagraph_dispatcher.widths)
+
+
+def test_every_width_admitted_pads_nothing(runners):
+    from vllm_vspec.hosts.vllm.verify_width import VerifyWidth
+    from vllm_vspec.hosts.wiring import resolve
+
+    _, ours = runners
+    verify = VerifyWidth.of(ours.vllm_config, resolve(ours.vllm_config))
+    assert not verify.pads and verify.verified(1, 4) == 1
+
+
+def test_a_budget_that_fits_no_width_keeps_the_host_runner_and_the_padding(caplog):
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="vllm"):
+        assert_host_runner_and_padding(
+            _engine({**WIDTH_GRAPHS, "ascend_width_graph_budget_mib": WIDTH_MIB - 1}))
+    assert any("fits no verify width below 1 + K" in r.getMessage() for r in caplog.records)
+
+
+def test_the_start_up_line_names_the_estimate_and_the_skipped_widths(overlay, caplog):
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="vllm"):
+        _ready(overlay.VSpecNPUModelRunner(_config("FULL_DECODE_ONLY", vspec=TWO_WIDTHS),
+                                           "cpu"), "FULL_DECODE_ONLY")
+    (line,) = [r for r in caplog.records if "per verify width" in r.getMessage()]
+    assert line.levelno == logging.WARNING
+    assert "skipped widths 3, 4" in line.getMessage()
+    assert "verify widths 5, 2, 1: 8 beyond stock's 4 for width 5" in line.getMessage()
+
+
+def test_draft_graphs_replay_only_at_a_1_plus_k_step(budgeted):
+    """The drafter's FULL graphs are captured at 1 + K's descriptors: after a
+    target step at width 2 none replays (the proposer drafts its gamma
+    without one), after a padded or 1 + K step they do."""
+    _, ours = budgeted
+    dispatcher = ours.cudagraph_dispatcher
+    _step(ours, [2] * 4)
+    assert not dispatcher.draft_graphs_replay
+    _step(ours, [1 + K] * 4)
+    assert dispatcher.draft_graphs_replay
+
+
+def test_the_scheduler_decides_every_step_and_pads_only_skipped_gammas():
+    """VSpecScheduler's own _decide and _set_gamma under TWO_WIDTHS (async
+    scheduling: the next step's draft placeholders): a step at gamma 1
+    verifies its own width, one at gamma 2 is padded to K with invalid
+    drafts, and the controller decides both (no 'K where padded' hold:
+    only where every gamma is padded to K)."""
+    from types import SimpleNamespace
+
+    from vllm_vspec.hosts.vllm.scheduler import VSpecAsyncScheduler
+    from vllm_vspec.hosts.vllm.verify_width import VerifyWidth
+    from vllm_vspec.hosts.wiring import resolve
+
+    config = _engine({**WIDTH_GRAPHS, **TWO_WIDTHS}, async_scheduling=True)
+    scheduler = object.__new__(VSpecAsyncScheduler)
+    scheduler.vspec = SimpleNamespace(decide_step=lambda *args: "the controller's")
+    scheduler._verify = VerifyWidth.of(config, resolve(config))
+    scheduler._verified, scheduler._drafted, scheduler._width = K, {}, 1
+    scheduler.requests = {}
+    step = SimpleNamespace(num_scheduled_tokens={f"r{i}": 1 for i in range(4)},
+                           scheduled_spec_decode_tokens={}, num_invalid_spec_tokens=None,
+                           finished_req_ids=set(), total_num_scheduled_tokens=4)
+    assert scheduler._decide(step) == "the controller's"
+    scheduler._set_gamma(step, 1)
+    assert scheduler._spec_token_placeholders == [-1]
+    scheduler._set_gamma(step, 2)
+    assert scheduler._spec_token_placeholders == [-1] * K

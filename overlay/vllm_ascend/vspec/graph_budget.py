@@ -33,6 +33,33 @@ pass there runs). It never runs the draft
 eagerly under a FULL forward context: an eager pass costs every launch,
 more than the K-step graph on the bundled profile (docs/ascend.md, "What
 each default costs").
+
+With per-width target graphs (`ascend_verify_width_graphs`, width_graphs.py)
+a gamma whose verify width 1 + gamma has a FULL target graph of its own
+gets no draft graph here: these graphs are captured at 1 + K's descriptors
+and replay only after a step that verified 1 + K, which such a gamma's own
+steps do not (draft graphs only where they pair with a width: K's, and the
+gammas whose steps are padded to 1 + K). A step at it drafts exactly its
+gamma, PIECEWISE or eagerly (width_graphs.WidthDispatcher.draft_graphs_replay).
+
+What the per-width target graphs cost (the same assumption, not yet run on
+an NPU): one FULL target graph per request count of 1 + K's FULL graphs
+(`decode_requests`, the host dispatcher's rule) for each width 1 + g,
+g < K, each holding max(GRAPH_FLOOR, decoder layers x LAYER_STEP_BYTES):
+
+    extra_width(g) = len(decode_requests) x max(GRAPH_FLOOR, layers x LAYER_STEP_BYTES)
+
+Every width below 1 + K costs the same, so the order widths are admitted
+in is by what a skipped width costs the steps that use it (`plan_widths`):
+from width 1 (gamma 0) up while the running total fits
+`ascend_width_graph_budget_mib`. A step at a skipped width is padded to
+1 + K (the skipped ones are the widest, so the next captured width above
+each is 1 + K's, stock's), which costs its verify K - g more tokens a
+request. The policy chooses small gammas at large batches, where the
+target's verify is compute-bound and padding costs in proportion to the
+tokens, and large gammas at small batches, where the verify is bound by
+reading the weights and a wider verify costs little more: padding the
+widest widths costs least.
 """
 
 from __future__ import annotations
@@ -48,10 +75,15 @@ GRAPH_FLOOR_BYTES = MIB
 LAYER_STEP_BYTES = 128 * 1024
 
 
+def graph_bytes(layer_passes: int) -> int:
+    """Estimated bytes one captured graph that runs `layer_passes` decoder
+    layers holds beyond the pool blocks the largest capture already takes."""
+    return max(GRAPH_FLOOR_BYTES, max(layer_passes, 1) * LAYER_STEP_BYTES)
+
+
 def draft_graph_bytes(steps: int, draft_layers: int) -> int:
-    """Estimated bytes one captured draft graph of `steps` draft steps holds
-    beyond the pool blocks the largest capture already takes."""
-    return max(GRAPH_FLOOR_BYTES, steps * max(draft_layers, 1) * LAYER_STEP_BYTES)
+    """Estimated bytes of one captured draft graph of `steps` draft steps."""
+    return graph_bytes(steps * max(draft_layers, 1))
 
 
 def full_capture_sizes(runner: Any) -> list[int]:
@@ -75,7 +107,8 @@ class DraftGraphPlan:
     budget_mib: float
     cost: dict[int, int]          # gamma < K -> estimated bytes over all sizes
     kept: tuple[int, ...]         # gammas < K captured
-    skipped: tuple[int, ...]      # gammas < K not captured
+    skipped: tuple[int, ...]      # gammas < K not captured for the budget
+    unpaired: tuple[int, ...] = ()  # gammas < K verified at a width of their own
 
     @property
     def captured(self) -> tuple[int, ...]:
@@ -97,6 +130,9 @@ class DraftGraphPlan:
                 f"{self.kept_bytes / MIB:.0f} MiB beyond stock's K-step graphs for gammas "
                 f"{_names(self.kept) or 'none'} (ascend_draft_graph_budget_mib="
                 f"{self.budget_mib:g}; an estimate, not measured)")
+        if self.unpaired:
+            head = (f"{head}; none for gammas {_names(self.unpaired)}, whose verify widths "
+                    f"have target graphs of their own (their steps draft PIECEWISE or eagerly)")
         if not self.skipped:
             return head
         return (f"{head}; skipped gammas {_names(self.skipped)} (estimated "
@@ -109,18 +145,114 @@ def _names(gammas: Iterable[int]) -> str:
     return ", ".join(str(g) for g in gammas)
 
 
-def plan(max_gamma: int, sizes: Iterable[int], draft_layers: int,
-         budget_mib: float) -> DraftGraphPlan:
-    """Admit gammas 1..K-1 from the smallest up while their estimated graphs
-    fit `budget_mib` (module docstring)."""
-    sizes = tuple(sorted(set(sizes)))
-    cost = {g: len(sizes) * draft_graph_bytes(g, draft_layers) for g in range(1, max_gamma)}
+def _admit(cost: dict[int, int], budget_mib: float) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(kept, skipped): the keys of `cost` in order while their running
+    total fits `budget_mib`; the first that does not fit and all after it
+    are skipped."""
     kept: list[int] = []
     total = 0
-    for g in range(1, max_gamma):
-        if total + cost[g] > budget_mib * MIB:
+    for key, price in cost.items():
+        if total + price > budget_mib * MIB:
             break
-        kept.append(g)
-        total += cost[g]
-    skipped = tuple(g for g in range(1, max_gamma) if g not in kept)
-    return DraftGraphPlan(max_gamma, sizes, draft_layers, budget_mib, cost, tuple(kept), skipped)
+        kept.append(key)
+        total += price
+    return tuple(kept), tuple(key for key in cost if key not in kept)
+
+
+def plan(max_gamma: int, sizes: Iterable[int], draft_layers: int,
+         budget_mib: float, unpaired: Iterable[int] = ()) -> DraftGraphPlan:
+    """Admit gammas 1..K-1 from the smallest up while their estimated graphs
+    fit `budget_mib` (module docstring); `unpaired` gammas (their verify
+    width has a target graph of its own) are never captured."""
+    sizes = tuple(sorted(set(sizes)))
+    unpaired = set(unpaired)
+    cost = {g: len(sizes) * draft_graph_bytes(g, draft_layers) for g in range(1, max_gamma)
+            if g not in unpaired}
+    kept, skipped = _admit(cost, budget_mib)
+    return DraftGraphPlan(max_gamma, sizes, draft_layers, budget_mib, cost, kept, skipped,
+                          tuple(sorted(unpaired & set(range(1, max_gamma)))))
+
+
+def decode_requests(capture_sizes: Iterable[int], max_gamma: int,
+                    max_num_seqs: int) -> tuple[int, ...]:
+    """Request counts of the target's FULL decode graphs at 1 + K, from the
+    engine's capture sizes: vLLM's CudagraphDispatcher.initialize_cudagraph_keys
+    keys the sizes in [1 + K, (1 + K) x max_num_seqs], and vLLM-Ascend's
+    _create_padded_batch_descriptor gives each min(size // (1 + K),
+    max_num_seqs) requests. Every other width is captured at these counts."""
+    width = 1 + max_gamma
+    return tuple(sorted({min(size // width, max_num_seqs) for size in capture_sizes
+                         if width <= size <= width * max_num_seqs}))
+
+
+def stage_layers(vllm_config: Any) -> int:
+    """Decoder layers one pipeline stage's target graph runs (the largest
+    stage's: every rank plans the same widths)."""
+    total = vllm_config.model_config.get_total_num_hidden_layers()
+    stages = getattr(vllm_config.parallel_config, "pipeline_parallel_size", 1)
+    return -(-total // stages)
+
+
+@dataclasses.dataclass(frozen=True)
+class WidthGraphPlan:
+    """Which verify widths below 1 + K get FULL target graphs, and the
+    estimate behind it (module docstring). Widths are 1 + gamma."""
+
+    max_gamma: int
+    requests: tuple[int, ...]     # request counts with a FULL graph at every captured width
+    layers: int
+    budget_mib: float
+    cost: dict[int, int]          # gamma < K -> estimated bytes of width 1 + gamma's graphs
+    kept: tuple[int, ...]         # gammas < K whose width is captured
+    skipped: tuple[int, ...]      # gammas < K padded to the next captured width
+
+    @property
+    def captured(self) -> tuple[int, ...]:
+        """Every gamma whose width has FULL target graphs, K's (stock's) included."""
+        return (*self.kept, self.max_gamma)
+
+    @property
+    def widths(self) -> tuple[int, ...]:
+        """The captured verify widths, largest (1 + K) first."""
+        return tuple(1 + g for g in sorted(self.captured, reverse=True))
+
+    @property
+    def kept_bytes(self) -> int:
+        return sum(self.cost[g] for g in self.kept)
+
+    def verified(self, gamma: int) -> int:
+        """The draft slots a step at `gamma` verifies: the smallest captured
+        gamma at or above it (K past the largest)."""
+        return min((g for g in self.captured if g >= gamma), default=self.max_gamma)
+
+    def line(self) -> str:
+        """The start-up line."""
+        head = (f"vspec: FULL target decode graphs per verify width at {len(self.requests)} "
+                f"request counts, {self.layers} decoder layers: estimated "
+                f"{self.kept_bytes / MIB:.0f} MiB beyond stock's for widths "
+                f"{_names(1 + g for g in self.kept) or 'none'} (ascend_width_graph_budget_mib="
+                f"{self.budget_mib:g}; an estimate, not measured; not yet run on NPU)")
+        if not self.skipped:
+            return head
+        return (f"{head}; skipped widths {_names(1 + g for g in self.skipped)} (estimated "
+                f"{sum(self.cost[g] for g in self.skipped) / MIB:.0f} MiB more): a decode step "
+                f"at a skipped width is padded to {1 + self.max_gamma} with invalid drafts")
+
+
+def plan_widths(max_gamma: int, requests: Iterable[int], layers: int,
+                budget_mib: float) -> WidthGraphPlan:
+    """Admit widths 1 + g, g = 0..K-1, from the smallest up while their
+    estimated graphs fit `budget_mib` (module docstring)."""
+    requests = tuple(sorted(set(requests)))
+    cost = {g: len(requests) * graph_bytes(layers) for g in range(max_gamma)}
+    kept, skipped = _admit(cost, budget_mib)
+    return WidthGraphPlan(max_gamma, requests, layers, budget_mib, cost, kept, skipped)
+
+
+def engine_width_plan(vllm_config: Any, budget_mib: float) -> WidthGraphPlan:
+    """The plan from the engine config alone (its final capture sizes), so
+    the scheduler and every worker reach the same one."""
+    k = vllm_config.speculative_config.num_speculative_tokens
+    sizes = vllm_config.compilation_config.cudagraph_capture_sizes or ()
+    return plan_widths(k, decode_requests(sizes, k, vllm_config.scheduler_config.max_num_seqs),
+                       stage_layers(vllm_config), budget_mib)

@@ -19,7 +19,9 @@ Invariants:
   its own captured parameters. Gammas below K whose estimated graph memory
   does not fit `ascend_draft_graph_budget_mib` get no graph (graph_budget.py):
   a step at one drafts with the next captured gamma's graph (at worst K's)
-  and keeps its first gamma drafts. Every gamma's graph samples the rows of the
+  and keeps its first gamma drafts. Nor do, with per-width target graphs
+  (width_graphs.py), the gammas verified at a width of their own: a step
+  there replays no draft graph and drafts exactly its gamma. Every gamma's graph samples the rows of the
   batch descriptor it is captured for, num_tokens // (1 + K): a FULL draft
   graph replays only for a uniform decode batch of 1 + K tokens a request.
   Those rows never exceed max_num_seqs (the rows of the runner's draft
@@ -213,8 +215,12 @@ class StepGammaProposer(VSpecAscendProposer):
         # drafter stays aligned for when speculation resumes (vLLM 0.32 does the same).
         # A gamma without a draft graph (skipped for the graph memory budget)
         # drafts with the next captured gamma's graph; pad_drafts keeps gamma.
+        # Where no draft graph replays (a step at a verify width of its own,
+        # width_graphs.py) it drafts its gamma.
         plan = self._vspec_graph_plan
-        drafted = max(gamma, 1) if plan is None else plan.drafted(max(gamma, 1))
+        replay = getattr(getattr(getattr(self, "runner", None), "cudagraph_dispatcher", None),
+                         "draft_graphs_replay", True)
+        drafted = max(gamma, 1) if plan is None or not replay else plan.drafted(max(gamma, 1))
         with self._drafting(drafted):
             draft = self.drafting.propose(
                 lambda: super(StepGammaProposer, self)._propose(**kwargs), kwargs, gamma)
@@ -254,9 +260,13 @@ class StepGammaProposer(VSpecAscendProposer):
         settings = vspec_settings(self.vllm_config)
         budget = (VSpecConfig.ascend_draft_graph_budget_mib if settings is None
                   else settings.ascend_draft_graph_budget_mib)
+        # Per-width target graphs (width_graphs.py): the gammas verified at a
+        # width of their own get no draft graph at 1 + K's sizes.
+        widths = getattr(getattr(self.runner, "cudagraph_dispatcher", None), "width_plan", None)
         plan = graph_budget.plan(self.max_num_speculative_tokens,
                                  graph_budget.full_capture_sizes(self.runner),
-                                 len(getattr(self, "attn_layer_names", None) or ()), budget)
+                                 len(getattr(self, "attn_layer_names", None) or ()), budget,
+                                 unpaired=() if widths is None else widths.kept)
         self._vspec_runnables = MappingProxyType(
             {g: w for g, w in self._vspec_runnables.items() if g in plan.kept})
         (logger.warning if plan.skipped else logger.info)("%s", plan.line())

@@ -29,7 +29,10 @@ unit tests) the defaults below, the default pin's, apply.
 
 The NPU worker's model runner (patch 0004, 0.23 only) is the host's unless
 `ascend_verify_width_graphs` is on and the engine can run a FULL target graph
-per verify width (width_graphs_on, the rule the scheduler's padding reads too).
+per verify width (width_graphs_on, the rule the scheduler's padding reads too);
+which widths get graphs is `width_graph_plan`'s (graph_budget.py), from the
+engine config alone, so the scheduler pads exactly the widths the workers
+skip.
 
 An engine whose configuration vspec cannot drive (another Ascend scheduler
 selected here; wiring.stock_reason's cases) runs as stock with one warning
@@ -45,6 +48,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Callable
 
+from vllm_ascend.vspec import graph_budget
 from vllm_vspec.config import VSpecConfig
 from vllm_vspec.core import install_state
 from vllm_vspec.hosts.wiring import SCHEDULER_CLS, resolve, run_stock
@@ -200,18 +204,38 @@ def rejection_sampler_factory(vllm_config: Any, default: type,
 def width_graphs_on(vllm_config: Any, settings: VSpecConfig | None) -> bool:
     """Whether the target keeps a FULL decode graph per verify width
     (width_graphs.py): vspec drives the engine with `ascend_verify_width_graphs`
-    on, this host has the runner, and width_graphs_refusal finds nothing.
-    The one rule for both sides: the worker builds its runner by it
-    (model_runner_cls_for) and the scheduler stops padding the verify width
-    by it (verify_width.VerifyWidth.of)."""
+    on, this host has the runner, width_graphs_refusal finds nothing, and
+    the memory budget admits at least one width below 1 + K
+    (width_graph_plan). The one rule for both sides: the worker builds its
+    runner by it (model_runner_cls_for) and the scheduler pads only the
+    widths it skips (verify_width.VerifyWidth.of)."""
     if settings is None or not settings.ascend_verify_width_graphs or MODEL_RUNNER is None:
         return False
     why = width_graphs_refusal(vllm_config)
+    if why is None and not width_graph_plan(vllm_config, settings).kept:
+        why = (f"ascend_width_graph_budget_mib={settings.ascend_width_graph_budget_mib:g} "
+               "fits no verify width below 1 + K (graph_budget.py's estimate)")
     if why is not None and ("width_graphs", why) not in _said:
         _said.add(("width_graphs", why))
         logger.warning("vspec: ascend_verify_width_graphs is on but %s, so the target keeps its "
                        "1 + K decode graphs and the verify width is padded as without it", why)
     return why is None
+
+
+def width_graph_plan(vllm_config: Any, settings: VSpecConfig) -> graph_budget.WidthGraphPlan:
+    """Which verify widths get FULL target graphs within
+    `ascend_width_graph_budget_mib` (graph_budget.plan_widths, from the
+    engine config alone: the scheduler and every worker reach the same)."""
+    return graph_budget.engine_width_plan(vllm_config, settings.ascend_width_graph_budget_mib)
+
+
+def width_graph_gammas(vllm_config: Any, settings: VSpecConfig | None) -> tuple[int, ...]:
+    """The gammas whose verify width 1 + gamma has a FULL target graph: K's
+    only (stock's) unless width_graphs_on holds."""
+    k = vllm_config.speculative_config.num_speculative_tokens
+    if not width_graphs_on(vllm_config, settings):
+        return (k,)
+    return width_graph_plan(vllm_config, settings).captured
 
 
 def width_graphs_refusal(vllm_config: Any) -> str | None:

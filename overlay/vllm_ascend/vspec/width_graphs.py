@@ -40,14 +40,23 @@ How, with the host's own code doing the work:
   (graph_params.keyed_params, as the draft's is keyed by gamma): two widths
   captured at the same token count (20 = 4 x 5 = 10 x 2) keep their own
   parameter lists, and a replay's update reads only its width's.
+- Which widths below 1 + K get graphs: graph_budget.plan_widths within
+  `ascend_width_graph_budget_mib` (routing.width_graph_plan, from the engine
+  config, the plan the scheduler pads by: a step at a skipped width is
+  padded to 1 + K and never reaches the runner at that width; with
+  `ascend_pad_verify_width` false it does, and takes the host's path,
+  PIECEWISE or eager, as a mixed step). One start-up line gives the
+  estimate and names the skipped widths.
 - The drafter's graphs stay paired with 1 + K: its dummy runs are left out
   of the other widths' captures, and a dispatch the runner did not bind (the
   drafter's, which passes the target's uniform flag) at a step of another
   width is dispatched as not uniform, so the draft model runs PIECEWISE or
-  eagerly there, as on a mixed step.
+  eagerly there, as on a mixed step, drafting exactly its gamma
+  (`draft_graphs_replay`; proposers.py).
 
-Where it applies (routing.model_runner_cls_for; the scheduler stops padding
-by the same rule, verify_width.width_graphs_on): vspec drives the engine,
+Where it applies (routing.model_runner_cls_for; the scheduler pads only the
+widths the plan skips by the same rule, verify_width.VerifyWidth.of): vspec
+drives the engine, the budget admits a width below 1 + K,
 `ascend_verify_width_graphs` is on, FULL decode graphs with a separate
 decode routine (FULL_DECODE_ONLY, FULL_AND_PIECEWISE), DP 1 (ranks at
 different widths cannot agree on one descriptor), no MLA (its metadata
@@ -66,16 +75,13 @@ from vllm.logger import init_logger
 from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
 
 from vllm_ascend.compilation import acl_graph
-from vllm_ascend.vspec import graph_params
+from vllm_ascend.vspec import graph_params, routing
+from vllm_ascend.vspec.graph_budget import WidthGraphPlan
 from vllm_ascend.worker.model_runner_v1 import NPUModelRunner
+from vllm_vspec.config import VSpecConfig
 
 # Under "vllm.": vLLM configures only its own logger tree.
 logger = init_logger(f"vllm.{__name__}")
-
-
-def verify_widths(k: int) -> tuple[int, ...]:
-    """The widths a step can verify, 1 + g for g = K..0, largest first."""
-    return tuple(range(k + 1, 0, -1))
 
 
 class _WidthSizes:
@@ -102,11 +108,14 @@ PER_WIDTH = ("uniform_decode_query_len", "compilation_config", "cudagraph_keys",
 class WidthDispatcher(CudagraphDispatcher):
     """The host's dispatcher with FULL keys per verify width (module docstring)."""
 
-    def __init__(self, vllm_config: Any, widths: tuple[int, ...] = ()):
+    def __init__(self, vllm_config: Any, settings: VSpecConfig):
         super().__init__(vllm_config)
         # CudagraphDispatcher.__init__ set PER_WIDTH for 1 + K.
         self.k_width: int = self.uniform_decode_query_len
-        self._wanted = widths
+        self._settings = settings
+        # The widths to capture (routing.width_graph_plan), planned when the
+        # keys are built: the capture sizes are final then.
+        self.width_plan: WidthGraphPlan | None = None
         # The bound width (None: 1 + K's); PER_WIDTH of every width not bound.
         self._bound: int | None = None
         self._state: dict[int | None, dict[str, Any]] = {}
@@ -119,6 +128,12 @@ class WidthDispatcher(CudagraphDispatcher):
     def bound(self) -> int | None:
         """The width bound now (a capture's or a dispatch's), None: 1 + K's."""
         return self._bound
+
+    @property
+    def draft_graphs_replay(self) -> bool:
+        """Whether the drafter's FULL graphs can replay at this step: they
+        are captured at 1 + K's descriptors only."""
+        return self.step_width == self.k_width
 
     @property
     def in_force(self) -> int:
@@ -192,7 +207,8 @@ class WidthDispatcher(CudagraphDispatcher):
         if not requests:
             return
         engine = self.compilation_config
-        for width in self._wanted:
+        self.width_plan = routing.width_graph_plan(self.vllm_config, self._settings)
+        for width in self.width_plan.widths:
             if width == self.k_width:
                 continue
             self._state[width] = {
@@ -256,9 +272,9 @@ class VSpecNPUModelRunner(NPUModelRunner):
 
     def __init__(self, vllm_config: Any, device: Any):
         super().__init__(vllm_config, device)
-        widths = verify_widths(self.speculative_config.num_speculative_tokens)
-        # GPUModelRunner.__init__ built the host's dispatcher: ours keys each verify width.
-        self.cudagraph_dispatcher = WidthDispatcher(self.vllm_config, widths)
+        settings = routing.vspec_settings(self.vllm_config) or VSpecConfig()
+        # GPUModelRunner.__init__ built the host's dispatcher: ours keys each verify width the budget admits.
+        self.cudagraph_dispatcher = WidthDispatcher(self.vllm_config, settings)
 
     @property
     def uniform_decode_query_len(self) -> int:
@@ -294,11 +310,14 @@ class VSpecNPUModelRunner(NPUModelRunner):
         super()._check_and_update_cudagraph_mode(attention_backends, kv_cache_groups)
         dispatcher = self.cudagraph_dispatcher
         install_params(dispatcher)
+        if dispatcher.width_plan is None:
+            return
         extra = {w: len(dispatcher.capture_sizes(w)) for w in dispatcher.widths[1:]}
-        logger.info("vspec: FULL target decode graphs for verify widths %s: %d beyond stock's "
-                    "%d for width %d (their device memory is not priced; not yet run on NPU)",
-                    ", ".join(map(str, dispatcher.widths)), sum(extra.values()),
-                    len(dispatcher.capture_sizes(dispatcher.k_width)), dispatcher.k_width)
+        (logger.warning if dispatcher.width_plan.skipped else logger.info)(
+            "%s; FULL target decode graphs for verify widths %s: %d beyond stock's %d for "
+            "width %d", dispatcher.width_plan.line(), ", ".join(map(str, dispatcher.widths)),
+            sum(extra.values()), len(dispatcher.capture_sizes(dispatcher.k_width)),
+            dispatcher.k_width)
 
     def capture_model(self) -> int:
         # NPUModelRunner.capture_model: the host's capture once per width, largest first, with that width bound.

@@ -126,7 +126,7 @@ class VSpecScheduler(Scheduler):
                     self.vspec_config.acceptance,
                     "" if self.vspec_config.lossless else " (LOSSY: outputs may "
                     "differ from target-only decoding)")
-        if self._verify.pads:
+        if self._verify.pads_to_k:
             logger.info("vspec: decode steps of up to %d requests verify %d draft slots (the "
                         "step's gamma drafts, then invalid ones) so that the target keeps its "
                         "full decode graph; ascend_pad_verify_width=false verifies gamma",
@@ -174,7 +174,8 @@ class VSpecScheduler(Scheduler):
 
     def _decide(self, scheduler_output: SchedulerOutput) -> Decision | None:
         """The step's Decision: the controller's, except on a step whose
-        drafts the next step verifies padded to 1 + K (verify_width.py): it
+        drafts the next step verifies padded to 1 + K whatever their gamma
+        (verify_width.py, VerifyWidth.pads_to_k): it
         drafts K unless the model policy's predictions show a smaller gamma
         gains (core/padded_gamma.py), and is not the controller's. There the
         target verifies 1 + K whatever the gamma, so a smaller one saves
@@ -182,7 +183,7 @@ class VSpecScheduler(Scheduler):
         no reward of the gamma it ran; its output still teaches the policy
         (update_from_output: padded_gamma.observe_padded)."""
         scheduled = scheduler_output.num_scheduled_tokens
-        if self._verify.pads and 0 < len(scheduled) <= self._verify.pad_max_reqs:
+        if self._verify.pads_to_k and 0 < len(scheduled) <= self._verify.pad_max_reqs:
             return padded_decision(self.vspec, lambda: self._batch_state(scheduled),
                                    len(scheduled), self._verify.k)
         return self.vspec.decide_step(scheduled, self.requests, _has_prefill(scheduler_output),

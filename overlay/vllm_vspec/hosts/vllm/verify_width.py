@@ -24,9 +24,10 @@ stops where no graph is kept (a batch over the capture range).
 A graph per verify width (1 + g) removes that cost: with
 `ascend_verify_width_graphs` (vLLM-Ascend 0.23, off by default, not yet run
 on NPU) the worker runs vllm_ascend/vspec/width_graphs.py's runner and
-nothing is padded; vLLM-Ascend's routing decides where it applies
-(`width_graphs_on`), and this rule asks it, so the runner and the padding
-never disagree.
+only the widths its memory budget skips are padded, to 1 + K; vLLM-Ascend's
+routing decides where it applies and which widths have graphs
+(`width_graph_gammas`), and this rule asks it, so the runner and the
+padding never disagree.
 
 Where it is decided: here, when the scheduler is built, from the engine
 core's vllm_config. The worker's compilation config is final only after
@@ -76,6 +77,9 @@ class VerifyWidth:
     # Pad steps of at most this many requests (0: never): the most whose
     # 1 + K tokens each fit the largest captured graph.
     pad_max_reqs: int
+    # The gammas whose verify width has a FULL target graph; a padded step
+    # verifies the smallest of them at or above its gamma.
+    graphed: tuple[int, ...] = ()
 
     @classmethod
     def of(cls, vllm_config: Any, settings: VSpecConfig | None) -> "VerifyWidth":
@@ -86,29 +90,41 @@ class VerifyWidth:
         npu = vllm_config.device_config.device_type == "npu"
         pads = (settings is not None and settings.ascend_pad_verify_width and npu
                 and mode is not None and mode.decode_mode() == CUDAGraphMode.FULL
-                and bool(capture) and not _width_graphs(vllm_config, settings))
-        return cls(k=k, pad_max_reqs=capture // (1 + k) if pads else 0)
+                and bool(capture))
+        graphed = _graphed(vllm_config, settings) if pads else (k,)
+        if graphed == tuple(range(k + 1)):
+            pads = False
+        return cls(k=k, pad_max_reqs=capture // (1 + k) if pads else 0, graphed=graphed)
 
     @property
     def pads(self) -> bool:
         """Whether any step can be padded."""
         return self.pad_max_reqs > 0
 
+    @property
+    def pads_to_k(self) -> bool:
+        """Whether every padded step verifies K (no width below 1 + K has a graph)."""
+        return self.pads and self.graphed == (self.k,)
+
     def verified(self, gamma: int, num_reqs: int) -> int:
         """Draft slots each request of a step of num_reqs requests that
         drafted gamma verifies in the next step."""
-        return self.k if 0 < num_reqs <= self.pad_max_reqs else gamma
+        if not 0 < num_reqs <= self.pad_max_reqs:
+            return gamma
+        return min((g for g in self.graphed if g >= gamma), default=self.k)
 
 
-def _width_graphs(vllm_config: Any, settings: VSpecConfig) -> bool:
-    """Whether the NPU target keeps a FULL graph per verify width (nothing to
-    pad): vLLM-Ascend's routing decides it, by the rule its worker builds its
-    runner by (vllm_ascend/vspec/routing.py width_graphs_on)."""
+def _graphed(vllm_config: Any, settings: VSpecConfig) -> tuple[int, ...]:
+    """The gammas whose verify width has a FULL NPU target graph: K's only
+    unless vLLM-Ascend's routing gives the target a graph per verify width,
+    by the rule its worker builds its runner by (vllm_ascend/vspec/routing.py
+    width_graph_gammas)."""
+    k = vllm_config.speculative_config.num_speculative_tokens
     if not settings.ascend_verify_width_graphs:
-        return False
-    from vllm_ascend.vspec.routing import width_graphs_on
+        return (k,)
+    from vllm_ascend.vspec.routing import width_graph_gammas
 
-    return width_graphs_on(vllm_config, settings)
+    return width_graph_gammas(vllm_config, settings)
 
 
 def pad_drafts(draft: torch.Tensor, gamma: int, columns: int) -> torch.Tensor:
