@@ -23,10 +23,19 @@ ctx, from the profile's linear models T_target and T_draft:
   target's fixed per-step term is divided by `target_graph_factor` when the
   step replays a FULL decode graph: a uniform batch of B * (1 + w) <=
   `capture_tokens` tokens whose width the host captured (1 + K on both
-  pins as shipped; every width with per-width target graphs: built on
-  0.23, off by default, `ascend_verify_width_graphs`, not yet run on NPU);
-  any other step runs PIECEWISE or eagerly at the profile's cost (an
-  assumption too: piecewise graphs recover part of that term).
+  pins as shipped); any other step runs PIECEWISE or eagerly at the
+  profile's cost (an assumption too: piecewise graphs recover part of that
+  term).
+- per-width target graphs (built on 0.23, off by default,
+  `ascend_verify_width_graphs`, not yet run on NPU), as built: the widths
+  1 + g that vllm_ascend/vspec/graph_budget.plan_widths admits within the
+  default `ascend_width_graph_budget_mib` for the bundled profile's target
+  (TARGET_LAYERS decoder layers, WIDTH_GRAPH_REQUESTS request counts) have
+  FULL target graphs; a step at a skipped width is padded to the next
+  captured one (1 + K), as the scheduler pads it; and the draft's graphs
+  replay only after a step that verified 1 + K (they are captured at
+  1 + K's descriptors), so a draft pass after a narrower FULL target graph
+  costs the profile's eager T_draft.
 
 The contenders run the engine's own GammaController through
 simulator.simulate, on the same workloads and luck: stock at policy fixed
@@ -78,7 +87,26 @@ TARGET_GRAPH_FACTOR = 1.5
 
 # Which verify widths have a FULL target decode graph.
 HOST_WIDTH = "1+K"       # the host's one uniform-decode width (both pins as shipped)
-EVERY_WIDTH = "1+g"      # a graph per verify width (0.23, off by default)
+EVERY_WIDTH = "1+g"      # every width (target-only: its one width, 1)
+BUDGET_WIDTHS = "1+g within the budget"   # per-width graphs as built (0.23, off by default)
+# graph_budget.plan_widths' inputs for the bundled profile's target
+# (Qwen2.5-14B: 48 decoder layers) at the presets' 48 request counts (vLLM
+# 0.23's default capture sizes up to 512 tokens at max_num_seqs 128,
+# docs/ascend.md "What the per-gamma draft graphs cost").
+TARGET_LAYERS = 48
+WIDTH_GRAPH_REQUESTS = 48
+
+
+def width_gammas(k: int, full_widths: str) -> tuple[int, ...]:
+    """The gammas whose verify width 1 + gamma has a FULL target graph."""
+    if full_widths == HOST_WIDTH:
+        return (k,)
+    if full_widths == EVERY_WIDTH:
+        return tuple(range(k + 1))
+    from vllm_ascend.vspec.graph_budget import plan_widths
+
+    return plan_widths(k, range(1, WIDTH_GRAPH_REQUESTS + 1), TARGET_LAYERS,
+                       VSpecConfig.ascend_width_graph_budget_mib).captured
 
 
 @dataclass(frozen=True)
@@ -90,23 +118,36 @@ class AscendCosts(LatencyProfile):
     capture_tokens: int = CAPTURE_TOKENS
     target_graph_factor: float = 1.0
     full_widths: str = HOST_WIDTH
+    widths: tuple[int, ...] = ()        # width_gammas(k, full_widths)
+    # What a draft pass costs more where no draft graph replays: after a
+    # FULL target graph narrower than 1 + K (per-width target graphs; 0
+    # elsewhere).
+    eager_draft_extra_ms: float = 0.0
 
     def pads(self, batch: int) -> bool:
         return self.pad_verify and 0 < batch * (1 + self.k) <= self.capture_tokens
+
+    def verified(self, target_tokens: int, batch: int) -> int:
+        """What a padded step verifies: the smallest gamma with a target
+        graph at or above the step's (K for a step that is not uniform)."""
+        gamma = self.k if target_tokens % batch else target_tokens // batch - 1
+        return min((g for g in self.widths if g >= gamma), default=self.k)
 
     def full_target(self, target_tokens: int, batch: int) -> bool:
         """The step replays a FULL target decode graph (module docstring)."""
         if batch <= 0 or not 0 < target_tokens <= self.capture_tokens or target_tokens % batch:
             return False
-        return self.full_widths == EVERY_WIDTH or target_tokens == batch * (1 + self.k)
+        return target_tokens // batch - 1 in self.widths
 
     def split_step_ms(self, target_tokens: int, draft: int, batch: int, ctx: float,
                       width: int = 1) -> float:
         if self.pads(batch):
-            target_tokens = batch * (1 + self.k)
+            target_tokens = batch * (1 + self.verified(target_tokens, batch))
         ms = super().split_step_ms(target_tokens, draft, batch, ctx, width)
         if self.full_target(target_tokens, batch):
             ms -= self.target.delta * (1.0 - 1.0 / self.target_graph_factor)
+            if target_tokens != batch * (1 + self.k):
+                ms += draft * self.eager_draft_extra_ms
         return ms
 
 
@@ -134,8 +175,8 @@ CONTENDERS = (
              hold_padded=True),
     Defaults("0.23 defaults, policy online", "online", True, True, hold_padded=True),
     Defaults("0.30 with vspec on (eager draft, verify 1+g)", None, False, False),
-    Defaults("target graph per width, verify 1+g (0.23, opt-in)", None, True, False,
-             full_widths=EVERY_WIDTH),
+    Defaults("target graph per width, verify 1+g (0.23, opt-in)", None, True, True,
+             full_widths=BUDGET_WIDTHS),
     # A bound, not a contender: the per-step goodput argmax under the true
     # rates and the 0.23 defaults' true costs, no noise, no learning.
     Defaults("oracle, 0.23 defaults", "oracle", True, True),
@@ -193,8 +234,11 @@ def costs(base: LatencyProfile, k: int, draft_graphs: bool, pad_verify: bool,
         draft = LinearLatency(draft.alpha, draft.beta, draft.delta / graph_factor)
     fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(LatencyProfile)}
     fields["draft"] = draft
+    # Per-width target graphs as built: the draft's graphs pair with 1 + K only.
+    extra = base.draft.delta - draft.delta if full_widths == BUDGET_WIDTHS else 0.0
     return AscendCosts(**fields, k=k, pad_verify=pad_verify, capture_tokens=capture_tokens,
-                       target_graph_factor=target_graph_factor, full_widths=full_widths)
+                       target_graph_factor=target_graph_factor, full_widths=full_widths,
+                       widths=width_gammas(k, full_widths), eager_draft_extra_ms=extra)
 
 
 def workloads(scale: float = 1.0) -> list[Workload]:
@@ -273,7 +317,7 @@ STEP_COLUMNS = {
     "0.23 old defaults (eager draft, pad to 1+K)": (False, True, HOST_WIDTH),
     "0.23 defaults (graph per gamma, pad to 1+K)": (True, True, HOST_WIDTH),
     "0.30 with vspec on (eager draft, verify 1+g)": (False, False, HOST_WIDTH),
-    "target graph per width, verify 1+g (0.23, opt-in)": (True, False, EVERY_WIDTH),
+    "target graph per width, verify 1+g (0.23, opt-in)": (True, True, BUDGET_WIDTHS),
 }
 
 
