@@ -284,6 +284,23 @@ def test_a_model_trace_explains_each_decision_and_keeps_prefill_steps_on_lines_o
     assert all(set(r["predicted"]) == {"0", "1", "2", "3", "4"} for r in records)
 
 
+def test_a_trace_records_the_prefill_steps_of_a_policy_that_does_not_price_them(tmp_path):
+    # A fixed-gamma server's trace is the comparator of a paired run's:
+    # its prefill steps' time belongs to the run as much as its decode steps'.
+    path, clock = tmp_path / "trace.jsonl", Clock()
+    ctl = controller(clock, policy="fixed", fixed_gamma=0, min_gamma=0, trace_path=str(path))
+    assert not ctl.prices_steps
+    prefill = BatchState(3, BUDGET, 50.0, prefill_tokens=400)
+    assert ctl.decide_step(["a", "b", "c"], {"a", "b", "c"}, True, lambda: prefill).reason == "prefill"
+    clock.now += 0.07
+    ctl.observe_undecided(prefill, feedback(num_reqs=3))
+    ctl.step_processed(busy=True)
+    ctl.close()
+    from vllm_vspec.core.trace import read_prefill_steps
+    steps = read_prefill_steps(path)
+    assert [(p["prefill_tokens"], p["gamma"], p["interval_s"]) for p in steps] == [(400, 0, 0.07)]
+
+
 def test_reading_a_foreign_file_as_a_trace_fails_naming_the_line(tmp_path):
     path = tmp_path / "x.jsonl"
     path.write_text('{"schema": "vllm-vspec/trace", "version": 1}\n{"step": 1}\n')

@@ -118,8 +118,9 @@ class GammaController:
                           self.space.width(opening)))
         self._pending: deque[_Pending] = deque()
         # A policy that prices every step (`observe_cost`) hears of the
-        # undecided prefill steps too (observe_undecided): when each
-        # outstanding one started, and the gamma in force (its drafts).
+        # undecided prefill steps too (observe_undecided), and a trace
+        # records them whatever the policy: when each outstanding one
+        # started, and the gamma in force (its drafts).
         self.prices_steps = hasattr(self.policy, "observe_cost")
         self._undecided: deque[tuple[float, int]] = deque()
         # gamma0_mode sticky (as wiring.resolve resolves it): the requests
@@ -142,6 +143,13 @@ class GammaController:
             "num_speculative_tokens": num_speculative_tokens,
             "min_width": min_width, "max_width": max_width})
             if self.config.trace_path else None)
+
+    @property
+    def hears_undecided(self) -> bool:
+        """Whether the host reports the prefill steps the controller does
+        not decide (`undecided`, `observe_undecided`): a policy that prices
+        steps learns from them, a trace records them."""
+        return self.prices_steps or self._trace is not None
 
     @property
     def gamma(self) -> int:
@@ -276,7 +284,7 @@ class GammaController:
         decide (decide_step's "prefill", or the host's padded steps:
         core/padded_gamma.py): a policy that prices steps hears of its
         output through observe_undecided, one call per such step, in order."""
-        if self.prices_steps:
+        if self.hears_undecided:
             self._undecided.append((self._step_start(), gamma))
 
     def observe_undecided(self, batch: BatchState | None, fb: StepFeedback,
@@ -295,7 +303,7 @@ class GammaController:
         if self._pending or batch is None:     # None: no request of the step is left
             return
         interval = self._completed(scheduled_at, self.clock())
-        if interval > 0:
+        if interval > 0 and (learn is not None or self.prices_steps):
             (learn or self.policy.observe_cost)(batch, fb, gamma, interval)
         if self._trace is not None and learn is None:
             self._trace.write({"prefill_step": self._steps, "num_reqs": batch.num_reqs,

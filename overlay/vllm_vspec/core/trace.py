@@ -23,8 +23,9 @@ explains its choice (`explain`, the `model` policy) adds `predicted`: per
 gamma, the committed tokens per ms it predicted. The simulator replays these files (`vllm-vspec sim
 --trace FILE`), so the format is versioned and read back by `read_trace`.
 
-A policy that prices every step (`model`) also hears the prefill steps it
-does not decide; each is a line of its own, told apart by its key
+The prefill steps the controller does not decide are traced too (a
+policy that prices every step, `model`, also learns from them); each is a
+line of its own, told apart by its key
 `prefill_step` (the decided steps observed before it), which `read_trace`
 leaves out and `read_prefill_steps` returns:
 

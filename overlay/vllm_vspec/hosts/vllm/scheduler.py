@@ -104,8 +104,9 @@ class VSpecScheduler(Scheduler):
         # id() of the SchedulerOutputs the controller decided and has not
         # yet observed (the steps it does not decide are not reported to it).
         self._decided: set[int] = set()
-        # id() of the prefill steps whose time the controller's policy
-        # prices (GammaController.prices_steps) and has not yet heard of.
+        # id() of the prefill steps the controller hears of (its policy
+        # prices them or its trace records them: GammaController.hears_undecided)
+        # and has not yet.
         self._prefill_steps: set[int] = set()
         # The same for padded steps (padded_gamma.py): they teach the policy too.
         self._padded_steps: set[int] = set()
@@ -166,7 +167,7 @@ class VSpecScheduler(Scheduler):
                 self._set_gamma(scheduler_output, decision.gamma, decision.width)
                 if decision.decided:
                     self._decided.add(id(scheduler_output))
-                elif decision.reason == "prefill" and self.vspec.prices_steps:
+                elif decision.reason == "prefill" and self.vspec.hears_undecided:
                     self._prefill_steps.add(id(scheduler_output))
                 elif decision.reason in (HOLD, LOWER) and self.vspec.prices_steps:
                     self._padded_steps.add(id(scheduler_output))
