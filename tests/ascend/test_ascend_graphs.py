@@ -326,8 +326,8 @@ class _Impl:
         return key, value, 128, attn_metadata.block_tables, attn_metadata.seq_lens_list
 
 
-def _metadata(seq_lens: list[int]) -> SimpleNamespace:
-    return SimpleNamespace(actual_seq_lengths_q=list(range(1, NUM_TOKENS + 1)),
+def _metadata(seq_lens: list[int], num_tokens: int = NUM_TOKENS) -> SimpleNamespace:
+    return SimpleNamespace(actual_seq_lengths_q=list(range(1, num_tokens + 1)),
                            seq_lens_list=seq_lens, block_tables=torch.zeros(1),
                            attn_mask=None, causal=True, attn_state="DecodeOnly")
 
@@ -344,7 +344,7 @@ class _Builder:
     not the proposer's logic): what full_graph_fia then reads at capture."""
 
     def build_for_graph_capture(self, common, state):
-        return _metadata([0] * NUM_TOKENS)
+        return _metadata([0] * NUM_TOKENS, common.num_actual_tokens)
 
 
 def _runner(max_num_reqs: int, max_num_tokens: int) -> SimpleNamespace:
@@ -469,8 +469,9 @@ class HostLikeProposer:
                 FAKE.tag = (step, layer)
                 if self.host.extra.capturing:   # attention_v1.py lines 1594-1595
                     self.host.attention.full_graph_fia(
-                        self.impl, torch.zeros(NUM_TOKENS, 8), torch.zeros(1), torch.zeros(1),
-                        multi_steps_attn_metadata[step][layer], torch.zeros(NUM_TOKENS * 8))
+                        self.impl, torch.zeros(num_input_tokens, 8), torch.zeros(1),
+                        torch.zeros(1), multi_steps_attn_metadata[step][layer],
+                        torch.zeros(num_input_tokens * 8))
                 elif multi_steps_attn_metadata:   # the eager FIA call (none in an eager dummy run)
                     FAKE.fia_out(
                         actual_seq_lengths_kv=multi_steps_attn_metadata[step][layer].seq_lens_list)
@@ -480,24 +481,34 @@ class HostLikeProposer:
         self.host.attention.update_graph_params(
             None, forward_context, num_tokens, self.vllm_config, None, None, draft_attn_metadatas)
 
-    def _propose(self, seq_lens=None, scheduler_output=None, **_):
+    def _propose(self, seq_lens=None, scheduler_output=None, num_tokens=NUM_TOKENS,
+                 num_reqs=NUM_TOKENS // (1 + K), **_):
+        """A uniform decode batch of `num_tokens` and `num_reqs` (a target
+        step's); the runner's dispatcher, where the runner has one, gives its
+        runtime mode and descriptor (the host's `cudagraph_dispatcher.dispatch`
+        with the target's uniform flag), else a FULL 1 + K batch of NUM_TOKENS."""
         from vllm.config import CUDAGraphMode
-        from vllm.forward_context import BatchDescriptor
 
-        mode = CUDAGraphMode.FULL if self.use_cuda_graph else CUDAGraphMode.NONE
-        steps = [{layer: _metadata(seq_lens[step]) for layer in LAYERS}
+        dispatcher = getattr(self.runner, "cudagraph_dispatcher", None)
+        if dispatcher is not None and self.use_cuda_graph:
+            mode, descriptor = dispatcher.dispatch(num_tokens=num_tokens, uniform_decode=True)
+        else:
+            mode = CUDAGraphMode.FULL if self.use_cuda_graph else CUDAGraphMode.NONE
+            descriptor = _descriptor(NUM_TOKENS)
+        steps = [{layer: _metadata(seq_lens[step], descriptor.num_tokens) for layer in LAYERS}
                  for step in range(self.num_speculative_tokens)]
         context = self.host.context
         context.cudagraph_runtime_mode = mode
-        context.batch_descriptor = _descriptor(NUM_TOKENS)
+        context.batch_descriptor = descriptor
         context.capturing = False   # set_ascend_forward_context, line 109
-        rows = NUM_TOKENS // (1 + K)
+        rows = num_reqs if descriptor.num_reqs is None else descriptor.num_reqs
+        num_tokens = descriptor.num_tokens
         draft = self._runnable(
-            num_input_tokens=NUM_TOKENS, batch_size=rows,
+            num_input_tokens=num_tokens, batch_size=rows,
             token_indices_to_sample=self.token_indices_to_sample[:rows], target_positions=None,
-            inputs_embeds=None, multi_steps_attn_metadata=steps, num_tokens=NUM_TOKENS)
+            inputs_embeds=None, multi_steps_attn_metadata=steps, num_tokens=num_tokens)
         if mode == CUDAGraphMode.FULL:
-            self._update_full_graph_params(context, NUM_TOKENS, steps)
+            self._update_full_graph_params(context, num_tokens, steps)
         return draft
 
 
@@ -851,25 +862,3 @@ def test_a_gamma_over_the_budget_gets_no_graph_and_drafts_with_the_next_one(
     assert (draft[:, :2] != -1).all() and (draft[:, 2:] == -1).all()
     assert proposer.num_speculative_tokens == K
 
-
-def test_gammas_verified_at_a_width_of_their_own_get_no_draft_graph(host, host_dispatcher_cls,
-                                                                     caplog):
-    """With per-width target graphs for widths 1 and 2 (gammas 0 and 1:
-    the runner's dispatcher carries width_graphs' plan), gamma 1's steps
-    verify width 2, where no draft graph captured at 1 + K's descriptors
-    replays: the host's dummy_run captures gammas 2 and K only, and the
-    start-up line says why gamma 1 has none."""
-    import logging
-
-    from vllm_ascend.vspec import graph_budget
-
-    dispatcher = _dispatcher(host_dispatcher_cls)
-    dispatcher.width_plan = graph_budget.plan_widths(K, (1, 2), 2, 4)
-    assert dispatcher.width_plan.kept == (0, 1)
-    with caplog.at_level(logging.INFO, logger="vllm"):
-        proposer = _make(host, dispatcher=dispatcher)
-    assert [call["steps"] for call in proposer.draft_calls if call["capturing"]] == [2, K]
-    assert set(proposer._vspec_runnables) == {2}
-    assert proposer._vspec_graph_plan.drafted(1) == 2
-    (line,) = [r.getMessage() for r in caplog.records if "per-gamma draft graphs" in r.getMessage()]
-    assert "none for gammas 1, whose verify widths have target graphs of their own" in line

@@ -828,16 +828,76 @@ def test_the_start_up_line_names_the_estimate_and_the_skipped_widths(overlay, ca
     assert "verify widths 5, 2, 1: 8 beyond stock's 4 for width 5" in line.getMessage()
 
 
-def test_draft_graphs_replay_only_at_a_1_plus_k_step(budgeted):
-    """The drafter's FULL graphs are captured at 1 + K's descriptors: after a
-    target step at width 2 none replays (the proposer drafts its gamma
-    without one), after a padded or 1 + K step they do."""
+def test_a_narrow_step_tells_the_drafter_its_width(budgeted):
+    """After a target step at width 2 only width 2's own draft graph can
+    replay (narrow_width 2); after a padded or 1 + K step the 1 + K ones."""
     _, ours = budgeted
     dispatcher = ours.cudagraph_dispatcher
     _step(ours, [2] * 4)
-    assert not dispatcher.draft_graphs_replay
+    assert dispatcher.narrow_width == 2
     _step(ours, [1 + K] * 4)
-    assert dispatcher.draft_graphs_replay
+    assert dispatcher.narrow_width is None
+
+
+def test_the_drafters_dispatch_pairing_a_width_takes_that_widths_descriptor(budgeted):
+    """While the drafter replays the step width's own draft graph
+    (pairing_draft) its dispatch, through the host's dispatcher code, is
+    width 2's FULL descriptor (3 requests padded to 4); outside it, a mixed
+    batch's."""
+    from vllm.config import CUDAGraphMode
+
+    stock, ours = budgeted
+    dispatcher = ours.cudagraph_dispatcher
+    _step(ours, [2] * 3)
+    with dispatcher.pairing_draft():
+        mode, descriptor = dispatcher.dispatch(num_tokens=6, uniform_decode=True)
+    assert mode == CUDAGraphMode.FULL and descriptor.uniform
+    assert (descriptor.num_tokens, descriptor.num_reqs) == (8, 4)
+    assert dispatcher.dispatch(num_tokens=6, uniform_decode=True) == \
+        stock.cudagraph_dispatcher.dispatch(num_tokens=6, uniform_decode=False)
+
+
+class _PairingDrafter(_Drafter):
+    """A drafter whose graph for gamma 1 pairs with width 2 (the proposer's
+    pairing_capture answers it from its plan): records the gamma each of
+    its dummy runs took."""
+
+    def __init__(self):
+        super().__init__()
+        self.gamma = None
+        self.gammas = []
+
+    @contextlib.contextmanager
+    def pairing_capture(self, gamma):
+        self.gamma = gamma
+        try:
+            yield gamma == 1
+        finally:
+            self.gamma = None
+
+    def dummy_run(self, *, batch_descriptor, aclgraph_runtime_mode, **kwargs):
+        super().dummy_run(batch_descriptor=batch_descriptor,
+                          aclgraph_runtime_mode=aclgraph_runtime_mode, **kwargs)
+        self.gammas.append(self.gamma)
+
+
+def test_the_drafter_captures_at_a_width_only_where_its_gamma_pairs(budgeted):
+    """Widths 5, 2 and 1 captured: the drafter's dummy runs at 1 + K (all of
+    stock's descriptors) and at width 2 (gamma 1's graph, width 2's
+    descriptors), none at width 1 (gamma 0 pairs with no graph)."""
+    from vllm.config import CUDAGraphMode
+
+    stock, ours = budgeted
+    ours.drafter = _PairingDrafter()
+    ours.capture_model()
+    stock.capture_model()
+    full = [(g, d) for (m, d), g in zip(ours.drafter.descriptors, ours.drafter.gammas)
+            if m == CUDAGraphMode.FULL]
+    assert [d for g, d in full if g is None] == \
+        [d for m, d in stock.drafter.descriptors if m == CUDAGraphMode.FULL]
+    assert sorted((d.num_tokens, d.num_reqs) for g, d in full if g == 1) == \
+        [(2 * n, n) for n in REQUESTS]
+    assert {g for g, _ in full} == {None, 1}
 
 
 def test_the_scheduler_decides_every_step_and_pads_only_skipped_gammas():
@@ -866,3 +926,139 @@ def test_the_scheduler_decides_every_step_and_pads_only_skipped_gammas():
     assert scheduler._spec_token_placeholders == [-1]
     scheduler._set_gamma(step, 2)
     assert scheduler._spec_token_placeholders == [-1] * K
+
+
+# ------------------------------------------------------------ (f) draft graphs paired with widths
+def _width_dispatcher(overlay, k: int, max_num_seqs: int, sizes, vspec=None):
+    """A WidthDispatcher over vLLM 0.23's dispatcher code (with vLLM-Ascend's
+    patch) for K = k, keys initialised as the runner's
+    _check_and_update_cudagraph_mode leaves them (FULL_DECODE_ONLY)."""
+    from vllm.config import CompilationConfig, CUDAGraphMode
+
+    from vllm_vspec.config import VSpecConfig
+
+    compilation = CompilationConfig(cudagraph_mode="FULL_DECODE_ONLY",
+                                    cudagraph_capture_sizes=list(sizes),
+                                    max_cudagraph_capture_size=max(sizes))
+    config = SimpleNamespace(
+        compilation_config=compilation, lora_config=None,
+        speculative_config=SimpleNamespace(num_speculative_tokens=k),
+        scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs),
+        model_config=SimpleNamespace(get_total_num_hidden_layers=lambda: LAYERS),
+        parallel_config=SimpleNamespace(pipeline_parallel_size=1))
+    dispatcher = overlay.WidthDispatcher(config, VSpecConfig.from_dict(vspec or {}, k))
+    dispatcher.initialize_cudagraph_keys(CUDAGraphMode.FULL_DECODE_ONLY, 1 + k)
+    return dispatcher
+
+
+def _paired_proposer(host, overlay):
+    """test_ascend_graphs' proposer (vspec's StepGammaProposer over the host's
+    dummy_run, acl_graph and FIA capture/update; K = 3, max_num_seqs 2) on
+    a runner whose dispatcher keys widths 4, 3, 2 and 1 at 1 and 2
+    requests, captured as the runner's capture_model drives it: 1 + K's
+    sizes first, then width 3's and width 2's under pairing_capture."""
+    from vllm.config import CUDAGraphMode
+    from vllm.forward_context import BatchDescriptor
+
+    import test_ascend_graphs as graphs
+
+    k, seqs = graphs.K, graphs.HostLikeProposer.max_num_seqs
+    dispatcher = _width_dispatcher(overlay, k, seqs, (4, 8))
+    assert dispatcher.widths == (4, 3, 2, 1)
+    proposer = graphs._make(host, dispatcher=dispatcher)   # 1 + K's capture at 8 tokens
+    for width in (3, 2):
+        with proposer.pairing_capture(width - 1) as pairs:
+            assert pairs
+            for n in (1, 2):
+                proposer.dummy_run(num_tokens=width * n, with_prefill=False, num_reqs=n,
+                                   num_tokens_across_dp=None,
+                                   aclgraph_runtime_mode=CUDAGraphMode.FULL,
+                                   batch_descriptor=BatchDescriptor(
+                                       num_tokens=width * n, num_reqs=n, uniform=True),
+                                   dummy_compute_logits=lambda hidden_states: None,
+                                   in_graph_capturing=True, is_profile=False)
+    return proposer, dispatcher
+
+
+def _width_graph(proposer, gamma: int, num_tokens: int):
+    """The graph gamma's wrapper captured at num_tokens (tagged for FAKE's report)."""
+    wrapper = proposer._vspec_runnables.get(gamma, proposer._vspec_max_runnable)
+    (graph,) = [e.aclgraph for d, e in wrapper.concrete_aclgraph_entries.items()
+                if d.num_tokens == num_tokens]
+    graph.gamma = gamma
+    return graph
+
+
+def test_a_gamma_with_its_own_width_is_captured_at_that_widths_sizes(host, overlay):
+    """Gammas 1 and 2 verify widths 2 and 3, which have target graphs: their
+    draft graphs are captured there, through the host's dummy_run, sampling
+    size // width rows and drafting their own steps, into their own stores
+    at those widths' token counts; at 1 + K's sizes only K's (stock's)."""
+    import test_ascend_graphs as graphs
+
+    proposer, _ = _paired_proposer(host, overlay)
+    plan = proposer._vspec_graph_plan
+    assert plan.at_width == (1, 2) and plan.captured == (graphs.K,)
+    captures = [(c["steps"], c["batch_size"]) for c in proposer.draft_calls if c["capturing"]]
+    assert captures == [(graphs.K, 2), (2, 1), (2, 2), (1, 1), (1, 2)]
+    store = host.acl_graph.get_draft_graph_params()
+    for gamma, width in ((1, 2), (2, 3)):
+        entries = proposer._vspec_runnables[gamma].concrete_aclgraph_entries
+        assert sorted((d.num_tokens, d.num_reqs) for d in entries) == [(width, 1), (2 * width, 2)]
+        for n in (1, 2):
+            assert len(store.handles[(gamma, width * n)]) == gamma * len(graphs.LAYERS)
+    assert [d.num_tokens for d in proposer._vspec_max_runnable.concrete_aclgraph_entries] == \
+        [graphs.NUM_TOKENS]
+    assert len(store.handles[(graphs.K, graphs.NUM_TOKENS)]) == graphs.K * len(graphs.LAYERS)
+
+
+def _narrow_step(dispatcher, width: int, requests: int) -> None:
+    """The runner's dispatch of a target step of `requests` at `width`."""
+    with dispatcher.step(width * requests, requests, width):
+        dispatcher.dispatch(width * requests, True)
+
+
+def _propose(proposer, call: int, gamma: int, num_tokens: int, steps: int | None = None):
+    """A drafter step at `gamma` (its metadata for `steps` draft steps: the
+    graph's it drafts with) after a target step of num_tokens, 2 requests."""
+    import test_ascend_graphs as graphs
+
+    fake = graphs.FAKE
+    fake.executed.clear()
+    draft = proposer._propose(seq_lens=graphs._seq_lens(call, steps or max(gamma, 1)),
+                              scheduler_output=SimpleNamespace(num_spec_tokens_to_schedule=gamma),
+                              num_tokens=num_tokens, num_reqs=2)
+    fake.flush()
+    return draft, list(fake.executed)
+
+
+def test_a_step_after_a_width_replays_that_widths_draft_graph(host, overlay):
+    """After a target step at width 2 (2 requests), a step at gamma 1
+    replays gamma 1's graph captured at 4 tokens with its own parameters;
+    at gamma 0 (one pass) the same graph; at gamma 2 none (2 does not fit
+    it): it drafts 2 steps eagerly. After width 3, gamma 1 fits gamma 2's
+    graph: it replays that and keeps its first draft."""
+    import test_ascend_graphs as graphs
+
+    proposer, dispatcher = _paired_proposer(host, overlay)
+    width2, width3 = _width_graph(proposer, 1, 4), _width_graph(proposer, 2, 6)
+    _narrow_step(dispatcher, 2, 2)
+    for call, gamma in ((1, 1), (2, 0)):
+        before = width2.replays
+        draft, executed = _propose(proposer, call, gamma, 4)
+        assert width2.replays == before + 1
+        assert executed == [(1, (0, layer), graphs._seq_lens(call, 1)[0])
+                            for layer in graphs.LAYERS]
+        assert graphs.FAKE.hangs == []
+    calls = len(proposer.draft_calls)
+    draft, executed = _propose(proposer, 3, 2, 4)
+    assert (width2.replays, width3.replays) == (2, 0)
+    assert executed == [(None, (s, layer), graphs._seq_lens(3, 2)[s]) for s in range(2)
+                        for layer in graphs.LAYERS]   # eager: no graph
+    assert [(c["steps"], c["capturing"]) for c in proposer.draft_calls[calls:]] == [(2, False)]
+    _narrow_step(dispatcher, 3, 2)
+    draft, executed = _propose(proposer, 4, 1, 6, steps=2)
+    assert width3.replays == 1
+    assert executed == [(2, (s, layer), graphs._seq_lens(4, 2)[s]) for s in range(2)
+                        for layer in graphs.LAYERS]
+    assert (draft[:, :1] != -1).all() and (draft[:, 1:] == -1).all()

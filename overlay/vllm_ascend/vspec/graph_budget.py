@@ -35,12 +35,20 @@ more than the K-step graph on the bundled profile (docs/ascend.md, "What
 each default costs").
 
 With per-width target graphs (`ascend_verify_width_graphs`, width_graphs.py)
-a gamma whose verify width 1 + gamma has a FULL target graph of its own
-gets no draft graph here: these graphs are captured at 1 + K's descriptors
-and replay only after a step that verified 1 + K, which such a gamma's own
-steps do not (draft graphs only where they pair with a width: K's, and the
-gammas whose steps are padded to 1 + K). A step at it drafts exactly its
-gamma, PIECEWISE or eagerly (width_graphs.WidthDispatcher.draft_graphs_replay).
+draft graphs are captured only where they pair with a width: a draft graph
+replays after a target step of the width it was captured at, and a gamma
+whose verify width 1 + gamma has a FULL target graph of its own is
+verified at that width, not at 1 + K (which only K and the gammas padded
+to 1 + K are). So such a gamma's graph is captured at its own width's
+descriptors (`own_width_sizes`: the request counts of 1 + K's graphs times
+1 + gamma, the target's sizes there; rows = size // (1 + gamma)) instead
+of 1 + K's, priced over those sizes, admitted by the same rule. A step
+after a target step of width 1 + g drafts with g's graph when its gamma is
+at most g (keeping its first gamma drafts, as above), else exactly its
+gamma without a graph (PIECEWISE or eagerly: width_graphs.WidthDispatcher).
+Width 1 (gamma 0) pairs with no graph: its one draft pass would need a
+one-step graph at width 1's sizes, which gamma 1's store, keyed by (gamma,
+token count), shares token counts with.
 
 What the per-width target graphs cost (the same assumption, not yet run on
 an NPU): one FULL target graph per request count of 1 + K's FULL graphs
@@ -108,20 +116,28 @@ class DraftGraphPlan:
     cost: dict[int, int]          # gamma < K -> estimated bytes over all sizes
     kept: tuple[int, ...]         # gammas < K captured
     skipped: tuple[int, ...]      # gammas < K not captured for the budget
-    unpaired: tuple[int, ...] = ()  # gammas < K verified at a width of their own
+    at_width: tuple[int, ...] = ()  # kept gammas captured at their own width 1 + g
 
     @property
     def captured(self) -> tuple[int, ...]:
-        """Every gamma captured, K (stock's graph) included."""
-        return (*self.kept, self.max_gamma)
+        """Every gamma captured at 1 + K's descriptors, K (stock's graph) included."""
+        return (*(g for g in self.kept if g not in self.at_width), self.max_gamma)
 
     @property
     def kept_bytes(self) -> int:
         return sum(self.cost[g] for g in self.kept)
 
     def drafted(self, gamma: int) -> int:
-        """The gamma whose graph a step at `gamma` (>= 1) drafts with."""
+        """The gamma whose graph a step at `gamma` (>= 1) after a 1 + K
+        target step drafts with."""
         return min(g for g in self.captured if g >= gamma)
+
+    def paired(self, gamma: int, width: int) -> int | None:
+        """The gamma whose graph a step at `gamma` (>= 1) after a target
+        step of `width` < 1 + K drafts with: that width's own, when captured
+        and `gamma` fits it; None: no draft graph replays (its gamma, eagerly)."""
+        own = width - 1
+        return own if own in self.at_width and gamma <= own else None
 
     def line(self) -> str:
         """The start-up line."""
@@ -130,9 +146,9 @@ class DraftGraphPlan:
                 f"{self.kept_bytes / MIB:.0f} MiB beyond stock's K-step graphs for gammas "
                 f"{_names(self.kept) or 'none'} (ascend_draft_graph_budget_mib="
                 f"{self.budget_mib:g}; an estimate, not measured)")
-        if self.unpaired:
-            head = (f"{head}; none for gammas {_names(self.unpaired)}, whose verify widths "
-                    f"have target graphs of their own (their steps draft PIECEWISE or eagerly)")
+        if self.at_width:
+            head = (f"{head}; gammas {_names(self.at_width)} captured at their own verify "
+                    f"widths' sizes (their target graphs' widths), not at 1 + K's")
         if not self.skipped:
             return head
         return (f"{head}; skipped gammas {_names(self.skipped)} (estimated "
@@ -159,18 +175,18 @@ def _admit(cost: dict[int, int], budget_mib: float) -> tuple[tuple[int, ...], tu
     return tuple(kept), tuple(key for key in cost if key not in kept)
 
 
-def plan(max_gamma: int, sizes: Iterable[int], draft_layers: int,
-         budget_mib: float, unpaired: Iterable[int] = ()) -> DraftGraphPlan:
+def plan(max_gamma: int, sizes: Iterable[int], draft_layers: int, budget_mib: float,
+         own_width_sizes: dict[int, Iterable[int]] | None = None) -> DraftGraphPlan:
     """Admit gammas 1..K-1 from the smallest up while their estimated graphs
-    fit `budget_mib` (module docstring); `unpaired` gammas (their verify
-    width has a target graph of its own) are never captured."""
+    fit `budget_mib` (module docstring); a gamma of `own_width_sizes` is
+    priced, and captured, at its own width's sizes instead of `sizes`."""
     sizes = tuple(sorted(set(sizes)))
-    unpaired = set(unpaired)
-    cost = {g: len(sizes) * draft_graph_bytes(g, draft_layers) for g in range(1, max_gamma)
-            if g not in unpaired}
+    own = {g: tuple(v) for g, v in (own_width_sizes or {}).items() if 0 < g < max_gamma}
+    cost = {g: len(own.get(g, sizes)) * draft_graph_bytes(g, draft_layers)
+            for g in range(1, max_gamma)}
     kept, skipped = _admit(cost, budget_mib)
     return DraftGraphPlan(max_gamma, sizes, draft_layers, budget_mib, cost, kept, skipped,
-                          tuple(sorted(unpaired & set(range(1, max_gamma)))))
+                          tuple(g for g in kept if g in own))
 
 
 def decode_requests(capture_sizes: Iterable[int], max_gamma: int,

@@ -108,15 +108,17 @@ class ActiveGamma:
         return self._proposer.max_num_speculative_tokens if gamma is None else gamma
 
 
-def install(acl_graph: Any, proposer: Any) -> Any:
+def install(acl_graph: Any, proposer: Any, own_sizes: dict[int, Any] | None = None) -> Any:
     """Key the host's draft graph parameters by the proposer's gamma (once;
-    a store already keyed, or none yet, is left as it is). Returns the store."""
+    a store already keyed, or none yet, is left as it is). Each gamma's
+    store holds the host's token counts, or those of `own_sizes` (a gamma
+    captured at its own verify width's sizes). Returns the store."""
     current = getattr(acl_graph, "_draft_graph_params", None)
     if current is None or isinstance(current.attn_params, PerGamma):
         return current
     gammas = range(1, proposer.max_num_speculative_tokens + 1)
     keyed = keyed_params(acl_graph, current, ActiveGamma(proposer),
-                         {g: None for g in gammas})
+                         {g: (own_sizes or {}).get(g) for g in gammas})
     acl_graph._draft_graph_params = keyed
     return keyed
 

@@ -19,9 +19,11 @@ Invariants:
   its own captured parameters. Gammas below K whose estimated graph memory
   does not fit `ascend_draft_graph_budget_mib` get no graph (graph_budget.py):
   a step at one drafts with the next captured gamma's graph (at worst K's)
-  and keeps its first gamma drafts. Nor do, with per-width target graphs
-  (width_graphs.py), the gammas verified at a width of their own: a step
-  there replays no draft graph and drafts exactly its gamma. Every gamma's graph samples the rows of the
+  and keeps its first gamma drafts. With per-width target graphs
+  (width_graphs.py) a gamma verified at a width of its own has its graph
+  captured at that width's descriptors instead (rows = size // (1 + gamma),
+  the runner's capture of that width binds it: pairing_capture), and a step
+  after such a width drafts with it (WidthDispatcher.pairing_draft). Every gamma's graph samples the rows of the
   batch descriptor it is captured for, num_tokens // (1 + K): a FULL draft
   graph replays only for a uniform decode batch of 1 + K tokens a request.
   Those rows never exceed max_num_seqs (the rows of the runner's draft
@@ -100,6 +102,8 @@ class StepGammaProposer(VSpecAscendProposer):
     _vspec_runnables: Mapping[int, Any] = MappingProxyType({})  # gamma < K -> graph wrapper
     # Which gammas below K have a draft graph (graph_budget.py); set at the first capture.
     _vspec_graph_plan: graph_budget.DraftGraphPlan | None = None
+    # The gamma whose graph the runner's capture of target width 1 + gamma takes (pairing_capture).
+    _vspec_width_gamma: int | None = None
     commits_with_vspec_op = True
     # Key the host's draft graph parameters by gamma (graph_params.py); off
     # only in the test that shows what the host's token-count keys do.
@@ -215,13 +219,18 @@ class StepGammaProposer(VSpecAscendProposer):
         # drafter stays aligned for when speculation resumes (vLLM 0.32 does the same).
         # A gamma without a draft graph (skipped for the graph memory budget)
         # drafts with the next captured gamma's graph; pad_drafts keeps gamma.
-        # Where no draft graph replays (a step at a verify width of its own,
-        # width_graphs.py) it drafts its gamma.
-        plan = self._vspec_graph_plan
-        replay = getattr(getattr(getattr(self, "runner", None), "cudagraph_dispatcher", None),
-                         "draft_graphs_replay", True)
-        drafted = max(gamma, 1) if plan is None or not replay else plan.drafted(max(gamma, 1))
-        with self._drafting(drafted):
+        # After a target step narrower than 1 + K (width_graphs.py) only that
+        # width's own graph can replay: with it when gamma fits, else its gamma
+        # without a graph.
+        plan, steps = self._vspec_graph_plan, max(gamma, 1)
+        dispatcher = getattr(getattr(self, "runner", None), "cudagraph_dispatcher", None)
+        narrow = getattr(dispatcher, "narrow_width", None)
+        drafted, pairing = steps, contextlib.nullcontext()
+        if plan is not None and narrow is None:
+            drafted = plan.drafted(steps)
+        elif plan is not None and plan.paired(steps, narrow) is not None:
+            drafted, pairing = plan.paired(steps, narrow), dispatcher.pairing_draft()
+        with self._drafting(drafted), pairing:
             draft = self.drafting.propose(
                 lambda: super(StepGammaProposer, self)._propose(**kwargs), kwargs, gamma)
         return pad_drafts(draft, gamma, self.max_num_speculative_tokens)
@@ -236,22 +245,51 @@ class StepGammaProposer(VSpecAscendProposer):
     # capture runs the host's dummy_run at K: it samples num_tokens // (1 + K)
     # rows (the batch descriptor's, at most max_num_seqs) and builds K steps
     # of metadata; only the captured merged draft loop drafts gamma steps
-    # (_draft_steps, the wrapper's runnable).
+    # (_draft_steps, the wrapper's runnable). The runner's capture of a target
+    # width 1 + g of its own (pairing_capture) runs it at g instead, for g's
+    # graph only: that width's descriptor rows, g steps.
     def dummy_run(self, *args: Any, **kwargs: Any) -> None:
         mode = kwargs.get("aclgraph_runtime_mode", CUDAGraphMode.NONE)
         capturing = (kwargs.get("in_graph_capturing", False) and not kwargs.get("is_profile", False)
                      and mode != CUDAGraphMode.NONE and self.use_cuda_graph)
+        width_gamma = self._vspec_width_gamma
         if not capturing:
-            with self._drafting(None):
+            with self._drafting(width_gamma):
                 super().dummy_run(*args, **kwargs)
             return
-        if self.vspec_key_graph_params:
-            graph_params.install(acl_graph, self)
         if self._vspec_graph_plan is None:
             self._vspec_graph_plan = self._plan_draft_graphs()
-        for gamma in self._vspec_graph_plan.captured:
-            with self._drafting(None, graph_gamma=gamma):
+        plan = self._vspec_graph_plan
+        if self.vspec_key_graph_params:
+            own = self._vspec_own_width_sizes()
+            graph_params.install(acl_graph, self, {g: own[g] for g in plan.at_width})
+        # At a target width of its own: that width's gamma only, its rows and
+        # steps (the host's dummy_run reads num_speculative_tokens for both).
+        gammas = plan.captured if width_gamma is None else (width_gamma,)
+        for gamma in gammas:
+            with self._drafting(width_gamma, graph_gamma=gamma):
                 super().dummy_run(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def pairing_capture(self, gamma: int) -> Iterator[bool]:
+        """The runner's capture of target width 1 + gamma: yields whether
+        gamma's draft graph is captured there (the plan, made at 1 + K's
+        capture, which comes first); the drafter's dummy runs meanwhile are
+        that gamma's."""
+        plan = self._vspec_graph_plan
+        self._vspec_width_gamma = gamma
+        try:
+            yield plan is not None and gamma in plan.at_width
+        finally:
+            self._vspec_width_gamma = None
+
+    def _vspec_own_width_sizes(self) -> dict[int, list[int]]:
+        """gamma -> the token counts of target width 1 + gamma's FULL graphs,
+        for each gamma < K whose width has them (width_graphs.WidthDispatcher)."""
+        dispatcher = getattr(self.runner, "cudagraph_dispatcher", None)
+        widths = getattr(dispatcher, "widths", ())
+        return {w - 1: dispatcher.capture_sizes(w) for w in widths
+                if 1 < w < self.max_num_speculative_tokens + 1}
 
     def _plan_draft_graphs(self) -> graph_budget.DraftGraphPlan:
         """At the first capture (the runner's dispatcher keys are final):
@@ -260,13 +298,12 @@ class StepGammaProposer(VSpecAscendProposer):
         settings = vspec_settings(self.vllm_config)
         budget = (VSpecConfig.ascend_draft_graph_budget_mib if settings is None
                   else settings.ascend_draft_graph_budget_mib)
-        # Per-width target graphs (width_graphs.py): the gammas verified at a
-        # width of their own get no draft graph at 1 + K's sizes.
-        widths = getattr(getattr(self.runner, "cudagraph_dispatcher", None), "width_plan", None)
+        # Per-width target graphs (width_graphs.py): a gamma verified at a
+        # width of its own is captured at that width's sizes.
         plan = graph_budget.plan(self.max_num_speculative_tokens,
                                  graph_budget.full_capture_sizes(self.runner),
                                  len(getattr(self, "attn_layer_names", None) or ()), budget,
-                                 unpaired=() if widths is None else widths.kept)
+                                 self._vspec_own_width_sizes())
         self._vspec_runnables = MappingProxyType(
             {g: w for g, w in self._vspec_runnables.items() if g in plan.kept})
         (logger.warning if plan.skipped else logger.info)("%s", plan.line())

@@ -47,12 +47,17 @@ How, with the host's own code doing the work:
   `ascend_pad_verify_width` false it does, and takes the host's path,
   PIECEWISE or eager, as a mixed step). One start-up line gives the
   estimate and names the skipped widths.
-- The drafter's graphs stay paired with 1 + K: its dummy runs are left out
-  of the other widths' captures, and a dispatch the runner did not bind (the
-  drafter's, which passes the target's uniform flag) at a step of another
-  width is dispatched as not uniform, so the draft model runs PIECEWISE or
-  eagerly there, as on a mixed step, drafting exactly its gamma
-  (`draft_graphs_replay`; proposers.py).
+- Draft graphs pair with widths (graph_budget.py): at 1 + K's capture the
+  drafter captures K and the gammas padded to 1 + K, as without per-width
+  graphs; at width 1 + g's capture (g >= 1) it captures gamma g's graph at
+  that width's descriptors (`proposers.StepGammaProposer.pairing_capture`;
+  the drafter's dummy runs are left out of a width whose gamma has no
+  graph). A dispatch the runner did not bind (the drafter's, which passes
+  the target's uniform flag) at a step of width 1 + g < 1 + K is that
+  width's while the drafter replays g's graph (`pairing_draft`, which the
+  proposer enters when its gamma fits that graph), else it is dispatched
+  as not uniform, so the draft model runs PIECEWISE or eagerly there,
+  drafting exactly its gamma, as on a mixed step.
 
 Where it applies (routing.model_runner_cls_for; the scheduler pads only the
 widths the plan skips by the same rule, verify_width.VerifyWidth.of): vspec
@@ -123,6 +128,8 @@ class WidthDispatcher(CudagraphDispatcher):
         self.widths: tuple[int, ...] = (self.k_width,)
         # The width of the last step the runner dispatched a uniform FULL batch at.
         self.step_width: int = self.k_width
+        # The drafter replays the step width's own draft graph (pairing_draft).
+        self._draft_pairs = False
 
     @property
     def bound(self) -> int | None:
@@ -130,10 +137,20 @@ class WidthDispatcher(CudagraphDispatcher):
         return self._bound
 
     @property
-    def draft_graphs_replay(self) -> bool:
-        """Whether the drafter's FULL graphs can replay at this step: they
-        are captured at 1 + K's descriptors only."""
-        return self.step_width == self.k_width
+    def narrow_width(self) -> int | None:
+        """The step's width when a FULL target graph narrower than 1 + K ran
+        it (only that width's own draft graph can replay after it), else None."""
+        return None if self.step_width == self.k_width else self.step_width
+
+    @contextlib.contextmanager
+    def pairing_draft(self) -> Iterator[None]:
+        """The drafter's dispatches at a narrow step take the step width's
+        descriptors (the drafter replays the graph captured there)."""
+        self._draft_pairs = True
+        try:
+            yield
+        finally:
+            self._draft_pairs = False
 
     @property
     def in_force(self) -> int:
@@ -226,7 +243,11 @@ class WidthDispatcher(CudagraphDispatcher):
         # CudagraphDispatcher.dispatch: a uniform batch of the bound width takes that width's keys; anything else 1 + K's.
         if self._bound is None:
             # Not the runner's (the drafter's) at a step of another width:
-            # draft graphs exist for 1 + K's descriptors only.
+            # that width's descriptors while the drafter replays its graph,
+            # else as a mixed batch.
+            if self.step_width != self.k_width and self._draft_pairs and uniform_decode:
+                with self.binding(self.step_width):
+                    return super().dispatch(num_tokens, uniform_decode, *args, **kwargs)
             if self.step_width != self.k_width:
                 uniform_decode = False
             return super().dispatch(num_tokens, uniform_decode, *args, **kwargs)
@@ -333,11 +354,18 @@ class VSpecNPUModelRunner(NPUModelRunner):
 
     @contextlib.contextmanager
     def _drafter_at(self, width: int) -> Iterator[None]:
-        """The drafter's dummy runs (its graph captures) at 1 + K only."""
+        """The drafter's dummy runs (its graph captures): all of them at
+        1 + K; at another width only the ones of the gamma whose draft graph
+        pairs with it (the proposer's pairing_capture), else none."""
         drafter = self.drafter
-        if width != self.cudagraph_dispatcher.k_width:
-            self.drafter = None
-        try:
+        pairing = getattr(drafter, "pairing_capture", None)
+        if width == self.cudagraph_dispatcher.k_width:
             yield
-        finally:
-            self.drafter = drafter
+            return
+        with contextlib.nullcontext(False) if pairing is None else pairing(width - 1) as pairs:
+            if not pairs:
+                self.drafter = None
+            try:
+                yield
+            finally:
+                self.drafter = drafter
