@@ -22,7 +22,8 @@ factor 1.0):
   by default (its default is stock fixed K);
 - a FULL target graph is replayed only at a width the host captured;
   per-width target graphs as built follow the width budget (a skipped width
-  is padded) and lose the draft's graph after a narrower verify.
+  is padded) and replay a narrower width's own draft graph where the
+  step's gamma fits it.
 """
 
 from __future__ import annotations
@@ -119,10 +120,12 @@ def test_a_full_target_graph_replays_only_at_a_captured_width_inside_the_range()
 def test_step_costs_per_default(result):
     """At batch 16 and 64 (inside the capture range): the 0.23 defaults'
     step at any gamma costs at most stock's at K; 0.30 with vspec on pays
-    more than stock at K (eager draft). Per-width target graphs as built: a step
-    at an admitted width below 1 + K (gammas 0-2 within the default budget)
-    costs 0.30's step (eager draft, verify 1 + g) less the FULL target
-    graph's saving; gamma 3's width is skipped, so its step is padded as the
+    more than stock at K (eager draft). Per-width target graphs as built
+    (gammas 0-2's widths within the default budget): a steady step at gamma
+    1 or 2 costs the defaults' padded step less the verify of the K - g
+    padded slots a request (both graphs kept); at gamma 0 (width 1, whose
+    one draft pass has no graph) 0.30's step less the FULL target graph's
+    saving; gamma 3's width is skipped, so its step is padded as the
     defaults' is."""
     k = result["k"]
     saving = BASE.target.delta * (1.0 - 1.0 / result["target_graph_factor"])
@@ -133,8 +136,11 @@ def test_step_costs_per_default(result):
         assert all(new[g] <= stock[k] for g in range(k + 1)), (batch, row)
         assert all(old[g] > new[g] for g in range(k + 1)), (batch, row)
         assert v030[k] > stock[k]
-        for g in (0, 1, 2):
-            assert per_width[g] == pytest.approx(v030[g] - saving, abs=0.02), (batch, g)
+        ctx = batch * 512.0
+        assert per_width[0] == pytest.approx(v030[0] - saving, abs=0.02), batch
+        for g in (1, 2):
+            narrower = BASE.target(ctx, batch * (1 + k)) - BASE.target(ctx, batch * (1 + g))
+            assert per_width[g] == pytest.approx(new[g] - narrower, abs=0.02), (batch, g)
         assert per_width[3] == new[3]
         assert per_width[k] == new[k] == stock[k]
 
@@ -142,17 +148,24 @@ def test_step_costs_per_default(result):
 def test_per_width_graphs_as_built_follow_the_budget_and_the_draft_pairing():
     """The default ascend_width_graph_budget_mib fits widths 1-3 of the
     bundled profile's 48-layer target at 48 request counts (288 MiB a
-    width, graph_budget's estimate): width 4 is padded to 5, and a draft
-    pass after a FULL target graph narrower than 1 + K costs the eager
-    T_draft (the draft's graphs are captured at 1 + K's descriptors only)."""
+    width, graph_budget's estimate): width 4 is padded to 5. After a FULL
+    target graph of width 1 + g the draft replays g's graph (g graphed
+    passes) when the step's gamma is 1 to g, else its gamma's passes cost
+    the eager T_draft."""
     p = ad.costs(BASE, 4, True, True, target_graph_factor=2.0, full_widths=ad.BUDGET_WIDTHS)
     assert p.widths == (0, 1, 2, 4)
     ctx = 16 * 512.0
     eager_pass = BASE.draft.delta - p.draft.delta
+
+    def graphed(width, passes):
+        return (BASE.target(ctx, 16 * width) - BASE.target.delta / 2
+                + sum(p.draft(ctx + i * 16, 16) for i in range(passes)))
+
     assert p.split_step_ms(16 * 4, 2, 16, ctx) == p.split_step_ms(16 * 5, 2, 16, ctx)
-    assert p.split_step_ms(16 * 3, 2, 16, ctx) == pytest.approx(
-        BASE.target(ctx, 16 * 3) - BASE.target.delta / 2 + 2 * eager_pass
-        + sum(p.draft(ctx + i * 16, 16) for i in range(2)))
+    assert p.split_step_ms(16 * 3, 2, 16, ctx) == pytest.approx(graphed(3, 2))
+    assert p.split_step_ms(16 * 3, 1, 16, ctx) == pytest.approx(graphed(3, 2))
+    assert p.split_step_ms(16 * 2, 2, 16, ctx) == pytest.approx(graphed(2, 2) + 2 * eager_pass)
+    assert p.split_step_ms(16 * 1, 1, 16, ctx) == pytest.approx(graphed(1, 1) + eager_pass)
     # past the capture range nothing pads and no target graph replays
     assert p.split_step_ms(128 * 4, 2, 128, ctx) == pytest.approx(
         BASE.target(ctx, 128 * 4) + sum(p.draft(ctx + i * 128, 128) for i in range(2)))

@@ -32,10 +32,12 @@ ctx, from the profile's linear models T_target and T_draft:
   default `ascend_width_graph_budget_mib` for the bundled profile's target
   (TARGET_LAYERS decoder layers, WIDTH_GRAPH_REQUESTS request counts) have
   FULL target graphs; a step at a skipped width is padded to the next
-  captured one (1 + K), as the scheduler pads it; and the draft's graphs
-  replay only after a step that verified 1 + K (they are captured at
-  1 + K's descriptors), so a draft pass after a narrower FULL target graph
-  costs the profile's eager T_draft.
+  captured one (1 + K), as the scheduler pads it; and after a FULL target
+  graph of width 1 + g < 1 + K the draft replays g's graph, captured at
+  that width (its g passes, graphed), when the step's gamma fits it (1 to
+  g), else it drafts its gamma eagerly at the profile's T_draft (gamma 0
+  after width 1: one eager pass). The default draft graph budget fits
+  every gamma of the bundled draft.
 
 The contenders run the engine's own GammaController through
 simulator.simulate, on the same workloads and luck: stock at policy fixed
@@ -119,9 +121,9 @@ class AscendCosts(LatencyProfile):
     target_graph_factor: float = 1.0
     full_widths: str = HOST_WIDTH
     widths: tuple[int, ...] = ()        # width_gammas(k, full_widths)
-    # What a draft pass costs more where no draft graph replays: after a
-    # FULL target graph narrower than 1 + K (per-width target graphs; 0
-    # elsewhere).
+    # Per-width target graphs as built: after a FULL target graph of width
+    # 1 + g < 1 + K the draft replays g's graph where the step's gamma fits
+    # it, else a pass costs this much more (eager; 0 elsewhere).
     eager_draft_extra_ms: float = 0.0
 
     def pads(self, batch: int) -> bool:
@@ -143,11 +145,17 @@ class AscendCosts(LatencyProfile):
                       width: int = 1) -> float:
         if self.pads(batch):
             target_tokens = batch * (1 + self.verified(target_tokens, batch))
-        ms = super().split_step_ms(target_tokens, draft, batch, ctx, width)
-        if self.full_target(target_tokens, batch):
+        full = self.full_target(target_tokens, batch)
+        eager = 0.0
+        if full and self.eager_draft_extra_ms and target_tokens != batch * (1 + self.k):
+            own = target_tokens // batch - 1
+            if 0 < draft <= own:
+                draft = own     # the width's own draft graph: its passes, graphed
+            else:
+                eager = draft * self.eager_draft_extra_ms
+        ms = super().split_step_ms(target_tokens, draft, batch, ctx, width) + eager
+        if full:
             ms -= self.target.delta * (1.0 - 1.0 / self.target_graph_factor)
-            if target_tokens != batch * (1 + self.k):
-                ms += draft * self.eager_draft_extra_ms
         return ms
 
 
@@ -234,7 +242,7 @@ def costs(base: LatencyProfile, k: int, draft_graphs: bool, pad_verify: bool,
         draft = LinearLatency(draft.alpha, draft.beta, draft.delta / graph_factor)
     fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(LatencyProfile)}
     fields["draft"] = draft
-    # Per-width target graphs as built: the draft's graphs pair with 1 + K only.
+    # Per-width target graphs as built: draft graphs paired with widths.
     extra = base.draft.delta - draft.delta if full_widths == BUDGET_WIDTHS else 0.0
     return AscendCosts(**fields, k=k, pad_verify=pad_verify, capture_tokens=capture_tokens,
                        target_graph_factor=target_graph_factor, full_widths=full_widths,
