@@ -260,6 +260,8 @@ def test_trace_has_a_header_and_one_line_per_observed_step(tmp_path):
     assert [r["step"] for r in records] == [1, 2, 3]
     assert [r["stable"] for r in records] == [False, True, True]
     assert records[1]["reason"] == "fixed" and records[1]["interval_s"] == 1.0
+    # Completion times on the controller's clock since it was built (at 0).
+    assert [r["t_s"] for r in records] == [1.0, 2.0, 3.0]
 
 
 def test_a_model_trace_explains_each_decision_and_keeps_prefill_steps_on_lines_of_their_own(
@@ -298,7 +300,8 @@ def test_a_trace_records_the_prefill_steps_of_a_policy_that_does_not_price_them(
     ctl.close()
     from vllm_vspec.core.trace import read_prefill_steps
     steps = read_prefill_steps(path)
-    assert [(p["prefill_tokens"], p["gamma"], p["interval_s"]) for p in steps] == [(400, 0, 0.07)]
+    assert [(p["prefill_tokens"], p["gamma"], p["interval_s"], p["t_s"]) for p in steps] == [
+        (400, 0, 0.07, 0.07)]
 
 
 def test_reading_a_foreign_file_as_a_trace_fails_naming_the_line(tmp_path):

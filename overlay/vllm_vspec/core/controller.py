@@ -132,6 +132,7 @@ class GammaController:
         # Where a busy engine's next step starts (steps.BusySince).
         self._busy = BusySince()
         self._last_completed_at: float | None = None
+        self._born = clock()                  # the trace's time origin (`t_s`)
         self._last_observed: tuple[int, int] | None = None     # (gamma, width) last observed
         self._steps = 0
         self._cost: dict[int, CostTally] = {}                  # bucket -> cost
@@ -275,7 +276,8 @@ class GammaController:
                 "mean_context_len": batch.mean_context_len, "gamma": decision.gamma,
                 "width": decision.width, "reason": decision.reason, "drafted": list(fb.drafted),
                 "accepted": list(fb.accepted), "committed": fb.committed,
-                "interval_s": round(interval, 6), "stable": stable,
+                "interval_s": round(interval, 6), "t_s": round(completed_at - self._born, 4),
+                "stable": stable,
                 "reward": round(reward, 3), "overhead_us": round(overhead * 1e6, 1),
                 **({"predicted": step.predicted} if step.predicted is not None else {})})
 
@@ -302,13 +304,15 @@ class GammaController:
         scheduled_at, gamma = self._undecided.popleft()
         if self._pending or batch is None:     # None: no request of the step is left
             return
-        interval = self._completed(scheduled_at, self.clock())
+        completed_at = self.clock()
+        interval = self._completed(scheduled_at, completed_at)
         if interval > 0 and (learn is not None or self.prices_steps):
             (learn or self.policy.observe_cost)(batch, fb, gamma, interval)
         if self._trace is not None and learn is None:
             self._trace.write({"prefill_step": self._steps, "num_reqs": batch.num_reqs,
                                "prefill_tokens": batch.prefill_tokens, "gamma": gamma,
-                               "committed": fb.committed, "interval_s": round(interval, 6)})
+                               "committed": fb.committed, "interval_s": round(interval, 6),
+                               "t_s": round(completed_at - self._born, 4)})
 
     def _completed(self, scheduled_at: float, completed_at: float) -> float:
         """A step scheduled at `scheduled_at` completed at `completed_at`:

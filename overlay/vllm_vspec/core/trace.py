@@ -8,8 +8,8 @@ scheduled with what it produced:
      "max_gamma": ..., "num_speculative_tokens": ..., "min_width": 1, "max_width": 1}
     {"step": 12, "num_reqs": 16, "bucket": 16, "mean_context_len": 310.0,
      "gamma": 3, "width": 1, "reason": "ucb", "drafted": [3, ...], "accepted": [2, ...],
-     "committed": 41, "interval_s": 0.0123, "stable": true, "reward": 3333.3,
-     "overhead_us": 85.2}
+     "committed": 41, "interval_s": 0.0123, "t_s": 5.2187, "stable": true,
+     "reward": 3333.3, "overhead_us": 85.2}
 
 `gamma` and `width` are the step's decision: trees of depth gamma and
 `width` nodes per depth (gamma*width draft nodes per request; width 1 is a
@@ -17,7 +17,9 @@ linear draft). Traces written before widths existed have no `width` (nor
 the header's `min_width`/`max_width`): read it as 1. `drafted`/`accepted`
 are per request (drafts verified in this step, proposed one step earlier,
 so with the previous step's width; for a tree: its depth and the accepted
-path's length). `overhead_us` is the controller's cost of the step
+path's length). `t_s` is when the step completed, in seconds on the
+controller's clock since it was built (gaps between steps, and a paired
+run's rounds, read from it; traces before it have none). `overhead_us` is the controller's cost of the step
 (decide + observe + the adapter's bookkeeping, wall clock). A policy that
 explains its choice (`explain`, the `model` policy) adds `predicted`: per
 gamma, the committed tokens per ms it predicted. The simulator replays these files (`vllm-vspec sim
@@ -30,7 +32,7 @@ line of its own, told apart by its key
 leaves out and `read_prefill_steps` returns:
 
     {"prefill_step": 12, "num_reqs": 32, "prefill_tokens": 183, "gamma": 1,
-     "committed": 47, "interval_s": 0.0912}
+     "committed": 47, "interval_s": 0.0912, "t_s": 1.0473}
 """
 
 from __future__ import annotations
