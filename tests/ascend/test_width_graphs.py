@@ -38,6 +38,7 @@ import contextlib
 import sys
 import types
 import zipfile
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -325,7 +326,7 @@ def _config(mode: str = "FULL_AND_PIECEWISE", data_parallel_size: int = 1,
                                     cudagraph_num_of_warmups=1,
                                     splitting_ops=list(CompilationConfig._attention_ops))
     return SimpleNamespace(
-        compilation_config=compilation, lora_config=None,
+        compilation_config=compilation, lora_config=None, num_speculative_tokens=K,
         speculative_config=SimpleNamespace(num_speculative_tokens=K, method="eagle",
                                            use_eagle=lambda: True,
                                            uses_extract_hidden_states=lambda: False),
@@ -1062,3 +1063,103 @@ def test_a_step_after_a_width_replays_that_widths_draft_graph(host, overlay):
     assert executed == [(2, (s, layer), graphs._seq_lens(4, 2)[s]) for s in range(2)
                         for layer in graphs.LAYERS]
     assert (draft[:, :1] != -1).all() and (draft[:, 1:] == -1).all()
+
+
+# ------------------------------------------------------------ (g) the 0.30.0rc2 pin, dispatch only
+PIN_030 = "0.30.0rc2"
+
+
+def _sdist_file(version: str, member: str, tmp_path_factory) -> Path:
+    """A file of a pin's vLLM-Ascend sdist (hash-checked), written out."""
+    import tarfile
+
+    from vllm_vspec.tools.ascend_build import common
+
+    _, pins = common.load_pins()
+    pin = pins[version]
+    with tarfile.open(common.fetch_sdist(pin, CACHE)) as sdist:
+        text = sdist.extractfile(f"vllm_ascend-{pin.version}/{member}").read().decode()
+    path = tmp_path_factory.mktemp(f"host-{version}") / Path(member).name
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture(scope="module")
+def host_030(tmp_path_factory):
+    """vLLM 0.30's cudagraph_dispatcher module with vLLM-Ascend 0.30.0rc2's
+    patch_cudagraph applied, and a runner class holding 0.30.0rc2's own
+    NPUModelRunner._determine_batch_execution_and_padding over
+    _RunnerFields (the rest of the runner is not ported: per-width graphs
+    are not routed on this pin)."""
+    from vllm.compilation.cuda_graph import CUDAGraphStat
+    from vllm.config import CUDAGraphMode
+    from vllm.forward_context import BatchDescriptor
+
+    from test_ascend_graphs import pinned_vllm_module
+
+    module = pinned_vllm_module(PIN_030, "vllm/v1/cudagraph_dispatcher.py")
+    patch = _sdist_file(PIN_030, "vllm_ascend/patch/worker/patch_cudagraph.py", tmp_path_factory)
+    namespace = dict(CUDAGraphMode=CUDAGraphMode, BatchDescriptor=BatchDescriptor)
+    exec(compile(_top_level(patch, "_create_padded_batch_descriptor"), str(patch), "exec"),
+         namespace)
+    module.CudagraphDispatcher._create_padded_batch_descriptor = \
+        namespace["_create_padded_batch_descriptor"]
+    runner = _sdist_file(PIN_030, "vllm_ascend/worker/model_runner_v1.py", tmp_path_factory)
+    methods = dict(np=np, torch=torch, CUDAGraphMode=CUDAGraphMode,
+                   BatchDescriptor=BatchDescriptor, CUDAGraphStat=CUDAGraphStat,
+                   enable_sp=lambda vllm_config=None: False,
+                   is_pd_decode_recompute_scheduler_enabled=lambda vllm_config=None: False)
+    exec(compile(_function(runner, "NPUModelRunner", "_determine_batch_execution_and_padding"),
+                 str(runner), "exec"), methods)
+    cls = type("NPUModelRunner", (_RunnerFields,), {
+        "_determine_batch_execution_and_padding":
+            methods["_determine_batch_execution_and_padding"], "use_dcp": False})
+    return module, cls
+
+
+@pytest.fixture
+def overlay_030(host_030, monkeypatch):
+    """vllm_ascend.vspec.width_graphs imported over vLLM 0.30's dispatcher and
+    the 0.30.0rc2 runner class (the acl_graph store is a stand-in: on 0.30
+    FIA's FULL graphs are UpdatableGraphs holding their own parameters)."""
+    module, cls = host_030
+    stand_ins = {
+        "vllm.v1.cudagraph_dispatcher": module,
+        "vllm_ascend.worker": types.ModuleType("vllm_ascend.worker"),
+        "vllm_ascend.worker.model_runner_v1": SimpleNamespace(NPUModelRunner=cls),
+        ACL_GRAPH: SimpleNamespace(_graph_params=None),
+    }
+    if not hasattr(sys.modules.get("vllm_ascend.utils"), "enable_sp"):
+        stand_ins["vllm_ascend.utils"] = SimpleNamespace(enable_sp=lambda vllm_config=None: False)
+    if "vllm_ascend.compilation" not in sys.modules:
+        stand_ins["vllm_ascend.compilation"] = types.ModuleType("vllm_ascend.compilation")
+    for name, stand_in in stand_ins.items():
+        monkeypatch.setitem(sys.modules, name, stand_in)
+    monkeypatch.delitem(sys.modules, "vllm_ascend.vspec.width_graphs", raising=False)
+    import vllm_ascend.vspec.width_graphs as width_graphs
+
+    yield width_graphs, cls
+    sys.modules.pop("vllm_ascend.vspec.width_graphs", None)
+
+
+@pytest.mark.parametrize("mode", ["FULL_AND_PIECEWISE", "FULL_DECODE_ONLY"])
+def test_on_0_30_the_width_dispatcher_gives_each_width_its_full_descriptor(overlay_030, mode):
+    """A probe for the second pin (not routed there: no patch 0004, no
+    host.toml model_runner): WidthDispatcher over vLLM 0.30's
+    CudagraphDispatcher, keys built as 0.30.0rc2's
+    _check_and_update_cudagraph_mode builds them, and 0.30.0rc2's own
+    uniform test and dispatch: a uniform step of every width gets that
+    width's FULL descriptor, 1 + K's and mixed steps the stock runner's."""
+    from vllm.config import CUDAGraphMode
+
+    width_graphs, cls = overlay_030
+    stock, ours = cls(_config(mode), "cpu"), width_graphs.VSpecNPUModelRunner(_config(mode), "cpu")
+    for runner in (stock, ours):
+        runner.cudagraph_dispatcher.initialize_cudagraph_keys(CUDAGraphMode[mode], 1 + K)
+    for width in range(1, K + 2):
+        mode_, descriptor = _step(ours, [width] * 3)
+        assert mode_ == CUDAGraphMode.FULL and descriptor.uniform, width
+        assert (descriptor.num_tokens, descriptor.num_reqs) == (4 * width, 4)
+    for batch in ([1 + K] * 3, [2, 5, 5], [40]):
+        assert _step(ours, batch) == _step(stock, batch), batch
+    assert _step(stock, [2] * 3)[0] != CUDAGraphMode.FULL
