@@ -46,9 +46,10 @@ of 1 + K's, priced over those sizes, admitted by the same rule. A step
 after a target step of width 1 + g drafts with g's graph when its gamma is
 at most g (keeping its first gamma drafts, as above), else exactly its
 gamma without a graph (PIECEWISE or eagerly: width_graphs.WidthDispatcher).
-Width 1 (gamma 0) pairs with no graph: its one draft pass would need a
-one-step graph at width 1's sizes, which gamma 1's store, keyed by (gamma,
-token count), shares token counts with.
+Width 1 (gamma 0) pairs with no graph: its one draft pass samples a row
+per token, while the host's dummy_run sizes a capture's rows by its steps
+(num_tokens // (steps + 1)), and a one-step graph at width 1's sizes would
+share gamma 1's store keys, (gamma, token count).
 
 What the per-width target graphs cost (the same assumption, not yet run on
 an NPU): one FULL target graph per request count of 1 + K's FULL graphs
