@@ -480,9 +480,10 @@ class VSpecConfig:
     without MLA, no encoder graphs and no sequence parallelism (flashcomm1);
     elsewhere the host's runner and the padding stay, with one start-up line
     naming why. Costs up to K more target decode graphs per capture size,
-    admitted within `ascend_width_graph_budget_mib`. At a step verifying
-    fewer than 1 + K the draft model runs PIECEWISE or eagerly (its graphs
-    are captured at 1 + K only). On vLLM-Ascend 0.30 the key has no effect
+    admitted within `ascend_width_graph_budget_mib`. After a step verifying
+    1 + g < 1 + K the draft model replays gamma g's draft graph, captured
+    at that width, when the step's gamma is 1 to g; any other gamma there
+    drafts PIECEWISE or eagerly. On vLLM-Ascend 0.30 the key has no effect
     (docs/design/ascend-per-width-target-graphs.md)."""
 
     ascend_width_graph_budget_mib: float = ranged(1024.0, 0.0)
