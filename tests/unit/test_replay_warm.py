@@ -149,3 +149,20 @@ def test_an_unknown_family_is_refused_naming_the_recordings_families(tmp_path, c
     assert replay_score(tmp_path, "--families", "easy,medium", "--output-dir", str(tmp_path / "o")) == 2
     err = capsys.readouterr().err
     assert "--families='easy,medium' is not allowed" in err and "easy, hard" in err
+
+
+def test_rounds_score_every_pass_after_the_warm_one_and_a_fixed_gamma_is_the_same_each_round():
+    rec = made_up(n=6)
+    shape = [sc.shapes(6, 12)["c8"]]
+    one = {r.policy: r for r in sc.score(rec, PROFILE, "", shape, policies=())}
+    three = {r.policy: r for r in sc.score(rec, PROFILE, "", shape, policies=(), warm=True,
+                                           rounds=3)}
+    # A fixed gamma learns nothing: three rounds take three times one round.
+    assert three["fixed-2"].tokens == 3 * one["fixed-2"].tokens
+    assert three["fixed-2"].seconds == pytest.approx(3 * one["fixed-2"].seconds)
+    assert three["fixed-2"].steps == 3 * one["fixed-2"].steps
+
+
+def test_rounds_below_one_are_refused_naming_the_option(tmp_path, capsys):
+    assert replay_score(tmp_path, "--rounds", "0") == 2
+    assert "--rounds=0 is not allowed: an integer >= 1" in capsys.readouterr().err

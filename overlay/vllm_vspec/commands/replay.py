@@ -95,6 +95,11 @@ def add_parser(subparsers) -> None:
                    help="score every contender on its second pass over each workload, its policy "
                         "keeping what the first taught it (a server that has served the load "
                         "before, or one started warm); default: a cold start")
+    s.add_argument("--rounds", type=int, default=1, metavar="N",
+                   help="score every contender on N passes over each workload in a row (after "
+                        "the --warm pass), its policy keeping what each taught it: a paired "
+                        "bench's rounds, each starting its requests together and draining at its "
+                        "end (`bench serve --repeats 8` after its warm-up round: --warm --rounds 8)")
     s.add_argument("--after", default=None, metavar="WORKLOAD",
                    help="every contender first serves this workload (one of "
                         f"{', '.join(shapes())}), untimed, and is scored on the next: a server "
@@ -282,6 +287,8 @@ def run_score(args: argparse.Namespace) -> int:
         raise UserError(f"--vspec={args.vspec!r} is not allowed: a JSON object ({exc})") from None
     if args.after is not None and args.after not in all_shapes:
         raise UserError(f"--after={args.after!r} is not allowed: one of {', '.join(all_shapes)}")
+    if args.rounds < 1:
+        raise UserError(f"--rounds={args.rounds} is not allowed: an integer >= 1")
     if args.policy_seeds < 1:
         raise UserError(f"--policy-seeds={args.policy_seeds} is not allowed: an integer >= 1")
     if args.noise < 0:
@@ -293,7 +300,7 @@ def run_score(args: argparse.Namespace) -> int:
     tty = sys.stderr.isatty()       # a progress line only where it redraws in place
     results = sc.score(rec, profile, str(costs), [all_shapes[n] for n in names], policies=policies,
                        vspec=vspec, gamma0_mode=args.gamma0_mode, noise=args.noise, seed=args.seed,
-                       policy_seeds=args.policy_seeds, warm=args.warm,
+                       policy_seeds=args.policy_seeds, warm=args.warm, rounds=args.rounds,
                        after=all_shapes[args.after] if args.after else None,
                        slow_start=slow_start, drift=drift,
                        progress=(lambda what: print(f"\r  scoring {what:<24}", end="",
@@ -305,6 +312,7 @@ def run_score(args: argparse.Namespace) -> int:
     print(f"replay of {args.recording} ({h['method']} K={rec.k}, {len(rec.requests)} requests), "
           f"costs {costs}, noise {args.noise}, seed {args.seed}"
           f"{', warm (second pass)' if args.warm else ''}"
+          f"{f', {args.rounds} rounds' if args.rounds > 1 else ''}"
           f"{f', after {args.after}' if args.after else ''}"
           f"{f', slow start {args.slow_start}' if args.slow_start else ''}"
           f"{f', host drift {args.drift}' if args.drift else ''}"
@@ -316,7 +324,8 @@ def run_score(args: argparse.Namespace) -> int:
     meta = {"recording": str(args.recording), "costs": str(costs), "method": h["method"],
             "k": rec.k, "noise": args.noise, "seed": args.seed, "gamma0_mode": args.gamma0_mode,
             "policies": policies, "workloads": names, "vspec": vspec,
-            "policy_seeds": args.policy_seeds, "warm": args.warm, "after": args.after,
+            "policy_seeds": args.policy_seeds, "warm": args.warm, "rounds": args.rounds,
+            "after": args.after,
             "slow_start": list(slow_start) if args.slow_start else None,
             "drift": list(drift) if args.drift else None, "families": args.families,
             "not_scorable": skipped}

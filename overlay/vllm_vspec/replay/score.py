@@ -312,7 +312,7 @@ def score(recording: Recording, profile: LatencyProfile, profile_path: str,
           workloads: Sequence[Shape], *, policies: Sequence[str] = DEFAULT_POLICIES,
           vspec: Mapping | None = None, gamma0_mode: str = "lazy", noise: float = 0.0,
           seed: int = 0, max_num_batched_tokens: int = 8192, policy_seeds: int = 1,
-          warm: bool = False, after: Shape | None = None,
+          warm: bool = False, after: Shape | None = None, rounds: int = 1,
           slow_start: tuple[float, int] = (1.0, 0), drift: tuple[float, float] = (0.0, 0.0),
           progress: Callable[[str], None] | None = None) -> list[SimResult]:
     """Every contender on every workload (see the module docstring); a
@@ -320,7 +320,11 @@ def score(recording: Recording, profile: LatencyProfile, profile_path: str,
     each seed's tokens/s (`SimResult.seed_tok_s`). `warm`: each contender
     is scored on its second pass over the workload, its policy keeping
     what the first taught it (a server that has served this load before,
-    or one started from a warm-start state). `after`: each contender first
+    or one started from a warm-start state). `rounds`: each contender serves
+    the workload that many times in a row (after the warm pass, if any),
+    keeping what it learnt, and is scored on them all (a paired bench's
+    rounds: every round starts its requests together and drains at its
+    end). `after`: each contender first
     serves that workload, untimed, and is scored on the next (a server
     that served, say, concurrency 1 before its load rose). Policies the
     recording cannot score (`unscorable`) are left out. `slow_start`
@@ -340,7 +344,9 @@ def score(recording: Recording, profile: LatencyProfile, profile_path: str,
             if progress:
                 progress(f"{shape.name} {name}")
             policy = factory(clock, seen)
-            for i, (wl_now, acc_now) in enumerate(before + [(wl, acc)] * (2 if warm else 1)):
+            passes = before + [(wl, acc)] * (int(warm) + rounds)
+            timed = []
+            for i, (wl_now, acc_now) in enumerate(passes):
                 result = simulate(wl_now, profile, policy, clock, name=name,
                                   max_gamma=recording.k,
                                   max_num_batched_tokens=max_num_batched_tokens,
@@ -350,7 +356,10 @@ def score(recording: Recording, profile: LatencyProfile, profile_path: str,
                                   admission=admission_of(policy, acc_now, max_num_batched_tokens),
                                   slow_start=slow_start if i == 0 else (1.0, 0),
                                   drift=HostDrift(*drift, seed + 2) if drift[0] > 0 else None)
-            return result
+                if i >= len(passes) - rounds:
+                    timed.append(result)
+            return replace(result, tokens=sum(r.tokens for r in timed),
+                           seconds=sum(r.seconds for r in timed), steps=sum(r.steps for r in timed))
         for name, factory in contenders(recording, profile, profile_path, wl, acc, policies,
                                         vspec, gamma0_mode):
             if name not in RANDOMISED or policy_seeds == 1:
