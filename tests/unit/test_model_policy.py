@@ -406,3 +406,19 @@ def test_a_prompt_arriving_where_the_model_would_not_draft_skips_the_drafter():
     assert policy.prefill_gamma(prefill, 2) == 0
     policy.reason = "recheck"
     assert policy.prefill_gamma(prefill, 2) == 2
+
+
+def test_prompts_arriving_after_a_drain_draft_no_deeper_than_the_model_would_for_their_batch():
+    # The last decision was a recheck at batch 1 (a drained batch's tail):
+    # the prompts that bring the batch back to 32 are not that recheck's
+    # steps, so their prefill step drafts what the model chooses at 32
+    # (gamma 0 here), not the gamma in force.
+    ctl, clock = controller(gamma0_mode="lazy")
+    serve_with_prompts(ctl, clock, (0.55, 0.3, 0.1, 0.05), 32, 600, random.Random(4), True)
+    policy = ctl.policy
+    policy.decide(BatchState(1, 8192, 300.0), 1, 0, 4, None)
+    policy.reason = "recheck"
+    arrivals = BatchState(32, 8192, 300.0, prefill_tokens=600)
+    assert policy.prefill_gamma(arrivals, 4) == 0
+    # In the recheck's own bucket the recheck keeps its gamma.
+    assert policy.prefill_gamma(BatchState(1, 8192, 300.0, prefill_tokens=600), 4) == 4

@@ -125,6 +125,7 @@ class ModelPolicy:
         self.runs = DraftingRuns()                  # decided drafting runs (a resume's catch-up)
         self.swept = 0
         self.reason = "sweep"                 # why the last decision was made (decide's reason)
+        self.decided_bucket = 0               # the batch bucket of the last decision
         self._priced: tuple | None = None     # (batch, gammas, fit) found priced last
         # (bucket, gamma) -> [decayed sum of the features of its steady
         # decided steps, of their ms, weight, observation count when last decayed]
@@ -260,6 +261,7 @@ class ModelPolicy:
     def decide(self, batch, bucket: int, lo: int, hi: int,
                previous: Arm | None) -> tuple[Arm, str]:
         arm, self.reason = self._decide(batch, bucket, lo, hi, previous)
+        self.decided_bucket = bucket_of(max(batch.num_reqs, 1))
         return arm, self.reason
 
     def _decide(self, batch, bucket: int, lo: int, hi: int,
@@ -394,16 +396,22 @@ class ModelPolicy:
         a sweep's or recheck's (drafting is not what follows: a lazy drafter
         skips the prompts, and pays for them only if its requests draft
         later; a cell being re-checked needs steady steps, which a catch-up
-        after a gamma-0 prefill is not); else `gamma`."""
+        after a gamma-0 prefill is not); where the step's batch is in
+        another bucket than the last decision's (prompts arriving after a
+        drain), never more than the model chooses for the step's batch,
+        whatever the gamma in force was for (a sweep or recheck there
+        gets no steady step from this batch); else `gamma`."""
         if not (gamma and self.lazy and self.prompt_tokens and self.swept):
             return gamma
         if self.cost.samples < MIN_SAMPLES:
             return gamma
         arms = list(self.space.arms(batch, 0, self.k))
         now = self.values(batch, arms, False)
-        if (self.reason in ("model", "probe")
-                and self.space.gamma(max(arms, key=lambda a: (now[a], -self.space.gamma(a)))) == 0):
-            return 0
+        elsewhere = self.decided_bucket != bucket_of(max(batch.num_reqs, 1))
+        if self.reason in ("model", "probe") or elsewhere:
+            best = self.space.gamma(max(arms, key=lambda a: (now[a], -self.space.gamma(a))))
+            if best < gamma and (best == 0 or elsewhere):
+                return best
         b = max(batch.num_reqs, 1)
         key = (b, self.cost.fits)
         if key == self._prompt_known:
