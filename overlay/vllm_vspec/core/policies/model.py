@@ -236,7 +236,7 @@ class ModelPolicy:
         theta = self.cost.fit()
         v = self.values(batch, arms, False, resuming)
         best = max(v.values())
-        top = self.space.gamma(max(arms, key=lambda a: (v[a], -self.space.gamma(a))))
+        top = self.space.gamma(self._best(v))
         # A cell run before is re-checked only next to the gamma priced best
         # (the value is unimodal in gamma: a better gamma further away means
         # a better one next to it).
@@ -261,8 +261,12 @@ class ModelPolicy:
     def decide(self, batch, bucket: int, lo: int, hi: int,
                previous: Arm | None) -> tuple[Arm, str]:
         arm, self.reason = self._decide(batch, bucket, lo, hi, previous)
-        self.decided_bucket = bucket_of(max(batch.num_reqs, 1))
+        self.decided_bucket = bucket
         return arm, self.reason
+
+    def _best(self, values: dict) -> Arm:
+        """The arm of the highest value, ties to the smaller gamma."""
+        return max(values, key=lambda a: (values[a], -self.space.gamma(a)))
 
     def _decide(self, batch, bucket: int, lo: int, hi: int,
                 previous: Arm | None) -> tuple[Arm, str]:
@@ -280,7 +284,7 @@ class ModelPolicy:
             if recheck is not None:
                 return recheck, "recheck"
         v = self.values(batch, arms, self.thompson, resuming)
-        return max(arms, key=lambda a: (v[a], -self.space.gamma(a))), "model"
+        return self._best(v), "model"
 
     def explain(self, batch, lo: int, hi: int) -> dict:
         """For the trace: per gamma, the committed tokens per ms the model
@@ -409,7 +413,7 @@ class ModelPolicy:
         now = self.values(batch, arms, False)
         elsewhere = self.decided_bucket != bucket_of(max(batch.num_reqs, 1))
         if self.reason in ("model", "probe") or elsewhere:
-            best = self.space.gamma(max(arms, key=lambda a: (now[a], -self.space.gamma(a))))
+            best = self.space.gamma(self._best(now))
             if best < gamma and (best == 0 or elsewhere):
                 return best
         b = max(batch.num_reqs, 1)
