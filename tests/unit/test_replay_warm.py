@@ -161,6 +161,8 @@ def test_rounds_score_every_pass_after_the_warm_one_and_a_fixed_gamma_is_the_sam
     assert three["fixed-2"].tokens == 3 * one["fixed-2"].tokens
     assert three["fixed-2"].seconds == pytest.approx(3 * one["fixed-2"].seconds)
     assert three["fixed-2"].steps == 3 * one["fixed-2"].steps
+    assert three["fixed-2"].gamma_steps == {g: 3 * n for g, n in one["fixed-2"].gamma_steps.items()}
+    assert len(three["fixed-2"].timeline) == 3 * len(one["fixed-2"].timeline)
 
 
 def test_rounds_below_one_are_refused_naming_the_option(tmp_path, capsys):

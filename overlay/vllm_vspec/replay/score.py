@@ -38,6 +38,7 @@ on the recording's mean acceptance), the vspec policies, and two oracles:
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
@@ -359,7 +360,9 @@ def score(recording: Recording, profile: LatencyProfile, profile_path: str,
                 if i >= len(passes) - rounds:
                     timed.append(result)
             return replace(result, tokens=sum(r.tokens for r in timed),
-                           seconds=sum(r.seconds for r in timed), steps=sum(r.steps for r in timed))
+                           seconds=sum(r.seconds for r in timed), steps=sum(r.steps for r in timed),
+                           gamma_steps=dict(sum((Counter(r.gamma_steps) for r in timed), Counter())),
+                           timeline=[point for r in timed for point in r.timeline])
         for name, factory in contenders(recording, profile, profile_path, wl, acc, policies,
                                         vspec, gamma0_mode):
             if name not in RANDOMISED or policy_seeds == 1:
