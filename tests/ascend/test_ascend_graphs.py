@@ -54,6 +54,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable
 
+import numpy as np
 import pytest
 import torch
 
@@ -764,6 +765,38 @@ def pinned_vllm_module(host: str | None, path: str) -> types.ModuleType:
     module = types.ModuleType(f"pinned_vllm_{path.replace('/', '_')[:-3]}")
     exec(compile(zipfile.ZipFile(wheel).read(path).decode(), path, "exec"), module.__dict__)
     return module
+
+
+def sdist_file(version: str, member: str, tmp_path_factory) -> Path:
+    """A file of a pin's vLLM-Ascend sdist (hash-checked), written out."""
+    import tarfile
+
+    from vllm_vspec.tools.ascend_build import common
+
+    _, pins = common.load_pins()
+    pin = pins[version]
+    with tarfile.open(common.fetch_sdist(pin, CACHE)) as sdist:
+        text = sdist.extractfile(f"vllm_ascend-{pin.version}/{member}").read().decode()
+    path = tmp_path_factory.mktemp(f"host-{version}") / Path(member).name
+    path.write_text(text)
+    return path
+
+
+def host_batch_padding(runner_path: Path):
+    """NPUModelRunner._determine_batch_execution_and_padding from a pin's
+    model_runner_v1.py, executed with its module globals: vLLM's graph types
+    and numpy/torch, the sequence-parallel and PD-recompute switches off."""
+    from vllm.compilation.cuda_graph import CUDAGraphStat
+    from vllm.config import CUDAGraphMode
+    from vllm.forward_context import BatchDescriptor
+
+    namespace = dict(np=np, torch=torch, CUDAGraphMode=CUDAGraphMode,
+                     BatchDescriptor=BatchDescriptor, CUDAGraphStat=CUDAGraphStat,
+                     enable_sp=lambda vllm_config=None: False,
+                     is_pd_decode_recompute_scheduler_enabled=lambda vllm_config=None: False)
+    exec(compile(_function(runner_path, "NPUModelRunner", "_determine_batch_execution_and_padding"),
+                 str(runner_path), "exec"), namespace)
+    return namespace["_determine_batch_execution_and_padding"]
 
 
 @pytest.fixture(scope="module")

@@ -24,15 +24,13 @@ default (`ascend_verify_width_graphs`; tests/ascend/test_width_graphs.py).
 
 from __future__ import annotations
 
-import tarfile
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
-from test_ascend_graphs import CACHE, _function, host_dispatcher, pinned_vllm_module
+from test_ascend_graphs import host_batch_padding, host_dispatcher, pinned_vllm_module, sdist_file
 
 PINS = ("0.23.0.post1", "0.30.0rc2")
 K = 4
@@ -44,29 +42,11 @@ REQUESTS = 4
 @pytest.fixture(scope="module", params=PINS)
 def host(request, tmp_path_factory):
     """(pin, the host's _determine_batch_execution_and_padding, its vLLM's dispatcher)."""
-    from vllm.compilation.cuda_graph import CUDAGraphStat
-    from vllm.config import CUDAGraphMode
-    from vllm.forward_context import BatchDescriptor
-
-    from vllm_vspec.tools.ascend_build import common
-
-    _, pins = common.load_pins()
-    pin = pins[request.param]
-    member = f"vllm_ascend-{pin.version}/vllm_ascend/worker/model_runner_v1.py"
-    with tarfile.open(common.fetch_sdist(pin, CACHE)) as sdist:
-        text = sdist.extractfile(member).read().decode()
-    path = tmp_path_factory.mktemp(f"runner-{pin.version}") / "model_runner_v1.py"
-    path.write_text(text)
-    namespace = dict(np=np, torch=torch, CUDAGraphMode=CUDAGraphMode,
-                     BatchDescriptor=BatchDescriptor, CUDAGraphStat=CUDAGraphStat,
-                     enable_sp=lambda vllm_config=None: False,
-                     is_pd_decode_recompute_scheduler_enabled=lambda vllm_config=None: False)
-    exec(compile(_function(path, "NPUModelRunner", "_determine_batch_execution_and_padding"),
-                 str(path), "exec"), namespace)
-    dispatcher_cls = pinned_vllm_module(pin.version,
+    version = request.param
+    path = sdist_file(version, "vllm_ascend/worker/model_runner_v1.py", tmp_path_factory)
+    dispatcher_cls = pinned_vllm_module(version,
                                         "vllm/v1/cudagraph_dispatcher.py").CudagraphDispatcher
-    return SimpleNamespace(version=pin.version,
-                           method=namespace["_determine_batch_execution_and_padding"],
+    return SimpleNamespace(version=version, method=host_batch_padding(path),
                            dispatcher=host_dispatcher(dispatcher_cls, K, MAX_NUM_SEQS,
                                                       CAPTURE_SIZES))
 

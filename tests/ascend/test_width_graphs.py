@@ -38,7 +38,6 @@ import contextlib
 import sys
 import types
 import zipfile
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -294,10 +293,20 @@ def overlay(dispatcher_module, host_runner_cls, monkeypatch):
         # No graph-parameter store (test_ascend_graphs' `host` fixture gives the host's).
         acl_graph = SimpleNamespace(_graph_params=None, set_graph_params=lambda sizes: None,
                                     set_draft_graph_params=lambda sizes: None)
+    width_graphs = _import_width_graphs(monkeypatch, dispatcher_module, host_runner_cls, acl_graph)
+    FORWARD_CONTEXT.clear()
+    yield width_graphs
+    sys.modules.pop("vllm_ascend.vspec.width_graphs", None)
+
+
+def _import_width_graphs(monkeypatch, dispatcher_module, runner_cls, acl_graph):
+    """vllm_ascend.vspec.width_graphs imported afresh over this host: its
+    vLLM dispatcher module, its NPUModelRunner class and an acl_graph
+    module (the host's modules the overlay imports; the rest stand-ins)."""
     stand_ins = {
         "vllm.v1.cudagraph_dispatcher": dispatcher_module,
         "vllm_ascend.worker": types.ModuleType("vllm_ascend.worker"),
-        "vllm_ascend.worker.model_runner_v1": SimpleNamespace(NPUModelRunner=host_runner_cls),
+        "vllm_ascend.worker.model_runner_v1": SimpleNamespace(NPUModelRunner=runner_cls),
         ACL_GRAPH: acl_graph,
     }
     if not hasattr(sys.modules.get("vllm_ascend.utils"), "enable_sp"):
@@ -309,9 +318,7 @@ def overlay(dispatcher_module, host_runner_cls, monkeypatch):
     monkeypatch.delitem(sys.modules, "vllm_ascend.vspec.width_graphs", raising=False)
     import vllm_ascend.vspec.width_graphs as width_graphs
 
-    FORWARD_CONTEXT.clear()
-    yield width_graphs
-    sys.modules.pop("vllm_ascend.vspec.width_graphs", None)
+    return width_graphs
 
 
 def _config(mode: str = "FULL_AND_PIECEWISE", data_parallel_size: int = 1,
@@ -1069,21 +1076,6 @@ def test_a_step_after_a_width_replays_that_widths_draft_graph(host, overlay):
 PIN_030 = "0.30.0rc2"
 
 
-def _sdist_file(version: str, member: str, tmp_path_factory) -> Path:
-    """A file of a pin's vLLM-Ascend sdist (hash-checked), written out."""
-    import tarfile
-
-    from vllm_vspec.tools.ascend_build import common
-
-    _, pins = common.load_pins()
-    pin = pins[version]
-    with tarfile.open(common.fetch_sdist(pin, CACHE)) as sdist:
-        text = sdist.extractfile(f"vllm_ascend-{pin.version}/{member}").read().decode()
-    path = tmp_path_factory.mktemp(f"host-{version}") / Path(member).name
-    path.write_text(text)
-    return path
-
-
 @pytest.fixture(scope="module")
 def host_030(tmp_path_factory):
     """vLLM 0.30's cudagraph_dispatcher module with vLLM-Ascend 0.30.0rc2's
@@ -1091,29 +1083,21 @@ def host_030(tmp_path_factory):
     NPUModelRunner._determine_batch_execution_and_padding over
     _RunnerFields (the rest of the runner is not ported: per-width graphs
     are not routed on this pin)."""
-    from vllm.compilation.cuda_graph import CUDAGraphStat
     from vllm.config import CUDAGraphMode
     from vllm.forward_context import BatchDescriptor
 
-    from test_ascend_graphs import pinned_vllm_module
+    from test_ascend_graphs import host_batch_padding, pinned_vllm_module, sdist_file
 
     module = pinned_vllm_module(PIN_030, "vllm/v1/cudagraph_dispatcher.py")
-    patch = _sdist_file(PIN_030, "vllm_ascend/patch/worker/patch_cudagraph.py", tmp_path_factory)
+    patch = sdist_file(PIN_030, "vllm_ascend/patch/worker/patch_cudagraph.py", tmp_path_factory)
     namespace = dict(CUDAGraphMode=CUDAGraphMode, BatchDescriptor=BatchDescriptor)
     exec(compile(_top_level(patch, "_create_padded_batch_descriptor"), str(patch), "exec"),
          namespace)
     module.CudagraphDispatcher._create_padded_batch_descriptor = \
         namespace["_create_padded_batch_descriptor"]
-    runner = _sdist_file(PIN_030, "vllm_ascend/worker/model_runner_v1.py", tmp_path_factory)
-    methods = dict(np=np, torch=torch, CUDAGraphMode=CUDAGraphMode,
-                   BatchDescriptor=BatchDescriptor, CUDAGraphStat=CUDAGraphStat,
-                   enable_sp=lambda vllm_config=None: False,
-                   is_pd_decode_recompute_scheduler_enabled=lambda vllm_config=None: False)
-    exec(compile(_function(runner, "NPUModelRunner", "_determine_batch_execution_and_padding"),
-                 str(runner), "exec"), methods)
+    runner = sdist_file(PIN_030, "vllm_ascend/worker/model_runner_v1.py", tmp_path_factory)
     cls = type("NPUModelRunner", (_RunnerFields,), {
-        "_determine_batch_execution_and_padding":
-            methods["_determine_batch_execution_and_padding"], "use_dcp": False})
+        "_determine_batch_execution_and_padding": host_batch_padding(runner), "use_dcp": False})
     return module, cls
 
 
@@ -1123,22 +1107,7 @@ def overlay_030(host_030, monkeypatch):
     the 0.30.0rc2 runner class (the acl_graph store is a stand-in: on 0.30
     FIA's FULL graphs are UpdatableGraphs holding their own parameters)."""
     module, cls = host_030
-    stand_ins = {
-        "vllm.v1.cudagraph_dispatcher": module,
-        "vllm_ascend.worker": types.ModuleType("vllm_ascend.worker"),
-        "vllm_ascend.worker.model_runner_v1": SimpleNamespace(NPUModelRunner=cls),
-        ACL_GRAPH: SimpleNamespace(_graph_params=None),
-    }
-    if not hasattr(sys.modules.get("vllm_ascend.utils"), "enable_sp"):
-        stand_ins["vllm_ascend.utils"] = SimpleNamespace(enable_sp=lambda vllm_config=None: False)
-    if "vllm_ascend.compilation" not in sys.modules:
-        stand_ins["vllm_ascend.compilation"] = types.ModuleType("vllm_ascend.compilation")
-    for name, stand_in in stand_ins.items():
-        monkeypatch.setitem(sys.modules, name, stand_in)
-    monkeypatch.delitem(sys.modules, "vllm_ascend.vspec.width_graphs", raising=False)
-    import vllm_ascend.vspec.width_graphs as width_graphs
-
-    yield width_graphs, cls
+    yield _import_width_graphs(monkeypatch, module, cls, SimpleNamespace(_graph_params=None)), cls
     sys.modules.pop("vllm_ascend.vspec.width_graphs", None)
 
 
