@@ -228,8 +228,10 @@ class StepGammaProposer(VSpecAscendProposer):
         drafted, pairing = steps, contextlib.nullcontext()
         if plan is not None and narrow is None:
             drafted = plan.drafted(steps)
-        elif plan is not None and plan.paired(steps, narrow) is not None:
-            drafted, pairing = plan.paired(steps, narrow), dispatcher.pairing_draft()
+        elif plan is not None:
+            paired = plan.paired(steps, narrow)
+            if paired is not None:
+                drafted, pairing = paired, dispatcher.pairing_draft()
         with self._drafting(drafted), pairing:
             draft = self.drafting.propose(
                 lambda: super(StepGammaProposer, self)._propose(**kwargs), kwargs, gamma)
