@@ -402,8 +402,10 @@ def test_a_prompt_arriving_where_the_model_would_not_draft_skips_the_drafter():
     serve_with_prompts(ctl, clock, (0.55, 0.3, 0.1, 0.05), 32, 600, random.Random(4), True)
     policy = ctl.policy
     prefill = BatchState(32, 8192, 300.0, prefill_tokens=600)
+    policy.decide(BatchState(32, 8192, 300.0), 32, 0, 4, None)
     policy.reason = "probe"
     assert policy.prefill_gamma(prefill, 2) == 0
+    policy.decide(BatchState(32, 8192, 300.0), 32, 0, 4, None)
     policy.reason = "recheck"
     assert policy.prefill_gamma(prefill, 2) == 2
 
@@ -421,4 +423,25 @@ def test_prompts_arriving_after_a_drain_draft_no_deeper_than_the_model_would_for
     arrivals = BatchState(32, 8192, 300.0, prefill_tokens=600)
     assert policy.prefill_gamma(arrivals, 4) == 0
     # In the recheck's own bucket the recheck keeps its gamma.
+    policy.decide(BatchState(1, 8192, 300.0), 1, 0, 4, None)
+    policy.reason = "recheck"
     assert policy.prefill_gamma(BatchState(1, 8192, 300.0, prefill_tokens=600), 4) == 4
+
+
+def test_a_recheck_drafts_two_prefill_steps_in_a_row_then_no_deeper_than_the_model_would():
+    # At batch 4 the model chooses gamma 3 (at its means). A recheck of
+    # gamma 4 needs a steady decided step, which needs the step before it
+    # at gamma 4: the first RECHECK_PREFILLS (2) prefill steps after the
+    # decision keep 4, but a longer run of arrivals teaches the cell
+    # nothing, so its later prefill steps draft what the model chooses; a
+    # gamma the model itself chose stays in force through them.
+    ctl, clock = controller(gamma0_mode="lazy")
+    serve_with_prompts(ctl, clock, (0.8, 0.6, 0.4, 0.2), 4, 600, random.Random(4), True)
+    policy = ctl.policy
+    arrivals = BatchState(4, 8192, 300.0, prefill_tokens=600)
+    policy.decide(BatchState(4, 8192, 300.0), 4, 0, 4, None)
+    policy.reason = "recheck"
+    assert [policy.prefill_gamma(arrivals, 4) for _ in range(4)] == [4, 4, 3, 3]
+    policy.decide(BatchState(4, 8192, 300.0), 4, 0, 4, None)
+    policy.reason = "model"
+    assert [policy.prefill_gamma(arrivals, 4) for _ in range(4)] == [4, 4, 4, 4]

@@ -97,6 +97,14 @@ RECHECK_STEPS = 0.5
 # of the prediction (or of the mean step fitted, if smaller) is run before
 # the model chooses (decide's "probe").
 PROBE_SPREAD = 0.5
+# Prefill steps in a row that a sweep's or recheck's gamma stays in force
+# through (prefill_gamma). A re-checked cell needs a steady decided step,
+# whose step before ran its gamma: where arrivals come one or two between
+# decided steps, they keep it, else the recheck would never get one; a
+# longer run of arrivals (a wave of requests finishing together) drafts
+# no deeper than the model's choice after these, and costs the recheck
+# one catch-up step instead of drafting through the wave.
+RECHECK_PREFILLS = 2
 
 
 class ModelPolicy:
@@ -126,6 +134,7 @@ class ModelPolicy:
         self.swept = 0
         self.reason = "sweep"                 # why the last decision was made (decide's reason)
         self.decided_bucket = 0               # the batch bucket of the last decision
+        self.prefills = 0                     # prefill steps since the last decision
         self._priced: tuple | None = None     # (batch, gammas, fit) found priced last
         # (bucket, gamma) -> [decayed sum of the features of its steady
         # decided steps, of their ms, weight, observation count when last decayed]
@@ -261,7 +270,7 @@ class ModelPolicy:
     def decide(self, batch, bucket: int, lo: int, hi: int,
                previous: Arm | None) -> tuple[Arm, str]:
         arm, self.reason = self._decide(batch, bucket, lo, hi, previous)
-        self.decided_bucket = bucket
+        self.decided_bucket, self.prefills = bucket, 0
         return arm, self.reason
 
     def _best(self, values: dict) -> Arm:
@@ -396,15 +405,18 @@ class ModelPolicy:
         that a prompt's cost without the drafter is measured (a lazy drafter
         catches the prompt up when it next drafts; the step's requests
         verify nothing next step); 0 also where the model, at its means,
-        chooses gamma 0 for the step's batch and the gamma in force is not
-        a sweep's or recheck's (drafting is not what follows: a lazy drafter
+        chooses gamma 0 for the step's batch and the gamma in force is not a
+        sweep's or recheck's (drafting is not what follows: a lazy drafter
         skips the prompts, and pays for them only if its requests draft
-        later; a cell being re-checked needs steady steps, which a catch-up
-        after a gamma-0 prefill is not); where the step's batch is in
-        another bucket than the last decision's (prompts arriving after a
-        drain), never more than the model chooses for the step's batch,
-        whatever the gamma in force was for (a sweep or recheck there
-        gets no steady step from this batch); else `gamma`."""
+        later); no deeper than the model chooses for the step's batch where
+        the gamma in force is a sweep's or recheck's and RECHECK_PREFILLS
+        prefill steps ran since it was decided (a cell being re-checked
+        needs a steady decided step, which a catch-up after a gamma-0
+        prefill is not, but a prefill step teaches the cell nothing:
+        drafting through a whole run of arrivals would pay for nothing), or
+        where the step's batch is in another bucket than the last
+        decision's (prompts arriving after a drain); else `gamma`."""
+        self.prefills += 1
         if not (gamma and self.lazy and self.prompt_tokens and self.swept):
             return gamma
         if self.cost.samples < MIN_SAMPLES:
@@ -412,10 +424,13 @@ class ModelPolicy:
         arms = list(self.space.arms(batch, 0, self.k))
         now = self.values(batch, arms, False)
         elsewhere = self.decided_bucket != bucket_of(max(batch.num_reqs, 1))
-        if self.reason in ("model", "probe") or elsewhere:
-            best = self.space.gamma(self._best(now))
-            if best < gamma and (best == 0 or elsewhere):
-                return best
+        best = self.space.gamma(self._best(now))
+        if self.reason in ("recheck", "sweep"):
+            capped = self.prefills > RECHECK_PREFILLS
+        else:
+            capped = best == 0
+        if best < gamma and (capped or elsewhere):
+            return best
         b = max(batch.num_reqs, 1)
         key = (b, self.cost.fits)
         if key == self._prompt_known:
