@@ -431,20 +431,20 @@ class VSpecConfig:
     scheduler steps, however few others wait."""
 
     ascend_draft_full_graph: bool = True
-    """vLLM-Ascend 0.23 only (not yet run on NPU): keep the draft model's
-    full ACL graph under dynamic gamma, as stock vLLM-Ascend keeps its one
-    K-step graph: one graph captured per gamma 1..K through the host's
-    capture path, with the host's draft graph-parameter store keyed by
-    (gamma, token count) so each gamma's replay reads its own parameters
-    (docs/ascend.md, "ACL graphs"). false: the draft model runs eagerly
+    """vLLM-Ascend (not yet run on NPU): keep the draft model's full ACL
+    graph under dynamic gamma, as stock vLLM-Ascend keeps its one K-step
+    graph: one graph captured per gamma 1..K through the host's capture
+    path, each sampling the K-wide batch descriptor's rows, and each
+    gamma's replay reading its own parameters (0.23: the host's draft
+    graph-parameter store keyed by (gamma, token count); 0.30: FIA's
+    graphs hold their own, other backends' store keyed as on 0.23;
+    docs/ascend.md, "ACL graphs"). false: the draft model runs eagerly
     while vspec drives it (the target keeps its graphs), which costs every
-    draft pass its launch overhead. On vLLM-Ascend 0.30 the key has no
-    effect: vspec's draft model always runs eagerly there (no per-gamma
-    draft graphs are built). Not with `draft_active_vocab_ids` (set this
-    false for it)."""
+    draft pass its launch overhead. Not with `draft_active_vocab_ids` (set
+    this false for it)."""
 
     ascend_draft_graph_budget_mib: float = ranged(1024.0, 0.0)
-    """vLLM-Ascend 0.23 with `ascend_draft_full_graph` (not yet run on NPU):
+    """vLLM-Ascend with `ascend_draft_full_graph` (not yet run on NPU):
     the most device memory, in MiB, the draft graphs of gammas below K may
     take beyond the K-step graphs stock captures, as estimated at capture
     from the capture sizes and the draft's attention layers (an estimate,

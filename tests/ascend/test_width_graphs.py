@@ -1076,17 +1076,13 @@ def test_a_step_after_a_width_replays_that_widths_draft_graph(host, overlay):
 PIN_030 = "0.30.0rc2"
 
 
-@pytest.fixture(scope="module")
-def host_030(tmp_path_factory):
+def dispatcher_module_030(tmp_path_factory):
     """vLLM 0.30's cudagraph_dispatcher module with vLLM-Ascend 0.30.0rc2's
-    patch_cudagraph applied, and a runner class holding 0.30.0rc2's own
-    NPUModelRunner._determine_batch_execution_and_padding over
-    _RunnerFields (the rest of the runner is not ported: per-width graphs
-    are not routed on this pin)."""
+    patch_cudagraph (`_create_padded_batch_descriptor`) applied."""
     from vllm.config import CUDAGraphMode
     from vllm.forward_context import BatchDescriptor
 
-    from test_ascend_graphs import host_batch_padding, pinned_vllm_module, sdist_file
+    from test_ascend_graphs import pinned_vllm_module, sdist_file
 
     module = pinned_vllm_module(PIN_030, "vllm/v1/cudagraph_dispatcher.py")
     patch = sdist_file(PIN_030, "vllm_ascend/patch/worker/patch_cudagraph.py", tmp_path_factory)
@@ -1095,6 +1091,19 @@ def host_030(tmp_path_factory):
          namespace)
     module.CudagraphDispatcher._create_padded_batch_descriptor = \
         namespace["_create_padded_batch_descriptor"]
+    return module
+
+
+@pytest.fixture(scope="module")
+def host_030(tmp_path_factory):
+    """vLLM 0.30's cudagraph_dispatcher module with vLLM-Ascend 0.30.0rc2's
+    patch_cudagraph applied, and a runner class holding 0.30.0rc2's own
+    NPUModelRunner._determine_batch_execution_and_padding over
+    _RunnerFields (the rest of the runner is not ported: per-width graphs
+    are not routed on this pin)."""
+    from test_ascend_graphs import host_batch_padding, sdist_file
+
+    module = dispatcher_module_030(tmp_path_factory)
     runner = sdist_file(PIN_030, "vllm_ascend/worker/model_runner_v1.py", tmp_path_factory)
     cls = type("NPUModelRunner", (_RunnerFields,), {
         "_determine_batch_execution_and_padding": host_batch_padding(runner), "use_dcp": False})

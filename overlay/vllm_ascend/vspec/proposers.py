@@ -91,6 +91,66 @@ def run_draft_eagerly(proposer: Any, maybe_eager_context: Callable[[Any], Any]) 
         proposer.maybe_eager_context = maybe_eager_context(proposer.vllm_config)
 
 
+def capture_pass(kwargs: Mapping[str, Any], use_cuda_graph: bool) -> bool:
+    """Whether the host's dummy_run, called with `kwargs` (the runner passes
+    every argument by keyword), captures the draft's FULL graph."""
+    mode = kwargs.get("aclgraph_runtime_mode", CUDAGraphMode.NONE)
+    return bool(kwargs.get("in_graph_capturing", False) and not kwargs.get("is_profile", False)
+                and mode != CUDAGraphMode.NONE and use_cuda_graph)
+
+
+def gamma_wrappers(host: Any, runnable_of: Callable[[int], Any], max_gamma: int,
+                   vllm_config: Any) -> Mapping[int, Any]:
+    """gamma -> an ACLGraphWrapper like the host's `host` (its runtime mode,
+    use_eagle and enable_enpu) around `runnable_of(gamma)`, for gammas
+    1..max_gamma-1; none when the host kept no graph wrapper."""
+    if not isinstance(host, ACLGraphWrapper):
+        return MappingProxyType({})
+    return MappingProxyType({
+        g: ACLGraphWrapper(runnable_of(g), vllm_config, runtime_mode=host.runtime_mode,
+                           use_eagle=host.use_eagle, enable_enpu=host.enable_enpu)
+        for g in range(1, max_gamma)})
+
+
+def check_capture_rows(proposer: Any, gamma: int, kwargs: Mapping[str, Any]) -> None:
+    """Refuse to capture gamma's draft graph if it would sample more rows
+    than max_num_seqs: the runner copies a step's draft rows into a buffer
+    of max_num_seqs rows (NPUModelRunner's max_num_reqs), so such a graph
+    could never replay correctly. The rows are the ones the host's
+    dummy_run passes its runnable (`batch_size`), at the capture size it
+    passes (`num_input_tokens`)."""
+    rows = kwargs.get("batch_size")
+    limit = proposer.vllm_config.scheduler_config.max_num_seqs
+    if rows is not None and rows > limit:
+        raise ValueError(
+            f"vspec: the draft graph of gamma {gamma} at capture size "
+            f"{kwargs.get('num_input_tokens')} tokens would sample {rows} rows, more than "
+            f"max_num_seqs={limit} (allowed: at most max_num_seqs rows, i.e. capture sizes "
+            f"of at most max_num_seqs x (1 + {proposer.max_num_speculative_tokens}) tokens); "
+            "lower max_cudagraph_capture_size, raise --max-num-seqs, or run the draft "
+            "eagerly with --additional-config "
+            "'{\"vspec\": {\"ascend_draft_full_graph\": false}}'")
+
+
+def plan_draft_graphs(proposer: Any,
+                      own_width_sizes: dict[int, list[int]]) -> graph_budget.DraftGraphPlan:
+    """At the first capture (the runner's dispatcher keys are final): which
+    gammas below K get a graph within `ascend_draft_graph_budget_mib`
+    (graph_budget.py); the skipped ones lose their wrapper
+    (`_vspec_runnables`), and one start-up line says so."""
+    settings = vspec_settings(proposer.vllm_config)
+    budget = (VSpecConfig.ascend_draft_graph_budget_mib if settings is None
+              else settings.ascend_draft_graph_budget_mib)
+    plan = graph_budget.plan(proposer.max_num_speculative_tokens,
+                             graph_budget.full_capture_sizes(proposer.runner),
+                             len(getattr(proposer, "attn_layer_names", None) or ()), budget,
+                             own_width_sizes)
+    proposer._vspec_runnables = MappingProxyType(
+        {g: w for g, w in proposer._vspec_runnables.items() if g in plan.kept})
+    (logger.warning if plan.skipped else logger.info)("%s", plan.line())
+    return plan
+
+
 class StepGammaProposer(VSpecAscendProposer):
     """Per-step gamma on top of AscendSpecDecodeBaseProposer (vLLM-Ascend
     0.23), with vspec's drafter options (drafting.py). The first base of
@@ -161,34 +221,14 @@ class StepGammaProposer(VSpecAscendProposer):
     # merged draft in a full graph, add one wrapper per smaller gamma.
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         super().load_model(*args, **kwargs)
-        host = self._vspec_max_runnable
-        if not isinstance(host, ACLGraphWrapper):
-            return
-        self._vspec_runnables = {
-            g: ACLGraphWrapper(functools.partial(self._draft_steps, g), self.vllm_config,
-                               runtime_mode=host.runtime_mode,
-                               use_eagle=host.use_eagle, enable_enpu=host.enable_enpu)
-            for g in range(1, self.max_num_speculative_tokens)
-        }
+        self._vspec_runnables = gamma_wrappers(
+            self._vspec_max_runnable, lambda g: functools.partial(self._draft_steps, g),
+            self.max_num_speculative_tokens, self.vllm_config)
 
     def _check_capture_rows(self, gamma: int, runnable: Any, *args: Any, **kwargs: Any) -> Any:
-        """Capture gamma's draft graph through `runnable` unless it would
-        sample more rows than max_num_seqs: the runner copies a step's draft
-        rows into a buffer of max_num_seqs rows (NPUModelRunner's
-        max_num_reqs), so such a graph could never replay correctly. The
-        rows are the ones the host's dummy_run passes (`batch_size`), at the
-        capture size it passes (`num_input_tokens`)."""
-        rows = kwargs.get("batch_size")
-        limit = self.vllm_config.scheduler_config.max_num_seqs
-        if rows is not None and rows > limit:
-            raise ValueError(
-                f"vspec: the draft graph of gamma {gamma} at capture size "
-                f"{kwargs.get('num_input_tokens')} tokens would sample {rows} rows, more than "
-                f"max_num_seqs={limit} (allowed: at most max_num_seqs rows, i.e. capture sizes "
-                f"of at most max_num_seqs x (1 + {self.max_num_speculative_tokens}) tokens); "
-                "lower max_cudagraph_capture_size, raise --max-num-seqs, or run the draft "
-                "eagerly with --additional-config "
-                "'{\"vspec\": {\"ascend_draft_full_graph\": false}}'")
+        """Capture gamma's draft graph through `runnable` once its rows are
+        checked (check_capture_rows)."""
+        check_capture_rows(self, gamma, kwargs)
         return runnable(*args, **kwargs)
 
     def _draft_steps(self, gamma: int, *args: Any, **kwargs: Any) -> Any:
@@ -251,11 +291,8 @@ class StepGammaProposer(VSpecAscendProposer):
     # width 1 + g of its own (pairing_capture) runs it at g instead, for g's
     # graph only: that width's descriptor rows, g steps.
     def dummy_run(self, *args: Any, **kwargs: Any) -> None:
-        mode = kwargs.get("aclgraph_runtime_mode", CUDAGraphMode.NONE)
-        capturing = (kwargs.get("in_graph_capturing", False) and not kwargs.get("is_profile", False)
-                     and mode != CUDAGraphMode.NONE and self.use_cuda_graph)
         width_gamma = self._vspec_width_gamma
-        if not capturing:
+        if not capture_pass(kwargs, self.use_cuda_graph):
             with self._drafting(width_gamma):
                 super().dummy_run(*args, **kwargs)
             return
@@ -297,19 +334,9 @@ class StepGammaProposer(VSpecAscendProposer):
         """At the first capture (the runner's dispatcher keys are final):
         which gammas below K get a graph within the memory budget; the
         skipped ones lose their wrapper, and one start-up line says so."""
-        settings = vspec_settings(self.vllm_config)
-        budget = (VSpecConfig.ascend_draft_graph_budget_mib if settings is None
-                  else settings.ascend_draft_graph_budget_mib)
         # Per-width target graphs (width_graphs.py): a gamma verified at a
         # width of its own is captured at that width's sizes.
-        plan = graph_budget.plan(self.max_num_speculative_tokens,
-                                 graph_budget.full_capture_sizes(self.runner),
-                                 len(getattr(self, "attn_layer_names", None) or ()), budget,
-                                 self._vspec_own_width_sizes())
-        self._vspec_runnables = MappingProxyType(
-            {g: w for g, w in self._vspec_runnables.items() if g in plan.kept})
-        (logger.warning if plan.skipped else logger.info)("%s", plan.line())
-        return plan
+        return plan_draft_graphs(self, self._vspec_own_width_sizes())
 
     @contextlib.contextmanager
     def _drafting(self, gamma: int | None, graph_gamma: int | None = None) -> Iterator[None]:
