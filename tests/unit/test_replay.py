@@ -225,3 +225,17 @@ def test_a_demo_batch_starts_every_request_together_and_admits_no_other():
     # request a step until the longest request ends.
     assert target.tokens == sum(r.decode_len for r in rec.requests)
     assert target.steps == max(r.decode_len for r in rec.requests)
+
+
+def test_a_varied_workload_ends_its_requests_at_different_lengths_and_admits_one_at_a_time():
+    rec = made_up(n=12, length=41)
+    wl, acc = sc.workload_of(sc.shapes(6, 24)["c32v"], rec)
+    # Every request keeps 25-100% of its 40 decode tokens, its acceptance
+    # runs cut with it; no two requests in a row end alike.
+    assert all(10 <= n <= 40 for n in acc.out_len.tolist())
+    assert len(set(acc.out_len.tolist())) > len(acc.out_len) // 2
+    assert [len(r.accept) for r in acc.requests] == acc.out_len.tolist()
+    # Target-only commits exactly the cut requests' tokens.
+    results = sc.score(rec, PROFILE, "", [sc.shapes(6, 24)["c32v"]], policies=())
+    target = next(r for r in results if r.policy == sc.TARGET)
+    assert target.tokens == int(acc.out_len.sum())

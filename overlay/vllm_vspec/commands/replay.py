@@ -76,8 +76,10 @@ def add_parser(subparsers) -> None:
                    help="latency profile JSON (default: the one `replay costs` wrote beside the recording)")
     from vllm_vspec.replay.score import DEFAULT_POLICIES, DEFAULT_WORKLOADS, shapes
     s.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS),
-                   help=f"comma list of {', '.join(shapes())} (b16, b32: a closed batch of 16 or "
-                        "32 requests started together, as `make demo` runs them)")
+                   help=f"comma list of {', '.join(shapes())} (c32v: c32 with every request "
+                        "ending after 25-100%% of its recorded tokens, so requests do not end "
+                        "together; b16, b32: a closed batch of 16 or 32 requests started "
+                        "together, as `make demo` runs them)")
     s.add_argument("--policies", default=",".join(DEFAULT_POLICIES),
                    help="vspec policies scored beside target-only, fixed gamma, the static table "
                         "and the oracles (budget: on a recording with draft probabilities)")

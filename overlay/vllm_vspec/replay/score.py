@@ -131,9 +131,12 @@ def unscorable(recording: Recording, policies: Sequence[str]) -> dict[str, str]:
 @dataclass(frozen=True)
 class Shape:
     """A bench-like workload over the recorded requests: phases of
-    (concurrency, requests)."""
+    (concurrency, requests); `varied`: each request ends after a share of
+    its recorded decode tokens (varied_lengths), so requests that start
+    together do not end together."""
     name: str
     phases: tuple[tuple[int, int], ...]
+    varied: bool = False
 
 
 def shapes(requests_low: int = 48, requests_high: int = 240) -> dict[str, Shape]:
@@ -142,6 +145,9 @@ def shapes(requests_low: int = 48, requests_high: int = 240) -> dict[str, Shape]
         "c1": Shape("c1", ((1, requests_low),)),
         "c8": Shape("c8", ((8, requests_high // 2),)),
         "c32": Shape("c32", ((32, requests_high),)),
+        # c32 whose requests end at varied lengths (as EOS ends them): a
+        # finished request's replacement arrives alone, not in a wave.
+        "c32v": Shape("c32v", ((32, requests_high),), varied=True),
         "bursty": Shape("bursty", ((1, half_low), (32, half_high), (1, half_low), (32, half_high))),
         # `make demo`'s batches: all requests start together and run to completion.
         "b16": Shape("b16", ((16, 16),)),
@@ -160,14 +166,33 @@ def interleaved(recording: Recording) -> list[RecordedRequest]:
     return [f[i] for i in range(longest) for f in fams if i < len(f)]
 
 
+# A varied workload's request i keeps this share of its decode tokens:
+# MIN_SHARE + (1 - MIN_SHARE) * frac(i * golden ratio), spread evenly over
+# [MIN_SHARE, 1) in any run of consecutive requests, the same every run.
+MIN_SHARE = 0.25
+GOLDEN = (5 ** 0.5 - 1) / 2
+
+
+def varied_lengths(request: RecordedRequest, i: int) -> RecordedRequest:
+    """`request` ended after its varied share of decode tokens (at least 1):
+    its output, acceptance runs and draft probabilities cut there."""
+    share = MIN_SHARE + (1.0 - MIN_SHARE) * ((i * GOLDEN) % 1.0)
+    n = max(1, round(request.decode_len * share))
+    probs = None if request.draft_probs is None else request.draft_probs[:n]
+    return replace(request, output=request.output[:n + 1], accept=request.accept[:n],
+                   disagree=tuple(d for d in request.disagree if d < n), draft_probs=probs)
+
+
 def workload_of(shape: Shape, recording: Recording) -> tuple[Workload, RecordedAcceptance]:
     """The simulator's workload for `shape`: its requests in order (the pool
-    wraps around), the concurrency cap of each phase lasting the decode
-    tokens of its requests."""
+    wraps around; varied_lengths cut if the shape says so), the concurrency
+    cap of each phase lasting the decode tokens of its requests."""
     pool = interleaved(recording)
     reqs, segments, at = [], [], 0
     for conc, n in shape.phases:
         chunk = [pool[(at + i) % len(pool)] for i in range(n)]
+        if shape.varied:
+            chunk = [varied_lengths(r, at + i) for i, r in enumerate(chunk)]
         at += n
         reqs += chunk
         segments.append((sum(r.decode_len for r in chunk), conc))
