@@ -53,6 +53,7 @@ import copy
 import dataclasses
 import sys
 import types
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable
 
@@ -804,3 +805,20 @@ def test_the_hosts_token_count_store_is_keyed_by_gamma(host):
         {g: [NUM_TOKENS] for g in range(1, K + 1)}
     host.acl_graph.weak_ref_workspaces(store)
     assert sorted(store.workspaces) == [(g, NUM_TOKENS) for g in range(1, K + 1)]
+
+
+def test_the_hosts_one_k_step_graph_cannot_replay_a_smaller_step_k(host):
+    """Why a step below K needs a graph of its own (or drafts the next
+    captured gamma's steps): the host's _propose at K = 2 over its one
+    K-step graph (a budget of 0 leaves only that one) hands the graph 2
+    steps of metadata, and the host's UpdatableGraph.resolve_tasks refuses
+    it (each layer's provider recorded K tasks)."""
+    proposer = _make(host, {"ascend_draft_graph_budget_mib": 0})
+    (graph,) = set(_graphs(proposer).values())
+    host_propose = HostLike030Proposer._propose
+    proposer._propose = lambda **kwargs: host_propose(proposer, **kwargs)   # the host's alone
+    with pytest.raises(AssertionError) as refused:
+        _step(proposer, 1, 2)
+    assert (Path(str(refused.traceback[-1].path)).name, refused.traceback[-1].name) == \
+        ("updatable_graph.py", "resolve_tasks")
+    assert graph.replays == 0
