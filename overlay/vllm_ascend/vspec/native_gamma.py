@@ -99,6 +99,7 @@ class NativeGammaProposer(VSpecAscendProposer):
     configured K) is what the entropy stop's buffer is sized by."""
 
     _vspec_runnables: Mapping[int, Any] = MappingProxyType({})  # gamma < K -> graph wrapper
+    _vspec_max_runnable: Any = None  # the host's runnable (K's graph wrapper), set via _runnable
     _vspec_graph_gamma: int | None = None  # the gamma captured while the host's dummy_run runs at K
     # The gamma whose graph parameters a pass uses (graph_params.ActiveGamma): set
     # inside _propose and a gamma's capture only; None: K's.
@@ -143,9 +144,10 @@ class NativeGammaProposer(VSpecAscendProposer):
     # merged draft loop in its FULL graph wrapper, one more per gamma below K.
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         super().load_model(*args, **kwargs)
-        self._vspec_runnables = gamma_wrappers(
-            self._vspec_max_runnable, lambda g: self._run_merged_draft,
-            self.max_num_speculative_tokens, self.vllm_config)
+        if self._vspec_max_runnable is not None:      # the host kept a runnable to wrap
+            self._vspec_runnables = gamma_wrappers(
+                self._vspec_max_runnable, lambda g: self._run_merged_draft,
+                self.max_num_speculative_tokens, self.vllm_config)
 
     # Extends AscendSpecDecodeBaseProposer.set_update_stream: the host gives the
     # stream to its one wrapper; every gamma's wrapper replays with it
