@@ -23,7 +23,7 @@ from vllm_vspec.core.controller import GammaController
 from vllm_vspec.core.latency import LatencyProfile, LinearLatency
 from vllm_vspec.core.policies.governor import Governor
 from vllm_vspec.core.policies.profile import ProfilePolicy
-from vllm_vspec.core.steps import BatchState, StepFeedback
+from vllm_vspec.core.steps import BatchState, StepFeedback, covering_gamma
 
 K = 4
 BUDGET = 8192
@@ -838,3 +838,9 @@ def test_evidence_moves_the_governor_past_the_hysteresis_and_a_probe_does_not():
     assert gov.step(1, 0, K, lambda: {2: 100.0, 3: math.inf}, "ucb") == (3, "ucb")
     assert gov.step(1, 0, K, lambda: {2: 100.0, 3: 104.0}, "ucb",
                     clearly_ahead=lambda a: True) == (2, "hysteresis")
+
+
+def test_a_step_runs_as_the_smallest_graphed_gamma_at_or_above_its_own_and_k_past_them():
+    # Graphs for gammas 1 and 3 (K = 4): gamma 0 and 1 run as 1, 2 and 3 as 3, 4 as K.
+    assert [covering_gamma((1, 3), g, 4) for g in range(5)] == [1, 1, 3, 3, 4]
+    assert covering_gamma((), 2, 4) == 4

@@ -76,6 +76,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Iterable
 
+from vllm_vspec.core.steps import covering_gamma
+
 MIB = 1 << 20
 # vLLM's own per-graph floor in its graph memory estimate (driver overhead).
 GRAPH_FLOOR_BYTES = MIB
@@ -131,7 +133,7 @@ class DraftGraphPlan:
     def drafted(self, gamma: int) -> int:
         """The gamma whose graph a step at `gamma` (>= 1) after a 1 + K
         target step drafts with."""
-        return min(g for g in self.captured if g >= gamma)
+        return covering_gamma(self.captured, gamma, self.max_gamma)
 
     def paired(self, gamma: int, width: int) -> int | None:
         """The gamma whose graph a step at `gamma` (>= 1) after a target
@@ -240,7 +242,7 @@ class WidthGraphPlan:
     def verified(self, gamma: int) -> int:
         """The draft slots a step at `gamma` verifies: the smallest captured
         gamma at or above it (K past the largest)."""
-        return min((g for g in self.captured if g >= gamma), default=self.max_gamma)
+        return covering_gamma(self.captured, gamma, self.max_gamma)
 
     def line(self) -> str:
         """The start-up line."""

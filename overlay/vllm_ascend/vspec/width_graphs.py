@@ -245,10 +245,11 @@ class WidthDispatcher(CudagraphDispatcher):
             # Not the runner's (the drafter's) at a step of another width:
             # that width's descriptors while the drafter replays its graph,
             # else as a mixed batch.
-            if self.step_width != self.k_width and self._draft_pairs and uniform_decode:
-                with self.binding(self.step_width):
+            narrow = self.narrow_width
+            if narrow is not None and self._draft_pairs and uniform_decode:
+                with self.binding(narrow):
                     return super().dispatch(num_tokens, uniform_decode, *args, **kwargs)
-            if self.step_width != self.k_width:
+            if narrow is not None:
                 uniform_decode = False
             return super().dispatch(num_tokens, uniform_decode, *args, **kwargs)
         width = self._bound

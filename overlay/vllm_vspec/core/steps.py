@@ -52,6 +52,13 @@ class StepFeedback:
     width: int = 1
 
 
+def covering_gamma(graphed: Iterable[int], gamma: int, k: int) -> int:
+    """What a step at `gamma` runs as where only the `graphed` gammas have a
+    graph (a verify width 1 + g, or a draft graph of g steps): the smallest
+    graphed gamma at or above `gamma`, K past the largest."""
+    return min((g for g in graphed if g >= gamma), default=k)
+
+
 def drafted_depth(entries: int, width: int) -> int:
     """The depth of a verified draft list of `entries` entries drafted at
     tree `width` (W entries a depth, the last depth possibly cut by the

@@ -72,7 +72,7 @@ from vllm_vspec.config import VSpecConfig
 from vllm_vspec.core.controller import GammaController
 from vllm_vspec.core.latency import LatencyProfile, LinearLatency, load_profile
 from vllm_vspec.core.padded_gamma import padded_decision, padded_learner
-from vllm_vspec.core.steps import BatchState, Decision, StepFeedback
+from vllm_vspec.core.steps import BatchState, Decision, StepFeedback, covering_gamma
 from vllm_vspec.sim.simulator import (Oracle, SimClock, SimResult, Workload, bursty,
                                       phase_shift, simulate, steady)
 
@@ -133,7 +133,7 @@ class AscendCosts(LatencyProfile):
         """What a padded step verifies: the smallest gamma with a target
         graph at or above the step's (K for a step that is not uniform)."""
         gamma = self.k if target_tokens % batch else target_tokens // batch - 1
-        return min((g for g in self.widths if g >= gamma), default=self.k)
+        return covering_gamma(self.widths, gamma, self.k)
 
     def full_target(self, target_tokens: int, batch: int) -> bool:
         """The step replays a FULL target decode graph (module docstring)."""

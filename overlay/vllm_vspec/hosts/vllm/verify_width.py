@@ -65,6 +65,7 @@ import torch
 from vllm.config import CUDAGraphMode
 
 from vllm_vspec.config import VSpecConfig
+from vllm_vspec.core.steps import covering_gamma
 from vllm_vspec.kernels.acceptance import NO_TOKEN
 
 
@@ -111,7 +112,7 @@ class VerifyWidth:
         drafted gamma verifies in the next step."""
         if not 0 < num_reqs <= self.pad_max_reqs:
             return gamma
-        return min((g for g in self.graphed if g >= gamma), default=self.k)
+        return covering_gamma(self.graphed, gamma, self.k)
 
 
 def _graphed(vllm_config: Any, settings: VSpecConfig) -> tuple[int, ...]:
