@@ -38,6 +38,7 @@ import contextlib
 import sys
 import types
 import zipfile
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -76,12 +77,18 @@ def _vllm_source(path: str) -> str:
 @pytest.fixture(scope="module")
 def dispatcher_module(host_tree):
     """vLLM 0.23's cudagraph_dispatcher module with vLLM-Ascend's patch applied."""
+    return patched_dispatcher_module(None, host_tree / "vllm_ascend/patch/worker/patch_cudagraph.py")
+
+
+def patched_dispatcher_module(pin: str | None, patch: Path) -> types.ModuleType:
+    """The pin's vLLM cudagraph_dispatcher module (None: the default pin's)
+    with the host's patch_cudagraph (`_create_padded_batch_descriptor`, read
+    from `patch`) applied, as the host's patch applies it."""
     from test_ascend_graphs import pinned_vllm_module
     from vllm.config import CUDAGraphMode
     from vllm.forward_context import BatchDescriptor
 
-    module = pinned_vllm_module(None, "vllm/v1/cudagraph_dispatcher.py")
-    patch = host_tree / "vllm_ascend/patch/worker/patch_cudagraph.py"
+    module = pinned_vllm_module(pin, "vllm/v1/cudagraph_dispatcher.py")
     namespace = dict(CUDAGraphMode=CUDAGraphMode, BatchDescriptor=BatchDescriptor)
     exec(compile(_top_level(patch, "_create_padded_batch_descriptor"), str(patch), "exec"),
          namespace)
@@ -1079,19 +1086,10 @@ PIN_030 = "0.30.0rc2"
 def dispatcher_module_030(tmp_path_factory):
     """vLLM 0.30's cudagraph_dispatcher module with vLLM-Ascend 0.30.0rc2's
     patch_cudagraph (`_create_padded_batch_descriptor`) applied."""
-    from vllm.config import CUDAGraphMode
-    from vllm.forward_context import BatchDescriptor
+    from test_ascend_graphs import sdist_file
 
-    from test_ascend_graphs import pinned_vllm_module, sdist_file
-
-    module = pinned_vllm_module(PIN_030, "vllm/v1/cudagraph_dispatcher.py")
-    patch = sdist_file(PIN_030, "vllm_ascend/patch/worker/patch_cudagraph.py", tmp_path_factory)
-    namespace = dict(CUDAGraphMode=CUDAGraphMode, BatchDescriptor=BatchDescriptor)
-    exec(compile(_top_level(patch, "_create_padded_batch_descriptor"), str(patch), "exec"),
-         namespace)
-    module.CudagraphDispatcher._create_padded_batch_descriptor = \
-        namespace["_create_padded_batch_descriptor"]
-    return module
+    return patched_dispatcher_module(
+        PIN_030, sdist_file(PIN_030, "vllm_ascend/patch/worker/patch_cudagraph.py", tmp_path_factory))
 
 
 @pytest.fixture(scope="module")

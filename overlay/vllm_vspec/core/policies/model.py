@@ -439,7 +439,7 @@ class ModelPolicy:
         room = max(theta[PREFILL] - theta[DRAFT_PREFILL], 0.0)
         shift = min(2.0 * self.cost.data_spread(DRAFT_PREFILL), room)
         worst = self.values(batch, arms, False, prompt_shift=shift)
-        if self.space.gamma(max(worst, key=worst.get)) < self.space.gamma(max(now, key=now.get)):
+        if self.space.gamma(self._best(worst)) < best:
             return 0
         self._prompt_known = key
         return gamma
