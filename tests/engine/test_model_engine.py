@@ -62,3 +62,30 @@ def test_prefill_steps_reach_the_cost_model_with_their_prompt_tokens(engine, pro
     decided = sum(scheduler_of(engine).vspec.summary()["steps"].values()) - decided
     assert policy.cost.samples + policy.cost.skipped - samples > decided
     assert policy.prompt_tokens > prompt_tokens
+
+
+def test_each_decided_step_tells_the_policy_its_requests_and_the_tokens_they_have_left(
+        engine, prompts):
+    # The drain objective (core/drain.py) reads them: a request's tokens
+    # left are its max_tokens less those it generated, never below 0.
+    policy = scheduler_of(engine).vspec.policy
+    seen = []
+    decide = policy.decide
+
+    def spy(batch, *args):
+        seen.append((batch.requests, batch.remaining))
+        return decide(batch, *args)
+
+    policy.decide = spy
+    try:
+        greedy(engine, prompts[:3], max_tokens=24)
+    finally:
+        del policy.decide
+    assert seen
+    assert all(len(ids) == len(left) and all(0 <= r < 24 for r in left) for ids, left in seen)
+    # A request's tokens left fall by what its steps committed.
+    first = {}
+    for ids, left in seen:
+        for i, r in zip(ids, left):
+            first.setdefault(i, []).append(r)
+    assert all(rs == sorted(rs, reverse=True) and rs[0] > rs[-1] for rs in first.values())

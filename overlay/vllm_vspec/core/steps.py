@@ -33,6 +33,11 @@ class BatchState:
     # Prompt tokens the step processes (new, resumed or chunked prompts):
     # 0 on a decode step, the only kind a policy decides.
     prefill_tokens: int = 0
+    # The scheduled requests' ids, and the tokens each may still generate
+    # (its max_tokens, or the model's length, less what it generated), in
+    # the same order; empty where the host does not say.
+    requests: tuple = ()
+    remaining: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,9 @@ class StepFeedback:
     # The tree width the verified drafts were drafted with, as the drafter
     # reports it (1: linear drafts; one width a step).
     width: int = 1
+    # The id of the request of each entry of `drafted` / `accepted`; empty
+    # where the host does not say.
+    requests: tuple = ()
 
 
 def covering_gamma(graphed: Iterable[int], gamma: int, k: int) -> int:

@@ -61,10 +61,14 @@ class RecordedAcceptance:
     """Acceptance from a recording: min(verified drafts, a_K at the
     request's decode position)."""
 
-    def __init__(self, requests: Sequence[RecordedRequest], k: int):
+    def __init__(self, requests: Sequence[RecordedRequest], k: int,
+                 limits: Sequence[int] | None = None):
         self.requests = list(requests)
         self.k = k
         self.out_len = np.array([r.decode_len for r in self.requests], dtype=np.int64)
+        # What the host knows a request may generate (its max_tokens): the
+        # recorded length, also where the workload ends it sooner (as EOS would).
+        self.limit = self.out_len if limits is None else np.array(limits, dtype=np.int64)
         self.prompt_len = np.array([r.prompt_len + 1 for r in self.requests], dtype=np.int64)
         width = int(self.out_len.max()) + 1
         self.runs = np.zeros((len(self.requests), width), dtype=np.int64)
@@ -188,15 +192,16 @@ def workload_of(shape: Shape, recording: Recording) -> tuple[Workload, RecordedA
     wraps around; varied_lengths cut if the shape says so), the concurrency
     cap of each phase lasting the decode tokens of its requests."""
     pool = interleaved(recording)
-    reqs, segments, at = [], [], 0
+    reqs, segments, at, limits = [], [], 0, []
     for conc, n in shape.phases:
         chunk = [pool[(at + i) % len(pool)] for i in range(n)]
+        limits += [r.decode_len for r in chunk]
         if shape.varied:
             chunk = [varied_lengths(r, at + i) for i, r in enumerate(chunk)]
         at += n
         reqs += chunk
         segments.append((sum(r.decode_len for r in chunk), conc))
-    acc = RecordedAcceptance(reqs, recording.k)
+    acc = RecordedAcceptance(reqs, recording.k, limits)
     rates = recording.mean_rates()
     wl = Workload(shape.name, len(reqs), int(acc.prompt_len.mean()),
                   (int(acc.out_len.min()), int(acc.out_len.max())),

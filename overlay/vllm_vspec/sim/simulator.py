@@ -47,6 +47,7 @@ Simulated engine (closed loop, synchronous scheduling):
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from dataclasses import dataclass, field, replace
@@ -424,6 +425,11 @@ class HostDrift:
         return math.exp(self.path[k])
 
 
+# Request ids a simulated run hands the policy: its index plus its run's offset.
+_IDS_A_RUN = 1 << 32
+_RUN_IDS = itertools.count()
+
+
 def simulate(workload: Workload, profile: LatencyProfile, policy: StepPolicy, clock: SimClock,
              *, name: str, max_gamma: int, max_num_batched_tokens: int = 8192,
              seed: int = 0, noise: float = 0.03, gamma0_mode: str = "sync",
@@ -452,11 +458,14 @@ def simulate(workload: Workload, profile: LatencyProfile, policy: StepPolicy, cl
     at first, as a server's first requests often find it). `drift`: the
     host's speed over the run's time (HostDrift), on top of `noise`."""
     rng = np.random.default_rng(seed)
+    run_id = next(_RUN_IDS) * _IDS_A_RUN         # request ids unique over runs sharing a policy
     start = clock.now                              # a clock may carry an earlier run's time
     width = max(max_gamma, 1)                      # draft positions (depths) per request
     if acceptance is None:
         acceptance = BernoulliAcceptance(workload, rng, width)
     out_len, prompt_len = acceptance.out_len, acceptance.prompt_len
+    # What the host knows a request may still generate is its limit (max_tokens) less its tokens.
+    limit = getattr(acceptance, "limit", out_len)
     n = len(out_len)
     noise_rng = np.random.default_rng(seed + 1)
     done = np.zeros(n, dtype=np.int64)             # tokens generated per request
@@ -492,7 +501,9 @@ def simulate(workload: Workload, profile: LatencyProfile, policy: StepPolicy, cl
         ctx = float(prompt_len[idx].sum() + done[idx].sum())
         if on_batch is not None:
             on_batch(idx, done[idx], pending[idx])
-        state = BatchState(b, max_num_batched_tokens, ctx / b)
+        state = BatchState(b, max_num_batched_tokens, ctx / b,
+                           requests=tuple((idx + run_id).tolist()),
+                           remaining=tuple((limit[idx] - done[idx]).tolist()))
         if admission is not None:
             # What each request verifies this step: its pending drafts (a
             # request admitted now, the prefill step's: the arm in force).
@@ -544,7 +555,8 @@ def simulate(workload: Workload, profile: LatencyProfile, policy: StepPolicy, cl
             admission.verified(verify, accepted, decision.decided)
         fb = StepFeedback(drafted=tuple(verify[has].tolist()),
                           accepted=tuple(accepted[has].tolist()),
-                          committed=int(committed.sum()), width=drafted_width)
+                          committed=int(committed.sum()), width=drafted_width,
+                          requests=tuple((idx[has] + run_id).tolist()))
         if decision.decided:
             policy.observe(fb)
         elif prompt_tokens and isinstance(policy, GammaController):

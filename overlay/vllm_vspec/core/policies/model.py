@@ -49,6 +49,14 @@ price it (a gamma the model prices 2x too high would otherwise never be
 run again). No bandit arms, windows, hysteresis or per-bucket seeding:
 every step teaches both models whatever gamma it ran.
 
+Where a finished request's slot is not refilled, the batch drains: its
+slowest request sets how long it runs, and drafting, which desynchronises
+requests that gamma 0 would end together, pays its fixed step cost until
+the last one ends. A token is priced rho x its rate price + (1 - rho) x
+its share of the drain's cost (core/drain.py; rho the share of freed
+slots seen refilled), and a recheck in a draining batch must pay for its
+steps before the batch leaves its bucket (`_horizon`).
+
 At batch 1 the acceptance used is conditioned on the request's last
 known outcome (did the step observed last accept every draft it
 verified?): matches come in runs, so a full acceptance foretells a higher
@@ -73,6 +81,7 @@ import numpy as np
 from vllm_vspec.config import VSpecConfig
 from vllm_vspec.core.arms import Arm, GammaArms
 from vllm_vspec.core.acceptance_stats import expected_tokens_all
+from vllm_vspec.core.drain import Refill, RequestRates, commit_moments, drain_steps
 from vllm_vspec.core.posterior import AcceptancePosterior
 from vllm_vspec.core.step_cost import (DRAFT_PREFILL, MIN_SAMPLES, NOISE_FLOOR, PREFILL,
                                       DraftingRuns, PooledStepCost, features)
@@ -105,6 +114,22 @@ PROBE_SPREAD = 0.5
 # no deeper than the model's choice after these, and costs the recheck
 # one catch-up step instead of drafting through the wave.
 RECHECK_PREFILLS = 2
+# Decided steps a recheck costs: one that changes gamma (it verifies the
+# last gamma's drafts) and the steady one that prices the cell.
+RECHECK_COST = 2.0
+# Steps a cell's evidence lasts unrun before the cell is unsure again.
+LASTING = 1.0 / (CELL_DRIFT ** 2 * RECHECK_STEPS)
+
+
+def _expected_gain(value: float, best: float, sd: float) -> float:
+    """E[max(0, value * e^X - best)], X ~ Normal(0, sd^2): what a gamma
+    priced at `value` may gain a step over the `best`, its price's log
+    uncertain by `sd`."""
+    if sd <= 0 or value <= 0:
+        return max(value - best, 0.0)
+    u = math.log(best / value)
+    phi = lambda x: 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
+    return value * math.exp(sd * sd / 2) * phi(sd - u / sd) - best * phi(-u / sd)
 
 
 class ModelPolicy:
@@ -148,6 +173,9 @@ class ModelPolicy:
         self.by_outcome = {o: AcceptancePosterior(max(self.k, 1), config.model_memory_steps)
                            for o in (True, False)}
         self.outcomes: list[bool | None] = []
+        # Where freed slots are not refilled, a batch drains (core/drain.py).
+        self.refill = Refill()
+        self.request_rates = RequestRates()
 
     def opening(self) -> Arm:
         return self.space.arm(self.k, 1)
@@ -161,7 +189,7 @@ class ModelPolicy:
         fitted price of a prompt."""
         b = max(batch.num_reqs, 1)
         gammas = [self.space.gamma(a) for a in arms]
-        base, admit = self._prices(batch, tuple(gammas), resuming)
+        base, admit, fixed = self._prices(batch, tuple(gammas), resuming)
         post = self.acceptance
         if b == 1 and self.outcomes and self.outcomes[-1] is not None:
             post = self.by_outcome[self.outcomes[-1]]
@@ -169,13 +197,29 @@ class ModelPolicy:
         e = np.asarray(expected_tokens_all(rates, max(gammas)))[gammas]
         cost = np.maximum(base + (self.cost.fit()[DRAFT_PREFILL] + prompt_shift) * admit * e - shave,
                           1e-6)
-        return {a: b * t / c for a, t, c in zip(arms, e.tolist(), cost.tolist())}
+        per_token = cost / (b * e)
+        rho = self.refill.rho
+        if b > 1 and len(batch.remaining) == b and rho < 1.0:
+            # A share 1 - rho of the batch drains: its tokens cost what the
+            # drain costs them (core/drain.py), no prompt arriving.
+            step = np.maximum(base - shave, 1e-6)
+            a = np.clip(fixed, 0.0, base) * step / np.maximum(base, 1e-6)
+            m, m_sd = self.request_rates.multipliers(batch.requests, float(rates[0]))
+            first, second = commit_moments(rates, gammas)
+            most, total = drain_steps(np.maximum(np.asarray(batch.remaining, dtype=float), 1.0),
+                                      m, m_sd, first, second)
+            drained = (a * most + (step - a) / b * total) / max(sum(batch.remaining), 1)
+            per_token = rho * per_token + (1.0 - rho) * drained
+        return {a: 1.0 / t for a, t in zip(arms, per_token.tolist())}
 
-    def _prices(self, batch, gammas: tuple, resuming: bool) -> tuple[np.ndarray, np.ndarray]:
+    def _prices(self, batch, gammas: tuple,
+                resuming: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per gamma: the predicted step time in ms but the drafter's prefill
-        of the prompts that come with the tokens the step commits, and that
+        of the prompts that come with the tokens the step commits, that
         prefill per committed token and ms of the drafter's price of 1000
-        prompt tokens. Memoised until the next observed step or refit."""
+        prompt tokens, and the part of the step time paid whatever the
+        batch size (a step's own and its draft passes'). Memoised until the
+        next observed step or refit."""
         theta = self.cost.fit()
         b = max(batch.num_reqs, 1)
         key = (b, batch.mean_context_len, gammas, resuming, self.observed, self.cost.fits)
@@ -189,7 +233,8 @@ class ModelPolicy:
             # decided; observe_cost prices them).
             admit = (b / 1000.0 * self.prompt_tokens / max(self.committed, 1.0)
                      * (g > 0) * self.lazy)
-            self._memo["prices"] = (key, ((x @ theta) * scale, admit))
+            fixed = (features(0.0, 0.0, g, 0.0, 0.0) @ theta) * scale
+            self._memo["prices"] = (key, ((x @ theta) * scale, admit, fixed))
         return self._memo["prices"][1]
 
     def _cell_scale(self, bucket: int, gamma: int, theta: np.ndarray) -> float:
@@ -251,9 +296,36 @@ class ModelPolicy:
         # a better one next to it).
         unsure = [a for a in unsure if abs(self.space.gamma(a) - top) == 1
                   or (bucket, self.space.gamma(a)) not in self.cells]
-        hopeful = [a for a in unsure if v[a] * math.exp(2.0 * self._cell_posterior(
-            bucket, self.space.gamma(a), theta)[1]) > best]
+        horizon = self._horizon(batch)
+        hopeful = []
+        for a in unsure:
+            sd = self._cell_posterior(bucket, self.space.gamma(a), theta)[1]
+            # Priced two sds lower it would be best; and where the batch
+            # leaves its bucket before the cell's evidence would lapse,
+            # what it may gain over the steps left outweighs what its own
+            # steps lose at the prices now.
+            if v[a] * math.exp(2.0 * sd) <= best:
+                continue
+            if (horizon < LASTING and horizon * _expected_gain(v[a], best, sd)
+                    < RECHECK_COST * (best - v[a])):
+                continue
+            hopeful.append(a)
         return max(hopeful, key=lambda a: v[a]) if hopeful else None
+
+    def _horizon(self, batch) -> float:
+        """Decided steps a cell of the batch's bucket serves after a
+        recheck: where freed slots are refilled, LASTING (as long as its
+        evidence lasts); where they are not (core/drain.py), until the batch
+        leaves its bucket at one token a request a step (the tokens left to
+        the request whose end takes it below the bucket), at most LASTING;
+        weighed by the share of slots refilled."""
+        b = batch.num_reqs
+        if b <= 1 or len(batch.remaining) != b:
+            return LASTING
+        lowest = bucket_of(b) // 2 + 1          # the bucket's smallest batch
+        left = sorted(batch.remaining, reverse=True)[lowest - 1]
+        rho = self.refill.rho
+        return rho * LASTING + (1.0 - rho) * min(left, LASTING)
 
     def _aged_weight(self, bucket: int, gamma: int, noise: float) -> float:
         """A cell's steps' evidence now, in fresh steady steps."""
@@ -332,9 +404,22 @@ class ModelPolicy:
         unsure = [i for i, a in enumerate(arms) if rel[i] > PROBE_SPREAD and hopeful[a] > best]
         return arms[min(unsure, key=lambda i: self.space.gamma(arms[i]))] if unsure else None
 
+    def _requests_seen(self, batch) -> None:
+        """A step's requests: those gone since the last step left (their
+        acceptance joins the spread between requests), and freed slots
+        refilled or not."""
+        if batch.requests:
+            gone = self.refill.previous - frozenset(batch.requests)
+            if gone:
+                self.request_rates.left(gone, self.acceptance.mean()[0])
+            self.refill.step(batch.requests)
+
     def observe(self, outcome) -> None:
         fb = outcome.feedback
         self.acceptance.update(fb.drafted, fb.accepted)
+        self._requests_seen(outcome.batch)
+        if fb.requests:
+            self.request_rates.observe(fb.requests, fb.drafted, fb.accepted)
         b = max(outcome.batch.num_reqs, 1)
         if b == 1 and len(fb.drafted) <= 1:
             # The drafts verified now were decided when the outcome two
@@ -375,6 +460,9 @@ class ModelPolicy:
         b = max(batch.num_reqs, 1)
         prompt = batch.prefill_tokens
         self.observed += 1
+        self._requests_seen(batch)
+        if fb.requests:
+            self.request_rates.observe(fb.requests, fb.drafted, fb.accepted)
         catchup = b if gamma and self.observed_gamma == 0 else 0
         # A lazy drafter prefills the prompt while drafting, else owes it.
         drafted_prompt = self._caught_up(gamma, prompt)

@@ -192,11 +192,18 @@ class VSpecScheduler(Scheduler):
 
     def _batch_state(self, scheduled) -> BatchState:
         """The controller's view of a step's batch of `scheduled` requests."""
-        context = sum(self.requests[r].num_computed_tokens for r in scheduled)
+        requests = [self.requests[r] for r in scheduled]
+        context = sum(r.num_computed_tokens for r in requests)
         return BatchState(
             num_reqs=len(scheduled),
             max_num_batched_tokens=self.scheduler_config.max_num_batched_tokens,
             mean_context_len=context / len(scheduled),
+            requests=tuple(scheduled),
+            # What each may still generate: vLLM stops a request at its
+            # max_tokens or at the model's length, whichever comes first.
+            remaining=tuple(max(min(r.max_tokens - r.num_output_tokens,
+                                    self.vllm_config.model_config.max_model_len - r.num_tokens), 0)
+                            for r in requests),
             tree_allowed=self.vspec_config.tree_width > 1 and all(
                 request_allows_tree(self.requests[r].sampling_params,
                                     self.requests[r].num_output_tokens)
@@ -357,6 +364,7 @@ def _feedback(so: SchedulerOutput, out: ModelRunnerOutput) -> StepFeedback:
     width = getattr(so, "vspec_verified_width", 1)
     drafted: list[int] = []
     accepted: list[int] = []
+    requests: list[str] = []
     committed = 0
     for req_id in so.num_scheduled_tokens:
         i = index.get(req_id)
@@ -371,5 +379,6 @@ def _feedback(so: SchedulerOutput, out: ModelRunnerOutput) -> StepFeedback:
             # by the host's token budget.
             drafted.append(drafted_depth(len(spec) - invalid.get(req_id, 0), width))
             accepted.append(n_out - 1)
+            requests.append(req_id)
     return StepFeedback(drafted=tuple(drafted), accepted=tuple(accepted), committed=committed,
-                        width=width)
+                        width=width, requests=tuple(requests))
