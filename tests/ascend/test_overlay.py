@@ -334,6 +334,7 @@ def _padding_scheduler(k=4, async_scheduling=True, **config_args):
                             **(config_args or GRAPHS))
     scheduler = object.__new__(VSpecAsyncScheduler if async_scheduling else VSpecScheduler)
     scheduler.vspec = object()  # vspec on
+    scheduler.max_model_len = 4096             # as Scheduler.__init__ sets it
     scheduler._verify = VerifyWidth.of(config, resolve(config))
     scheduler._verified, scheduler._drafted, scheduler._width = k, {}, 1
     return scheduler

@@ -146,13 +146,19 @@ def test_the_scheduler_asks_the_rule_with_the_steps_batch():
     scheduler = _padding_scheduler(async_scheduling=False)
     config = _config()
     scheduler.vspec = SimpleNamespace(policy=policy, config=config)
-    scheduler.requests = {f"r{i}": SimpleNamespace(num_computed_tokens=0) for i in range(8)}
+    scheduler.requests = {f"r{i}": _request(0) for i in range(8)}
     scheduler.scheduler_config = SimpleNamespace(max_num_batched_tokens=8192)
     scheduler.vspec_config = config
     step = _scheduled({f"r{i}": [] for i in range(8)})
     decision = scheduler._decide(step)
     assert decision.gamma == _oracle(8, rate, verify_ms, pass_ms) < K
     assert (decision.reason, decision.decided) == (LOWER, False)
+
+
+def _request(computed: int) -> SimpleNamespace:
+    """The fields of a vLLM Request the scheduler's batch state reads."""
+    return SimpleNamespace(num_computed_tokens=computed, max_tokens=64, num_output_tokens=0,
+                           num_tokens=computed + 1)
 
 
 # ------------------------------------------------------------ padded steps teach
@@ -276,7 +282,7 @@ def test_the_scheduler_teaches_the_policy_a_padded_steps_real_drafts_and_padded_
     scheduler.vspec, scheduler.vspec_config = ctl, ctl.config
     scheduler._decided, scheduler._prefill_steps, scheduler._padded_steps = set(), set(), set()
     ids = [f"r{i}" for i in range(8)]
-    scheduler.requests = {r: SimpleNamespace(num_computed_tokens=10) for r in ids}
+    scheduler.requests = {r: _request(10) for r in ids}
     scheduler.scheduler_config = SimpleNamespace(max_num_batched_tokens=8192)
     scheduler.has_unfinished_requests = lambda: True
     for spec, sampled in (([], [7]), ([5, -1, -1, -1], [5, 9])):

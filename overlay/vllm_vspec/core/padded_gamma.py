@@ -12,6 +12,8 @@ can win only where draft passes cost more than the tokens they bring.
   policy's prediction (ModelPolicy.values, which prices a step at gamma g
   verifying B * g) is charged the fitted cost of the B * (K - g) slots it
   leaves out (through `values`' `shave`, negative).
+- Priced by the rate alone (stock's K is the reference, whose steps
+  a smaller gamma must beat; the policy's drain objective is not applied).
 - Evidence only: the policy's acceptance means (no Thompson draw) and the
   cost fit's means; nothing is decided before the fit has MIN_SAMPLES
   measured steps and the acceptance posterior has judged a draft, and a
@@ -89,7 +91,7 @@ def padded_gamma(policy: Any, batch: BatchState, k: int, min_gamma: int = 1) -> 
     # What a smaller gamma saves is its fitted saving less MARGIN standard
     # errors of that saving (0 at K).
     doubt = MARGIN * cost.spread(padded[-1] - rows)
-    value = policy.values(batch, priced, draw=False, shave=-(unverified + doubt))
+    value = policy.values(batch, priced, draw=False, shave=-(unverified + doubt), drain=False)
     # Ties hold K.
     return max(priced, key=lambda gamma: (value[gamma], gamma))
 

@@ -181,12 +181,14 @@ class ModelPolicy:
         return self.space.arm(self.k, 1)
 
     def values(self, batch, arms, draw: bool, resuming: bool = False,
-               shave: np.ndarray | float = 0.0, prompt_shift: float = 0.0) -> dict[int, float]:
+               shave: np.ndarray | float = 0.0, prompt_shift: float = 0.0,
+               drain: bool = True) -> dict[int, float]:
         """Predicted committed tokens per millisecond of each gamma of `arms`;
         `resuming`: the step in force is gamma 0, so drafting now pays the
         catch-up; `shave`: ms taken off each gamma's predicted step time;
         `prompt_shift`: ms per 1000 prompt tokens added to the drafter's
-        fitted price of a prompt."""
+        fitted price of a prompt; `drain` False: the rate alone, whatever
+        the share of freed slots refilled."""
         b = max(batch.num_reqs, 1)
         gammas = [self.space.gamma(a) for a in arms]
         base, admit, fixed = self._prices(batch, tuple(gammas), resuming)
@@ -199,7 +201,7 @@ class ModelPolicy:
                           1e-6)
         per_token = cost / (b * e)
         rho = self.refill.rho
-        if b > 1 and len(batch.remaining) == b and rho < 1.0:
+        if drain and b > 1 and len(batch.remaining) == b and rho < 1.0:
             # A share 1 - rho of the batch drains: its tokens cost what the
             # drain costs them (core/drain.py), no prompt arriving.
             step = np.maximum(base - shave, 1e-6)

@@ -202,7 +202,7 @@ class VSpecScheduler(Scheduler):
             # What each may still generate: vLLM stops a request at its
             # max_tokens or at the model's length, whichever comes first.
             remaining=tuple(max(min(r.max_tokens - r.num_output_tokens,
-                                    self.vllm_config.model_config.max_model_len - r.num_tokens), 0)
+                                    self.max_model_len - r.num_tokens), 0)
                             for r in requests),
             tree_allowed=self.vspec_config.tree_width > 1 and all(
                 request_allows_tree(self.requests[r].sampling_params,
