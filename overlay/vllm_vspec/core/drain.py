@@ -62,8 +62,8 @@ SPREAD_MEMORY = 64.0
 PRIOR_REQUESTS = 2.0
 # Draws of the batch's requests' step counts behind E[max_i N_i], over at
 # most CANDIDATES requests (those likeliest to be the slowest).
-DRAWS = 64
-CANDIDATES = 32
+DRAWS = 32
+CANDIDATES = 16
 
 
 class Refill:
@@ -147,7 +147,7 @@ class RequestRates:
         return mean / p, np.sqrt(var) / p
 
 
-_draws: np.ndarray = np.random.default_rng(0).standard_normal((DRAWS, 64))
+_draws: np.ndarray = np.random.default_rng(0).standard_normal((DRAWS, CANDIDATES))
 
 
 def _normals(n: int) -> np.ndarray:

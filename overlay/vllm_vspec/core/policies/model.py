@@ -206,13 +206,31 @@ class ModelPolicy:
             # drain costs them (core/drain.py), no prompt arriving.
             step = np.maximum(base - shave, 1e-6)
             a = np.clip(fixed, 0.0, base) * step / np.maximum(base, 1e-6)
-            m, m_sd = self.request_rates.multipliers(batch.requests, float(rates[0]))
-            first, second = commit_moments(rates, gammas)
-            most, total = drain_steps(np.maximum(np.asarray(batch.remaining, dtype=float), 1.0),
-                                      m, m_sd, first, second)
-            drained = (a * most + (step - a) / b * total) / max(sum(batch.remaining), 1)
+            most, total, left, e_mean = self._drain_steps(batch, tuple(gammas))
+            # Drawn acceptance scales a request's steps as it scales its
+            # tokens a step (to first order).
+            scale = e_mean / e
+            drained = (a * most + (step - a) / b * total) * scale / left
             per_token = rho * per_token + (1.0 - rho) * drained
         return {a: 1.0 / t for a, t in zip(arms, per_token.tolist())}
+
+    def _drain_steps(self, batch, gammas: tuple) -> tuple:
+        """Per gamma, E[max_i N_i] and sum_i N_i of the batch's requests at
+        the acceptance means (core/drain.py), the tokens they have left, and
+        E(g) at those means. Memoised until the next observed step (its
+        per-request work is the policy's costliest at a large batch)."""
+        key = (self.observed, gammas, batch.requests, batch.remaining)
+        known = self._memo.get("drain")
+        if known is not None and known[0] == key:
+            return known[1]
+        rates = self.acceptance.mean()
+        m, m_sd = self.request_rates.multipliers(batch.requests, float(rates[0]))
+        first, second = commit_moments(rates, gammas)
+        most, total = drain_steps(np.maximum(np.asarray(batch.remaining, dtype=float), 1.0),
+                                  m, m_sd, first, second)
+        out = (most, total, max(sum(batch.remaining), 1), first)
+        self._memo["drain"] = (key, out)
+        return out
 
     def _prices(self, batch, gammas: tuple,
                 resuming: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -263,7 +281,7 @@ class ModelPolicy:
                 mean = math.log(ms / predicted) * evidence / (precision + evidence)
                 precision += evidence
         if len(self._memo) > 64:
-            self._memo = {k: v for k, v in self._memo.items() if k == "prices"}
+            self._memo = {k: v for k, v in self._memo.items() if k in ("prices", "drain")}
         self._memo[key] = out = (mean, precision ** -0.5)
         return out
 
