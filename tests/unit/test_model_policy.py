@@ -56,6 +56,23 @@ def controller(**over):
 
 
 # ------------------------------------------------------------------ posterior
+def test_a_large_batch_is_judged_as_the_per_request_rule_judges_it(monkeypatch):
+    # Above VECTOR_FROM requests the judgements are counted with arrays:
+    # the same counts as the per-request loop, request by request.
+    from vllm_vspec.core import posterior
+
+    rng = random.Random(3)
+    drafted = [rng.randint(0, K + 2) for _ in range(200)]
+    accepted = [rng.randint(0, d) for d in drafted]
+    looped, counted = AcceptancePosterior(K), AcceptancePosterior(K)
+    monkeypatch.setattr(posterior, "VECTOR_FROM", 10 ** 9)
+    looped.update(drafted, accepted)
+    monkeypatch.setattr(posterior, "VECTOR_FROM", 0)
+    counted.update(drafted, accepted)
+    assert (counted.success, counted.failure) == (looped.success, looped.failure)
+    assert sum(looped.success) > 0 and sum(looped.failure) > 0
+
+
 def test_a_position_left_unjudged_keeps_its_rate_and_fades_only_to_the_floor():
     post = AcceptancePosterior(K, memory_steps=64)
     for _ in range(200):

@@ -25,18 +25,24 @@ Rules:
   position with little evidence borrows its neighbour's rate, and one with
   much evidence speaks for itself.
 
-Plain Python: a few dozen float operations per step.
+Plain Python and numpy: a few dozen float operations per step, the
+judgements of a large batch counted with array operations.
 """
 
 from __future__ import annotations
 
 import random
+from typing import Sequence
+
+import numpy as np
 
 # Judgements an unjudged position's confidence fades down to (its rate is
 # kept): with the prior's, a rate known to about +-0.15, so a stretch at a
 # lower gamma leaves the position worth re-checking without forgetting it.
 EVIDENCE_FLOOR = 8.0
-from typing import Sequence
+# Requests in a step from which its judgements are counted with arrays
+# (fewer: a Python loop is quicker).
+VECTOR_FROM = 64
 
 
 class AcceptancePosterior:
@@ -53,11 +59,19 @@ class AcceptancePosterior:
         self.failure = [0.0] * num_positions        # decayed rejected judgements
 
     def update(self, drafted: Sequence[int], accepted: Sequence[int]) -> None:
-        judged, won = [0] * self.k, [0] * self.k
-        for d, a in zip(drafted, accepted):
-            for j in range(min(a + 1, d, self.k)):
-                judged[j] += 1
-                won[j] += j < a
+        # A request judges positions j < min(a + 1, d, K) and wins those j < a.
+        if len(drafted) > VECTOR_FROM:
+            a = np.asarray(accepted)
+            reach = np.minimum(np.minimum(a + 1, np.asarray(drafted)), self.k)
+            wins = np.minimum(a, reach)
+            judged = [int((reach > j).sum()) for j in range(self.k)]
+            won = [int((wins > j).sum()) for j in range(self.k)]
+        else:
+            judged, won = [0] * self.k, [0] * self.k
+            for d, a in zip(drafted, accepted):
+                for j in range(min(a + 1, d, self.k)):
+                    judged[j] += 1
+                    won[j] += j < a
         for j in range(self.k):
             if judged[j]:
                 f = self.keep
