@@ -75,7 +75,8 @@ class Refill:
         self.open = 0                               # freed slots not yet resolved
         self.previous: frozenset = frozenset()
 
-    def step(self, requests: Collection) -> None:
+    def step(self, requests: Collection) -> frozenset:
+        """This step's requests; returns those of the last step that are gone."""
         ids = frozenset(requests)
         gone, new = self.previous - ids, ids - self.previous
         stayed = self.previous & ids
@@ -89,10 +90,11 @@ class Refill:
             self._resolve(filled, 0)
             self.open += len(gone) - filled if stayed else 0
         self.previous = ids
+        return gone
 
     def _resolve(self, refilled: int, missed: int) -> None:
+        keep = 1.0 - 1.0 / REFILL_MEMORY
         for hit in [True] * refilled + [False] * missed:
-            keep = 1.0 - 1.0 / REFILL_MEMORY
             self.refilled, self.missed = self.refilled * keep + hit, self.missed * keep + (not hit)
 
     @property

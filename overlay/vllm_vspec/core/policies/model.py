@@ -205,12 +205,12 @@ class ModelPolicy:
             # A share 1 - rho of the batch drains: its tokens cost what the
             # drain costs them (core/drain.py), no prompt arriving.
             step = np.maximum(base - shave, 1e-6)
-            a = np.clip(fixed, 0.0, base) * step / np.maximum(base, 1e-6)
+            fixed_ms = np.clip(fixed, 0.0, base) * step / np.maximum(base, 1e-6)
             most, total, left, e_mean = self._drain_steps(batch, tuple(gammas))
             # Drawn acceptance scales a request's steps as it scales its
             # tokens a step (to first order).
             scale = e_mean / e
-            drained = (a * most + (step - a) / b * total) * scale / left
+            drained = (fixed_ms * most + (step - fixed_ms) / b * total) * scale / left
             per_token = rho * per_token + (1.0 - rho) * drained
         return {a: 1.0 / t for a, t in zip(arms, per_token.tolist())}
 
@@ -424,22 +424,21 @@ class ModelPolicy:
         unsure = [i for i, a in enumerate(arms) if rel[i] > PROBE_SPREAD and hopeful[a] > best]
         return arms[min(unsure, key=lambda i: self.space.gamma(arms[i]))] if unsure else None
 
-    def _requests_seen(self, batch) -> None:
-        """A step's requests: those gone since the last step left (their
-        acceptance joins the spread between requests), and freed slots
-        refilled or not."""
+    def _requests_seen(self, batch, fb) -> None:
+        """A step's requests: freed slots refilled or not, those gone since
+        the last step left (their acceptance joins the spread between
+        requests), and what each verified now."""
         if batch.requests:
-            gone = self.refill.previous - frozenset(batch.requests)
+            gone = self.refill.step(batch.requests)
             if gone:
                 self.request_rates.left(gone, self.acceptance.mean()[0])
-            self.refill.step(batch.requests)
+        if fb.requests:
+            self.request_rates.observe(fb.requests, fb.drafted, fb.accepted)
 
     def observe(self, outcome) -> None:
         fb = outcome.feedback
         self.acceptance.update(fb.drafted, fb.accepted)
-        self._requests_seen(outcome.batch)
-        if fb.requests:
-            self.request_rates.observe(fb.requests, fb.drafted, fb.accepted)
+        self._requests_seen(outcome.batch, fb)
         b = max(outcome.batch.num_reqs, 1)
         if b == 1 and len(fb.drafted) <= 1:
             # The drafts verified now were decided when the outcome two
@@ -480,9 +479,7 @@ class ModelPolicy:
         b = max(batch.num_reqs, 1)
         prompt = batch.prefill_tokens
         self.observed += 1
-        self._requests_seen(batch)
-        if fb.requests:
-            self.request_rates.observe(fb.requests, fb.drafted, fb.accepted)
+        self._requests_seen(batch, fb)
         catchup = b if gamma and self.observed_gamma == 0 else 0
         # A lazy drafter prefills the prompt while drafting, else owes it.
         drafted_prompt = self._caught_up(gamma, prompt)

@@ -205,9 +205,7 @@ class VSpecScheduler(Scheduler):
                                     self.max_model_len - r.num_tokens), 0)
                             for r in requests),
             tree_allowed=self.vspec_config.tree_width > 1 and all(
-                request_allows_tree(self.requests[r].sampling_params,
-                                    self.requests[r].num_output_tokens)
-                for r in scheduled))
+                request_allows_tree(r.sampling_params, r.num_output_tokens) for r in requests))
 
     def _set_gamma(self, scheduler_output: SchedulerOutput, gamma: int, width: int = 1) -> None:
         """The runner drafts this many tokens after the step (on vLLM 0.23,
